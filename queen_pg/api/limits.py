@@ -1,0 +1,59 @@
+"""Body-size limit as a pure ASGI middleware: refuse before the body is read."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from queen_pg.errors import BODY_TOO_LARGE, QueenError
+
+
+class BodyLimit:
+    """413 ``body_too_large`` when Content-Length (or the bytes streamed so far) exceed ``limit``."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.limit or declared < 0:
+                    await self._refuse(send)
+                    return
+        seen = 0
+        limit = self.limit
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise QueenError(BODY_TOO_LARGE, limit=limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _refuse(self, send: Send) -> None:
+        err = QueenError(BODY_TOO_LARGE, limit=self.limit)
+        body = orjson.dumps(err.body())
+        await send(
+            {
+                "type": "http.response.start",
+                "status": err.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,164 @@
+"""Data-plane routes: push, pop, ack, lease extend (WIRE.md §2.1–2.4)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from queen_pg.api.common import (
+    check_name,
+    json_response,
+    parse_body,
+    parse_timestamp,
+    q_bool,
+    q_int,
+    state,
+    tenant,
+)
+from queen_pg.api.models import AckBatchBody, AckItem, PushBody
+from queen_pg.engine import ack as ack_engine
+from queen_pg.engine import pop as pop_engine
+from queen_pg.engine import push as push_engine
+from queen_pg.engine.waiters import TooManyWaiters
+from queen_pg.errors import bad_request
+
+router = APIRouter(prefix="/api/v1")
+
+AUTOPILOT_BATCH = 100
+MAX_TIMEOUT_MS = 600_000
+
+
+@router.post("/push", status_code=201, summary="Push messages (WIRE §2.1)")
+async def push(request: Request) -> Response:
+    body = await parse_body(request, PushBody)
+    items: list[push_engine.NewMessage] = []
+    for i, it in enumerate(body.items):
+        check_name("queue", it.queue)
+        check_name("partition", it.partition)
+        fields = it.model_fields_set
+        payload = it.payload if "payload" in fields else it.data
+        trace: uuid.UUID | None = None
+        if it.traceId:
+            try:
+                trace = uuid.UUID(it.traceId)
+            except ValueError:
+                raise bad_request(f"items.{i}.traceId: must be a UUID, got {it.traceId!r}") from None
+        if it.transactionId == "":
+            raise bad_request(f"items.{i}.transactionId: must be a non-empty string when given")
+        items.append(push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace))
+    st = state(request)
+    ten = tenant(request)
+    results = await push_engine.push(st.db, ten, items)
+    for q in {r["queue"] for r in results if r["status"] == "queued"}:
+        st.waiters.notify(ten, q)
+    return json_response(results, 201)
+
+
+def _pop_request(request: Request, queue: str, partition: str | None) -> pop_engine.PopRequest:
+    st = state(request)
+    check_name("queue", queue)
+    if partition is not None:
+        check_name("partition", partition)
+    qp = request.query_params
+    autopilot = q_bool(request, "autopilot", False)
+    batch = q_int(request, "batch", None, 1, st.settings.max_batch)
+    partitions = q_int(request, "partitions", 1, 1, 1000) or 1
+    group = qp.get("consumerGroup") or None
+    if group is not None:
+        check_name("consumerGroup", group)
+    mode = qp.get("subscriptionMode") or None
+    if mode is not None and mode not in ("all", "new", "from"):
+        raise bad_request(f"subscriptionMode must be all, new or from, got {mode!r}")
+    raw_from = qp.get("subscriptionFrom") or None
+    sub_from: datetime | None = None
+    if raw_from == "now":
+        sub_from = datetime.now(UTC)
+    elif raw_from is not None:
+        sub_from = parse_timestamp("subscriptionFrom", raw_from)
+    return pop_engine.PopRequest(
+        queue=queue,
+        partition=partition,
+        group=group,
+        batch=batch if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
+        partitions=partitions,
+        wait=q_bool(request, "wait", False),
+        timeout_ms=q_int(request, "timeout", 30_000, 0, MAX_TIMEOUT_MS) or 0,
+        auto_ack=q_bool(request, "autoAck", False),
+        subscription_mode=mode,
+        subscription_from=sub_from,
+        autopilot=autopilot,
+    )
+
+
+async def _pop(request: Request, queue: str, partition: str | None) -> Response:
+    req = _pop_request(request, queue, partition)
+    st = state(request)
+    try:
+        answer = await pop_engine.pop(
+            st.db, st.waiters, tenant(request), req, st.settings.pop_poll_interval_ms / 1000
+        )
+    except TooManyWaiters:
+        return json_response(
+            {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},
+            429,
+            {"Retry-After": "1"},
+        )
+    if answer is None:
+        return Response(status_code=204)
+    return json_response(answer)
+
+
+@router.get("/pop/queue/{queue}", summary="Pop from a queue (WIRE §2.2)")
+async def pop_queue(request: Request, queue: str) -> Response:
+    return await _pop(request, queue, None)
+
+
+@router.get("/pop/queue/{queue}/partition/{partition}", summary="Pop from one partition (WIRE §2.2)")
+async def pop_partition(request: Request, queue: str, partition: str) -> Response:
+    return await _pop(request, queue, partition)
+
+
+def _ack_item(it: AckItem, group: str | None) -> ack_engine.AckItem:
+    status = it.status.lower()
+    if status not in ack_engine.STATUSES:
+        raise bad_request(f"status must be one of {sorted(ack_engine.STATUSES)}, got {it.status!r}")
+    if it.consumerGroup is not None:
+        check_name("consumerGroup", it.consumerGroup)
+    return ack_engine.AckItem(
+        transaction_id=it.transactionId,
+        partition_id=str(it.partitionId),
+        status=status,
+        error=it.error,
+        group=it.consumerGroup or group,
+        lease_id=it.leaseId,
+    )
+
+
+@router.post("/ack", summary="Acknowledge one message (WIRE §2.3)")
+async def ack(request: Request) -> Response:
+    it = await parse_body(request, AckItem)
+    item = _ack_item(it, None)
+    st = state(request)
+    return json_response(await ack_engine.ack(st.db, tenant(request), [item]))
+
+
+@router.post("/ack/batch", summary="Acknowledge messages (WIRE §2.3)")
+async def ack_batch(request: Request) -> Response:
+    body = await parse_body(request, AckBatchBody)
+    if body.consumerGroup is not None:
+        check_name("consumerGroup", body.consumerGroup)
+    items = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
+    if not items:
+        return json_response([])
+    st = state(request)
+    return json_response(await ack_engine.ack(st.db, tenant(request), items))
+
+
+@router.post("/lease/{lease_id}/extend", summary="Renew a lease (WIRE §2.4); no body")
+async def extend(request: Request, lease_id: str) -> Response:
+    st = state(request)
+    return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))

@@ -1,0 +1,84 @@
+"""``create_app(settings)``: builds the FastAPI app; nothing happens at import.
+
+The lifespan opens the pool (applying ``sql/`` first unless disabled) and closes it on the way out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from queen_pg import __version__
+from queen_pg.api import routes_admin, routes_data
+from queen_pg.api.common import AppState, json_response
+from queen_pg.api.limits import BodyLimit
+from queen_pg.db.pool import Database
+from queen_pg.engine.waiters import Waiters
+from queen_pg.errors import QueenError
+from queen_pg.settings import Settings
+
+log = logging.getLogger("queen_pg.app")
+
+WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
+
+
+def create_app(settings: Settings) -> FastAPI:
+    if not settings.database_url:
+        raise ValueError("settings.database_url is required (the CLI sets it for the embedded database)")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings.database_url or "", settings.db_pool_size)
+        await db.open(apply_schema=settings.apply_schema)
+        app.state.queen = AppState(settings=settings, db=db, waiters=Waiters(settings.max_waiters))
+        log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
+        try:
+            yield
+        finally:
+            await db.close()
+            log.info("event=broker_stopped")
+
+    app = FastAPI(
+        title="queen-pg",
+        version=__version__,
+        description="A message broker whose only durable state lives in PostgreSQL.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(QueenError)
+    async def _queen_error(request: Request, exc: QueenError) -> Response:
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return json_response(exc.body(), exc.status, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return json_response({"error": f"{where}: {first.get('msg', 'invalid')}", "code": "bad_request"}, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("event=unhandled_error path=%s", request.url.path)
+        return json_response({"error": f"internal error: {exc.__class__.__name__}", "code": "internal"}, 500)
+
+    app.include_router(routes_data.router)
+    app.include_router(routes_admin.router)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return FileResponse(WEBAPP / "index.html", media_type="text/html")
+
+    return app

@@ -1,0 +1,49 @@
+"""Apply ``sql/schema.sql`` and ``sql/procedures/*.sql`` at boot.
+
+All files run in lexical order inside one transaction holding the transaction-scoped advisory lock
+``APPLY_LOCK``, so replicas booting together apply one after another and each apply is a no-op
+for the ones that follow (every statement is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import asyncpg
+
+from queen_pg.db.locks import APPLY_LOCK
+
+log = logging.getLogger("queen_pg.db")
+
+
+def sql_dir() -> Path:
+    """The ``sql/`` directory: beside the package in a checkout, or installed under it."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "sql", here / "sql"):
+        if (candidate / "schema.sql").is_file():
+            return candidate
+    raise FileNotFoundError(f"sql/schema.sql not found near {here}")
+
+
+def sql_files(root: Path | None = None) -> list[Path]:
+    """schema.sql first, then procedures/*.sql in lexical order."""
+    root = root or sql_dir()
+    return [root / "schema.sql", *sorted((root / "procedures").glob("*.sql"))]
+
+
+def sql_text(root: Path | None = None) -> str:
+    return "\n".join(f"-- file: {p.name}\n" + p.read_text() for p in sql_files(root))
+
+
+async def apply_sql(conn: asyncpg.Connection, root: Path | None = None) -> None:
+    started = time.monotonic()
+    files = sql_files(root)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", APPLY_LOCK)
+        for path in files:
+            await conn.execute(path.read_text())
+    log.info(
+        "event=schema_applied files=%d ms=%.0f", len(files), (time.monotonic() - started) * 1000
+    )

@@ -1,0 +1,96 @@
+"""The connection pool and the one way the engine calls PostgreSQL.
+
+``Database.call`` runs one statement (a stored-procedure call) on a pooled connection and maps
+driver errors to the error catalog. asyncpg caches the prepared statement per connection, so a
+steady-state call is one round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from queen_pg.db.apply import apply_sql
+from queen_pg.errors import DB_UNAVAILABLE, INTERNAL, RETRY, QueenError
+
+log = logging.getLogger("queen_pg.db")
+
+Record = asyncpg.Record
+
+
+def _map_error(exc: BaseException) -> QueenError:
+    """Driver errors to catalog codes; constraint names decide where it matters."""
+    if isinstance(exc, asyncpg.ForeignKeyViolationError | asyncpg.SerializationError |
+                  asyncpg.DeadlockDetectedError):
+        return QueenError(RETRY, detail=f"concurrent change ({exc.__class__.__name__})")
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        return QueenError(RETRY, detail=f"concurrent create ({getattr(exc, 'constraint_name', '')})")
+    if isinstance(exc, OSError | asyncpg.InterfaceError | asyncpg.CannotConnectNowError |
+                  asyncpg.ConnectionDoesNotExistError | TimeoutError):
+        return QueenError(DB_UNAVAILABLE, detail=str(exc) or exc.__class__.__name__)
+    return QueenError(INTERNAL, detail=f"{exc.__class__.__name__}: {exc}")
+
+
+class Database:
+    """An asyncpg pool plus the calls the engine makes."""
+
+    def __init__(self, dsn: str, size: int) -> None:
+        self.dsn = dsn
+        self.size = size
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self, apply_schema: bool) -> None:
+        if apply_schema:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                await apply_sql(conn)
+            finally:
+                await conn.close()
+        self._pool = await asyncpg.create_pool(
+            self.dsn,
+            min_size=1,
+            max_size=self.size,
+            command_timeout=60,
+            server_settings={"application_name": "queen-pg"},
+        )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise QueenError(DB_UNAVAILABLE, detail="pool is not open")
+        return self._pool
+
+    async def fetch(self, sql: str, *args: Any) -> list[Record]:
+        try:
+            async with self.pool.acquire() as conn:
+                rows: list[Record] = await conn.fetch(sql, *args)
+                return rows
+        except QueenError:
+            raise
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+            err = _map_error(exc)
+            log.warning("event=db_error code=%s error=%s", err.code, exc)
+            raise err from exc
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        rows = await self.fetch(sql, *args)
+        return rows[0][0] if rows else None
+
+    async def ping(self, timeout: float = 2.0) -> bool:
+        try:
+            async with self.pool.acquire(timeout=timeout) as conn:
+                return bool(await conn.fetchval("SELECT 1", timeout=timeout) == 1)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError, QueenError):
+            return False
+
+    @staticmethod
+    def rows_to_dicts(rows: Sequence[Record]) -> list[dict[str, Any]]:
+        return [dict(r) for r in rows]

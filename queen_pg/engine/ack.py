@@ -1,0 +1,110 @@
+"""Ack: settle delivered messages through one call to ``queen.ack_v1``."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from queen_pg.db.pool import Database
+from queen_pg.engine import codec
+from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+
+ACK_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
+
+STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
+
+
+@dataclass(frozen=True, slots=True)
+class AckItem:
+    transaction_id: str
+    partition_id: str
+    status: str  # a key of STATUSES
+    error: str | None
+    group: str | None
+    lease_id: str | None
+
+
+def _refused(index: int, item: AckItem, error: str) -> dict[str, Any]:
+    return {
+        "index": index,
+        "transactionId": item.transaction_id,
+        "success": False,
+        "error": error,
+        "leaseReleased": False,
+        "dlq": False,
+        "noop": False,
+    }
+
+
+async def ack(db: Database, tenant: str, items: list[AckItem]) -> list[dict[str, Any]]:
+    """One result per item, in order; a refused item is ``success: false`` with its reason."""
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    sent: list[int] = []
+    pids: list[int] = []
+    hashes: list[uuid.UUID] = []
+    txns: list[str] = []
+    leases: list[uuid.UUID | None] = []
+    groups: list[str] = []
+    statuses: list[str] = []
+    errors: list[str | None] = []
+    for i, item in enumerate(items):
+        try:
+            pid = int(item.partition_id)
+        except ValueError:
+            results[i] = _refused(i, item, f"unknown partitionId {item.partition_id!r}")
+            continue
+        lease: uuid.UUID | None = None
+        if item.lease_id:
+            try:
+                lease = uuid.UUID(item.lease_id)
+            except ValueError:
+                results[i] = _refused(i, item, "lease is not held (unknown leaseId)")
+                continue
+        sent.append(i)
+        pids.append(pid)
+        hashes.append(codec.txn_hash(item.transaction_id))
+        txns.append(item.transaction_id)
+        leases.append(lease)
+        groups.append(item.group or QUEUE_MODE)
+        statuses.append(STATUSES[item.status])
+        errors.append(item.error)
+    if sent:
+        rows = await db.fetch(ACK_SQL, tenant, pids, hashes, txns, leases, groups, statuses, errors)
+        for row in rows:
+            i = sent[row["idx"] - 1]
+            results[i] = {
+                "index": i,
+                "transactionId": items[i].transaction_id,
+                "success": row["success"],
+                "error": row["error"],
+                "leaseReleased": row["lease_released"],
+                "dlq": row["dlq"],
+                "noop": row["noop"],
+            }
+    return [r for r in results if r is not None]
+
+
+async def extend_lease(db: Database, tenant: str, lease_id: str) -> dict[str, Any]:
+    try:
+        lid = uuid.UUID(lease_id)
+    except ValueError:
+        lid = None
+    renewed, expires = 0, None
+    if lid is not None:
+        rows = await db.fetch(EXTEND_SQL, tenant, lid)
+        renewed, expires = rows[0]["renewed"], rows[0]["expires_at"]
+    stamp = iso_ms(expires) if isinstance(expires, datetime) else None
+    answer: dict[str, Any] = {
+        "leaseId": lease_id,
+        "success": renewed > 0,
+        "renewed": renewed,
+        "newExpiresAt": stamp,
+        "expiresAt": stamp,
+        "lease_expires_at": stamp,
+    }
+    if not renewed:
+        answer["error"] = "lease not found or expired"
+    return answer

@@ -1,0 +1,88 @@
+"""Message frames and segment blobs.
+
+A segment blob is one zstd frame holding the appended messages as QPF1 frames (WIRE.md §3.3):
+``u32 body_len | u8 flags | u8[16] message id | [u8[16] trace id, flag 1] | u16 len, transactionId
+| payload JSON`` (little-endian). Storing the wire format means a framed pop can later ship stored
+blobs as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import xxhash
+import zstandard
+
+FLAG_TRACE = 1
+_HEAD = struct.Struct("<IB")
+_U16 = struct.Struct("<H")
+
+_compressor = zstandard.ZstdCompressor(level=1, write_content_size=True)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): 48-bit unix ms, then random bits."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | rand & ((1 << 80) - 1)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant
+    return uuid.UUID(int=value)
+
+
+def txn_hash(transaction_id: str) -> uuid.UUID:
+    """xxh3-128 of a transactionId, as the 16-byte uuid stored in log_txns."""
+    return uuid.UUID(bytes=xxhash.xxh3_128_digest(transaction_id.encode()))
+
+
+def encode_frame(message_id: uuid.UUID, transaction_id: str, payload: bytes, trace_id: uuid.UUID | None) -> bytes:
+    txn = transaction_id.encode()
+    flags = FLAG_TRACE if trace_id is not None else 0
+    parts = [message_id.bytes]
+    if trace_id is not None:
+        parts.append(trace_id.bytes)
+    parts.append(_U16.pack(len(txn)))
+    parts.append(txn)
+    parts.append(payload)
+    body = b"".join(parts)
+    return _HEAD.pack(len(body) + 1, flags) + body
+
+
+def pack(frames: list[bytes]) -> bytes:
+    return _compressor.compress(b"".join(frames))
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    message_id: uuid.UUID
+    trace_id: uuid.UUID | None
+    transaction_id: str
+    payload: bytes
+
+
+def unpack(blob: bytes) -> Iterator[Frame]:
+    raw = _decompressor.decompress(blob)
+    at = 0
+    end = len(raw)
+    while at < end:
+        body_len, flags = _HEAD.unpack_from(raw, at)
+        stop = at + 4 + body_len
+        pos = at + 5
+        message_id = uuid.UUID(bytes=raw[pos : pos + 16])
+        pos += 16
+        trace_id = None
+        if flags & FLAG_TRACE:
+            trace_id = uuid.UUID(bytes=raw[pos : pos + 16])
+            pos += 16
+        (tlen,) = _U16.unpack_from(raw, pos)
+        pos += 2
+        transaction_id = raw[pos : pos + tlen].decode()
+        pos += tlen
+        yield Frame(message_id, trace_id, transaction_id, raw[pos:stop])
+        at = stop

@@ -1,0 +1,141 @@
+"""Pop: claim and lease through ``queen.pop_v1``; long-poll without holding a connection.
+
+A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
+permit, and re-polls at least every ``poll_interval`` (pushes through other replicas, expired
+leases). It stops claiming a margin before the caller's deadline (250 ms at most, never more than a
+quarter of the time left) so it never leases messages nobody will receive.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database, Record
+from queen_pg.engine import codec
+from queen_pg.engine.waiters import Waiters
+
+POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+QUEUE_MODE = "__QUEUE_MODE__"
+MAX_MARGIN_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class PopRequest:
+    queue: str
+    partition: str | None
+    group: str | None
+    batch: int
+    partitions: int
+    wait: bool
+    timeout_ms: int
+    auto_ack: bool
+    subscription_mode: str | None
+    subscription_from: datetime | None
+    autopilot: bool
+
+
+def iso_ms(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
+
+
+def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str, Any] | None:
+    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty."""
+    messages: list[dict[str, Any]] = []
+    claims: list[tuple[str, str]] = []
+    lease = None if req.auto_ack else str(lease_id)
+    group = req.group
+    for row in rows:
+        pid = str(row["partition_id"])
+        if not claims or claims[-1][0] != pid:
+            claims.append((pid, row["partition_name"]))
+        start, end = row["lease_start"], row["lease_end"]
+        acked = set(row["acked"] or ())
+        dropped = set(row["dropped"] or ())
+        created = iso_ms(row["created_at"])
+        off = row["base_offset"]
+        for i, frame in enumerate(codec.unpack(row["payload"])):
+            if i in dropped:
+                continue
+            if start <= off < end and off not in acked:
+                attempt = row["attempts"] if off < row["redelivered_end"] else 1
+                messages.append(
+                    {
+                        "id": str(frame.message_id),
+                        "transactionId": frame.transaction_id,
+                        "partitionId": pid,
+                        "partition": row["partition_name"],
+                        "queue": req.queue,
+                        "leaseId": lease,
+                        "consumerGroup": group,
+                        "data": orjson.Fragment(frame.payload),
+                        "createdAt": created,
+                        "traceId": str(frame.trace_id) if frame.trace_id else None,
+                        "producerSub": None,
+                        "deliveryAttempt": attempt,
+                        "retryCount": attempt - 1,
+                        "offset": off,
+                    }
+                )
+            off += 1
+    if not messages:
+        return None
+    answer: dict[str, Any] = {
+        "success": True,
+        "queue": req.queue,
+        "partition": claims[0][1],
+        "partitionId": claims[0][0],
+        "leaseId": lease or "",
+        "consumerGroup": group,
+        "partitionsClaimed": len(claims),
+        "messages": messages,
+    }
+    if req.autopilot:
+        answer["autopilot"] = {"partitions": req.partitions, "batch": req.batch, "waitMs": 0}
+    return answer
+
+
+async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | None:
+    lease_id = uuid.uuid4()
+    rows = await db.fetch(
+        POP_SQL,
+        tenant,
+        req.queue,
+        req.partition,
+        req.group or QUEUE_MODE,
+        req.batch,
+        req.partitions,
+        lease_id,
+        req.auto_ack,
+        req.subscription_mode,
+        req.subscription_from,
+    )
+    return render(req, lease_id, rows) if rows else None
+
+
+async def pop(
+    db: Database, waiters: Waiters, tenant: str, req: PopRequest, poll_interval: float
+) -> dict[str, Any] | None:
+    """Claim now, or (with wait) park until a push wakes us or the claim window closes."""
+    timeout = max(req.timeout_ms, 0) / 1000.0
+    stop_claiming = time.monotonic() + timeout - min(MAX_MARGIN_S, timeout / 4)
+    while True:
+        ev = waiters.subscribe(tenant, req.queue) if req.wait else None
+        try:
+            answer = await claim(db, tenant, req)
+            if answer is not None or ev is None:
+                return answer
+            left = stop_claiming - time.monotonic()
+            if left <= 0:
+                return None
+            await waiters.park(ev, min(left, poll_interval))
+        finally:
+            if ev is not None:
+                waiters.release(tenant, req.queue)
+        if time.monotonic() >= stop_claiming:
+            return None

@@ -1,0 +1,28 @@
+"""Queue management: configure and delete, one procedure call each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database
+
+
+async def configure(
+    db: Database, tenant: str, queue: str, namespace: str | None, task: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    raw = await db.fetchval(
+        "SELECT queen.configure_queue_v1($1, $2, $3, $4, $5::text::jsonb)",
+        tenant,
+        queue,
+        namespace,
+        task,
+        orjson.dumps(options).decode(),
+    )
+    result: dict[str, Any] = orjson.loads(raw)
+    return result
+
+
+async def delete(db: Database, tenant: str, queue: str) -> bool:
+    return bool(await db.fetchval("SELECT queen.delete_queue_v1($1, $2)", tenant, queue))

@@ -1,0 +1,60 @@
+"""The error catalog: one stable code per failure, its HTTP status and a message template.
+
+Procedures and engine code raise :class:`QueenError` with a catalog code; one handler in
+``queen_pg.api`` renders it as ``{"error": <message>, "code": <code>}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    code: str
+    status: int
+    template: str
+
+
+BAD_JSON = ErrorKind("bad_json", 400, "request body is not valid JSON: {detail}")
+BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
+NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
+BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
+NOT_FOUND = ErrorKind("not_found", 404, "{detail}")
+RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
+DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail}")
+INTERNAL = ErrorKind("internal", 500, "internal error: {detail}")
+
+CATALOG: dict[str, ErrorKind] = {
+    k.code: k
+    for k in (BAD_JSON, BAD_REQUEST, NAME_TOO_LONG, BODY_TOO_LARGE, NOT_FOUND, RETRY, DB_UNAVAILABLE, INTERNAL)
+}
+
+
+class QueenError(Exception):
+    """A failure with a catalog code; rendered as JSON by the API's single handler."""
+
+    def __init__(self, kind: ErrorKind, **fields: Any) -> None:
+        self.kind = kind
+        self.fields = fields
+        try:
+            message = kind.template.format(**fields)
+        except (KeyError, IndexError):
+            message = kind.template
+        super().__init__(message)
+
+    @property
+    def status(self) -> int:
+        return self.kind.status
+
+    @property
+    def code(self) -> str:
+        return self.kind.code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": str(self), "code": self.kind.code}
+
+
+def bad_request(detail: str) -> QueenError:
+    return QueenError(BAD_REQUEST, detail=detail)

@@ -1,0 +1,71 @@
+-- Internal helpers shared by the push, pop and transaction procedures. Not called by routes.
+--
+-- queen._create_partitions(tenant, queue_ids[], names[]) -> void
+--   Creates the (queue_id, name) partitions that do not exist yet, with a cursor row (offset 0)
+--   for every consumer group the queue already has.
+--   Locks: queues FOR UPDATE (ascending id) of the queues that get a partition (docs/locks.md #1),
+--   so a group created concurrently either sees the new partition or is seen by it.
+--
+-- queen._create_group(queue_id, tenant, group, mode, from, now) -> void
+--   Creates a consumer group and one cursor row per existing partition. mode 'new' (or a `from`
+--   timestamp) starts each cursor at the first message written at or after that time; otherwise at
+--   the first retained message. Locks: the queue row FOR UPDATE (docs/locks.md #1).
+
+CREATE OR REPLACE FUNCTION queen._create_partitions(p_tenant text, p_queue_ids bigint[], p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queen.queues q
+     WHERE q.id IN (SELECT DISTINCT m.qid FROM unnest(p_queue_ids, p_names) AS m(qid, name)
+                     WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions p
+                                        WHERE p.queue_id = m.qid AND p.name = m.name))
+     ORDER BY q.id
+       FOR UPDATE;
+
+    WITH created AS (
+        INSERT INTO queen.log_partitions (tenant, queue_id, name)
+        SELECT DISTINCT p_tenant, m.qid, m.name
+          FROM unnest(p_queue_ids, p_names) AS m(qid, name)
+         ORDER BY 2, 3
+        ON CONFLICT (queue_id, name) DO NOTHING
+        RETURNING id, queue_id
+    )
+    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
+    SELECT c.id, g.name, c.queue_id, p_tenant, 0
+      FROM created c
+      JOIN queen.log_groups g ON g.queue_id = c.queue_id
+    ON CONFLICT DO NOTHING;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._create_group(
+    p_queue_id bigint, p_tenant text, p_group text, p_mode text, p_from timestamptz, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_from timestamptz;
+BEGIN
+    PERFORM 1 FROM queen.queues WHERE id = p_queue_id FOR UPDATE;
+    IF EXISTS (SELECT 1 FROM queen.log_groups WHERE queue_id = p_queue_id AND name = p_group) THEN
+        RETURN;  -- created by a concurrent pop while we waited for the lock
+    END IF;
+    v_from := CASE WHEN p_from IS NOT NULL THEN p_from
+                   WHEN p_mode = 'new' THEN p_now
+                   ELSE NULL END;
+    INSERT INTO queen.log_groups (queue_id, name, tenant, subscription_mode, subscribed_from, created_at)
+    VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, p_now);
+
+    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
+    SELECT p.id, p_group, p_queue_id, p_tenant,
+           CASE WHEN v_from IS NULL THEN
+                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                               WHERE s.partition_id = p.id), p.next_offset)
+                ELSE
+                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                               WHERE s.partition_id = p.id AND s.created_at >= v_from), p.next_offset)
+           END
+      FROM queen.log_partitions p
+     WHERE p.queue_id = p_queue_id
+    ON CONFLICT DO NOTHING;
+END;
+$$;

@@ -1,0 +1,67 @@
+-- Queue management: configure (create or update) and delete.
+--
+-- queen.configure_queue_v1(tenant, queue, namespace, task, options jsonb, now) -> jsonb
+--   Called by: POST /api/v1/configure. Creates the queue when missing, then applies the given
+--   options (camelCase keys of WIRE.md §2.9; validated by the broker before the call; keys it does
+--   not know are kept in `options`). Result: the queue as {"id","name","namespace","task","options"}.
+--   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/locks.md #1.
+--
+-- queen.delete_queue_v1(tenant, queue) -> boolean
+--   Called by: DELETE /api/v1/resources/queues/{queue}. Deletes the queue and, by cascade, its
+--   partitions, segments, hashes, groups, cursors and dead letters. Result: whether it existed.
+--   Locks: the queue row and every child row (cascade).
+
+CREATE OR REPLACE FUNCTION queen.configure_queue_v1(
+    p_tenant text, p_queue text, p_namespace text, p_task text, p_options jsonb,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    o     jsonb := coalesce(p_options, '{}'::jsonb);
+    q     queen.queues%ROWTYPE;
+BEGIN
+    INSERT INTO queen.queues AS t (tenant, name, namespace, task, created_at, updated_at)
+    VALUES (p_tenant, p_queue, p_namespace, p_task, v_now, v_now)
+    ON CONFLICT ON CONSTRAINT queues_tenant_name_key DO UPDATE
+       SET namespace = coalesce(excluded.namespace, t.namespace),
+           task = coalesce(excluded.task, t.task),
+           updated_at = v_now
+    RETURNING * INTO q;
+
+    UPDATE queen.queues t SET
+        lease_time = coalesce((o ->> 'leaseTime')::integer, t.lease_time),
+        retry_limit = coalesce((o ->> 'retryLimit')::integer, t.retry_limit),
+        priority = coalesce((o ->> 'priority')::integer, t.priority),
+        delayed_processing = coalesce((o ->> 'delayedProcessing')::integer, t.delayed_processing),
+        window_buffer = coalesce((o ->> 'windowBuffer')::integer, t.window_buffer),
+        max_size = coalesce((o ->> 'maxSize')::integer, t.max_size),
+        retention_seconds = coalesce((o ->> 'retentionSeconds')::integer, t.retention_seconds),
+        completed_retention_seconds =
+            coalesce((o ->> 'completedRetentionSeconds')::integer, t.completed_retention_seconds),
+        dedup_window_seconds = coalesce((o ->> 'dedupWindowSeconds')::integer, t.dedup_window_seconds),
+        encryption_enabled = coalesce((o ->> 'encryptionEnabled')::boolean, t.encryption_enabled),
+        options = t.options || o
+     WHERE t.id = q.id
+    RETURNING * INTO q;
+
+    RETURN jsonb_build_object(
+        'id', q.id, 'name', q.name, 'namespace', q.namespace, 'task', q.task,
+        'createdAt', q.created_at,
+        'options', jsonb_build_object(
+            'leaseTime', q.lease_time, 'retryLimit', q.retry_limit, 'priority', q.priority,
+            'delayedProcessing', q.delayed_processing, 'windowBuffer', q.window_buffer,
+            'maxSize', q.max_size, 'retentionSeconds', q.retention_seconds,
+            'completedRetentionSeconds', q.completed_retention_seconds,
+            'dedupWindowSeconds', q.dedup_window_seconds, 'encryptionEnabled', q.encryption_enabled));
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.delete_queue_v1(p_tenant text, p_queue text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM queen.queues WHERE tenant = p_tenant AND name = p_queue;
+    RETURN FOUND;
+END;
+$$;

