@@ -18,7 +18,6 @@ import pwd
 import shlex
 import shutil
 import signal
-import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -34,9 +33,6 @@ PG_CACHE_ROOT = Path("/var/lib/queen-pg")  # copies of binaries the postgres acc
 SYSTEM_PG_ROOT = Path("/usr/lib/postgresql")
 _SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _PR_SET_PDEATHSIG = 1
-_ACL_XATTR = "system.posix_acl_access"
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
-_NO_ID = 0xFFFFFFFF
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ("lock file \"postmaster.pid\" already exists", "is still in use")
 Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
@@ -79,38 +75,19 @@ def _sh_ok(acct: Account, script: str, arg: Path) -> bool:
     return subprocess.run(cmd, capture_output=True, cwd="/", check=False, **_ids(acct)).returncode == 0
 
 
-def _grant_search(path: Path, acct: tuple[int, int]) -> None:
-    """Let the account traverse every ancestor of ``path``: adds a search-only POSIX ACL entry for that
-    one uid to each ancestor that blocks it (e.g. pytest's 0700 tmp dirs); other users gain nothing."""
+def _check_search(path: Path, acct: tuple[int, int]) -> None:
+    """The account must be able to traverse every ancestor of ``path``. We never change permissions
+    outside the data dir: the error names the directory that blocks, for the operator to fix."""
     if _sh_ok(acct, 'cd -- "$1"', path):
         return
     uid = acct[0]
     for anc in reversed(path.parents):
-        st = os.stat(anc)
-        if st.st_mode & 0o001 or (st.st_uid, st.st_mode & 0o100) == (uid, 0o100):
-            continue
-        try:
-            raw = os.getxattr(anc, _ACL_XATTR)
-            entries = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
-        except OSError:  # no ACL yet: the three entries equivalent to the mode bits
-            m = st.st_mode
-            entries = [(_ACL_USER_OBJ, m >> 6 & 7, _NO_ID), (_ACL_GROUP_OBJ, m >> 3 & 7, _NO_ID),
-                       (_ACL_OTHER, m & 7, _NO_ID)]
-        acl = {(tag, id_): perm for tag, perm, id_ in entries if tag != _ACL_MASK}
-        acl[(_ACL_USER, uid)] = acl.get((_ACL_USER, uid), 0) | 1
-        acl[(_ACL_MASK, _NO_ID)] = 0
-        for (tag, _), perm in list(acl.items()):
-            if tag in (_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP):
-                acl[(_ACL_MASK, _NO_ID)] |= perm
-        packed = [struct.pack("<HHI", tag, perm, id_) for (tag, id_), perm in sorted(acl.items())]
-        blob = struct.pack("<I", 2) + b"".join(packed)
-        try:
-            os.setxattr(anc, _ACL_XATTR, blob)
-        except OSError as exc:
-            raise EmbeddedPostgresError(f"uid {uid} cannot traverse {anc}; granting failed: {exc}") from exc
-        log.warning("event=pg_grant_search path=%s uid=%d", anc, uid)
-    if not _sh_ok(acct, 'cd -- "$1"', path):
-        raise EmbeddedPostgresError(f"uid {uid} cannot reach {path}; make its parent directories searchable")
+        if not _sh_ok(acct, 'cd -- "$1"', anc):
+            raise EmbeddedPostgresError(
+                f"the postgres account (uid {uid}) cannot enter {anc}, a parent of the data dir {path}; "
+                "choose a data dir under world-searchable directories (e.g. not under a 0700 home)"
+            )
+    raise EmbeddedPostgresError(f"the postgres account (uid {uid}) cannot enter {path}")
 
 
 def _reachable_bin(bin_dir: Path, acct: tuple[int, int]) -> Path:
@@ -141,7 +118,7 @@ def _reachable_bin(bin_dir: Path, acct: tuple[int, int]) -> Path:
         except OSError:  # another process won the race
             shutil.rmtree(tmp, ignore_errors=True)
         log.info("event=pg_copied_binaries src=%s dest=%s", prefix, dest)
-    _grant_search(dest, acct)
+    _check_search(dest, acct)
     if not _sh_ok(acct, runs, dest / rel / "bin"):
         raise EmbeddedPostgresError(f"uid {acct[0]} cannot run PostgreSQL from {bin_dir} nor from {dest}")
     return dest / rel / "bin"
@@ -237,7 +214,7 @@ class EmbeddedPostgres:
         if acct is not None:
             for d in (self.data_dir, sock):
                 os.chown(d, *acct)
-            _grant_search(self.data_dir, acct)
+            _check_search(self.data_dir, acct)
 
     def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}

@@ -163,3 +163,15 @@ def test_unreachable_binaries_are_copied(
     assert Path(f"/proc/{pg.pid}/exe").resolve().is_relative_to(copy)
     with psycopg.connect(pg.dsn()) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_unreachable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    pg = EmbeddedPostgres(private / "pg", fast=True)
+    if os.geteuid() != 0:  # not root: the server runs as us and can enter our own private dir
+        with pg:
+            assert pg.pid is not None
+        return
+    with pytest.raises(EmbeddedPostgresError, match="cannot enter .*private"):
+        pg.start()

@@ -1,0 +1,149 @@
+"""Schema migrations with alembic (``migrations/``), run programmatically: backs ``queen-pg migrate``.
+
+Two paths bring a database to the current schema and must give the same catalog
+(tests/test_migrations.py):
+
+* boot: ``queen_pg.db.apply.apply_sql`` applies ``sql/`` idempotently at every start;
+* migrate: ``alembic upgrade head`` (this module, or the ``alembic`` command line with
+  ``alembic.ini`` at the repository root). Revision 0001 applies ``sql/`` as it is; later revisions
+  carry table changes only, written idempotently (the policy is in
+  ``migrations/versions/0001_baseline.py``).
+
+Alembic keeps its ``alembic_version`` table in schema ``public``, outside ``queen``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from alembic import command, op
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext, MigrationInfo
+from alembic.script import Script, ScriptDirectory
+from sqlalchemy import URL, create_engine, make_url, pool
+
+Printer = Callable[[str], None]
+
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def migrations_dir() -> Path:
+    """The ``migrations/`` directory: beside the package in a checkout, or installed under it."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "migrations", here / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"migrations/env.py not found near {here}")
+
+
+def sqlalchemy_url(url: str) -> URL:
+    """A ``postgresql://`` URL (any form libpq takes as a URL, e.g. ``postgresql://user@/db?host=
+    /socket/dir&port=N``) as the SQLAlchemy URL of the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername.split("+", 1)[0] not in _POSTGRES_SCHEMES:
+        raise ValueError(f"not a PostgreSQL URL: {parsed.render_as_string(hide_password=True)}")
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+def display_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable url>"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """The alembic Config of this project: ``alembic.ini`` beside ``migrations/`` when present,
+    else one built with only the script location. The URL travels in ``attributes`` (not in the
+    ini options, which would interpolate ``%``); the application's logging is left alone."""
+    mdir = migrations_dir()
+    ini = mdir.parent / "alembic.ini"
+    cfg = Config(str(ini)) if ini.is_file() else Config()
+    cfg.set_main_option("script_location", str(mdir).replace("%", "%%"))
+    cfg.attributes["configure_logger"] = False
+    if url is not None:
+        cfg.attributes["database_url"] = url
+    return cfg
+
+
+def revision_name(script: Script) -> str:
+    """``0001_baseline``: the revision's file name without ``.py``."""
+    return Path(script.path).stem
+
+
+def execute_sql(sql: str) -> None:
+    """Execute SQL text inside a running migration through the raw psycopg connection: no bind
+    parameters, so ``%`` and ``:`` in the text are literal, and several statements may be sent at
+    once (simple query protocol), exactly as boot sends a file of ``sql/``."""
+    dbapi = op.get_bind().connection.dbapi_connection
+    if dbapi is None:  # pragma: no cover - the connection is checked out for the whole migration
+        raise RuntimeError("no DBAPI connection in the migration context")
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(sql)
+    finally:
+        cursor.close()
+
+
+def current_heads(url: str) -> tuple[str, ...]:
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return tuple(MigrationContext.configure(connection).get_current_heads())
+    finally:
+        engine.dispose()
+
+
+def pending_revisions(script_dir: ScriptDirectory, current: Iterable[str], target: str) -> list[Script]:
+    """The revisions an upgrade from ``current`` to ``target`` applies, oldest first."""
+    lower: tuple[str, ...] | str | None = tuple(current) or None
+    scripts = list(script_dir.iterate_revisions(target, lower))
+    scripts.reverse()
+    return scripts
+
+
+class _Progress:
+    """Prints a line before and after each revision (``on_version_apply`` runs after one)."""
+
+    def __init__(self, pending: list[Script], out: Printer) -> None:
+        self.pending = pending
+        self.out = out
+        self.index = 0
+        self.started = time.monotonic()
+
+    def begin(self) -> None:
+        if self.pending:
+            self.out(f"migrate: applying {revision_name(self.pending[0])} ...")
+        self.started = time.monotonic()
+
+    def __call__(self, *, ctx: MigrationContext, step: MigrationInfo, heads: set[str], run_args: Any) -> None:
+        script = step.up_revision
+        name = revision_name(script) if isinstance(script, Script) else str(step.up_revision_id)
+        self.out(f"migrate: applied {name} in {(time.monotonic() - self.started) * 1000:.0f} ms")
+        self.index += 1
+        if self.index < len(self.pending):
+            self.out(f"migrate: applying {revision_name(self.pending[self.index])} ...")
+        self.started = time.monotonic()
+
+
+def upgrade(url: str, revision: str = "head", out: Printer = print) -> None:
+    """Upgrade the database at ``url`` to ``revision`` (default: the newest), printing progress."""
+    cfg = alembic_config(url)
+    script_dir = ScriptDirectory.from_config(cfg)
+    before = current_heads(url)
+    out(f"migrate: {display_url(url)} at {', '.join(before) or 'an empty version table (base)'}")
+    try:
+        pending = pending_revisions(script_dir, before, revision)
+    except Exception:  # an unusual target (relative, branch): alembic reports what it does
+        pending = []
+    progress = _Progress(pending, out)
+    cfg.attributes["on_version_apply"] = progress
+    progress.begin()
+    command.upgrade(cfg, revision)
+    after = current_heads(url)
+    heads = set(script_dir.get_heads())
+    where = "at head" if after and set(after) == heads else "at"
+    out(f"migrate: {where} {', '.join(after) or 'base'}")

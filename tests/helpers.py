@@ -1,0 +1,35 @@
+"""Small helpers shared by tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import httpx
+
+
+async def push(http: httpx.AsyncClient, queue: str, items: list[dict[str, Any]], partition: str = "Default") -> Any:
+    body = {"items": [{"queue": queue, "partition": partition, **it} for it in items]}
+    r = await http.post("/api/v1/push", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> Any:
+    path = f"/api/v1/pop/queue/{queue}"
+    if "partition" in params:
+        path += f"/partition/{params.pop('partition')}"
+    q = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
+    r = await http.get(path, params=q)
+    assert r.status_code in (200, 204), r.text
+    return None if r.status_code == 204 else r.json()
+
+
+async def counts(conn: asyncpg.Connection) -> dict[str, int]:
+    out = {}
+    for table in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq"):
+        out[table] = await conn.fetchval(f"SELECT count(*) FROM queen.{table}")
+    return out
+
+
+EMPTY = {t: 0 for t in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq")}

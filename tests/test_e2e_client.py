@@ -1,0 +1,91 @@
+"""End to end with the official client, queen-mq 2.6.0, against a real broker over HTTP."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from queen import Queen
+
+from tests.conftest import Broker
+
+PARTITIONS = 10
+PER_PARTITION = 100
+
+
+@pytest.fixture(autouse=True)
+def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
+
+
+async def _fill(client: Queen, queue: str) -> None:
+    await client.queue(queue).create()
+    for p in range(PARTITIONS):
+        items = [{"data": {"p": p, "i": i}, "transactionId": f"p{p}-{i}"} for i in range(PER_PARTITION)]
+        results = await client.queue(queue).partition(f"p{p}").push(items)
+        assert [r["status"] for r in results] == ["queued"] * PER_PARTITION
+
+
+def _check_complete_and_ordered(seen: dict[int, list[int]]) -> None:
+    assert sorted(seen) == list(range(PARTITIONS))
+    for p, got in seen.items():
+        assert got == list(range(PER_PARTITION)), f"partition p{p} out of order or incomplete"
+
+
+async def test_group_consume_with_manual_ack_delivers_each_once_in_order(broker: Broker) -> None:
+    async with Queen(broker.url) as client:
+        await _fill(client, "e2e")
+
+        seen: dict[int, list[int]] = defaultdict(list)
+        ack_failures: list[Any] = []
+
+        async def handle(messages: list[dict[str, Any]]) -> None:
+            for m in messages:
+                seen[m["data"]["p"]].append(m["data"]["i"])
+            res = await client.ack(messages, True, {"group": "billing"})
+            if not res.get("success"):
+                ack_failures.append(res)
+
+        await (
+            client.queue("e2e").group("billing").batch(37).auto_ack(False)
+            .limit(PARTITIONS * PER_PARTITION).consume(handle)
+        )
+        assert ack_failures == []
+        _check_complete_and_ordered(seen)
+        # everything is acked: nothing is left for this group
+        assert await client.queue("e2e").group("billing").batch(10).wait(False).pop() == []
+
+        # a second group reads all 1,000 too, with the client's defaults (autopilot, auto-ack)
+        seen2: dict[int, list[int]] = defaultdict(list)
+
+        async def handle2(messages: Any) -> None:
+            for m in messages if isinstance(messages, list) else [messages]:
+                seen2[m["data"]["p"]].append(m["data"]["i"])
+
+        await client.queue("e2e").group("audit").limit(PARTITIONS * PER_PARTITION).consume(handle2)
+        _check_complete_and_ordered(seen2)
+
+        # a pushed duplicate is reported as such
+        dups: list[Any] = []
+
+        async def on_dup(items: Any, _err: Exception) -> None:
+            dups.extend(items)
+
+        res = await client.queue("e2e").partition("p3").push([{"data": {"again": True}, "transactionId": "p3-7"}]) \
+            .on_duplicate(on_dup)
+        assert res[0]["status"] == "duplicate"
+        assert len(dups) == 1 and dups[0]["transactionId"] == "p3-7"
+
+
+async def test_client_single_pop_ack_and_renew(broker: Broker) -> None:
+    async with Queen(broker.url) as client:
+        await client.queue("one").create()
+        await client.queue("one").push([{"data": {"x": 1}}])
+        (m,) = await client.queue("one").batch(1).wait(False).pop()
+        assert m["data"] == {"x": 1}
+        renewed = await client.renew(m)
+        assert renewed.get("success") is True
+        assert (await client.ack(m, True))["success"] is True
+        assert await client.queue("one").batch(1).wait(False).pop() == []
+        await client.queue("one").delete()
