@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,19 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Settings.model_fields
     for flag, field, typ, text in SERVE_OPTIONS:
         default = defaults[field].default
-        serve.add_argument(flag, dest=field, type=typ, default=None,
-                           help=f"{text} [{_env_name(field)}; default {default}]")
-    serve.add_argument("--pg-tcp", dest="pg_tcp", action="store_true", default=None,
-                       help="embedded PostgreSQL also listens on 127.0.0.1:--pg-port [QUEEN_PG_TCP; default off]")
-    serve.add_argument("--no-apply-schema", dest="apply_schema", action="store_false", default=None,
-                       help="do not apply sql/ at boot [QUEEN_APPLY_SCHEMA=0; default: apply]")
+        serve.add_argument(
+            flag, dest=field, type=typ, default=None, help=f"{text} [{_env_name(field)}; default {default}]"
+        )
+    serve.add_argument(
+        "--pg-tcp",
+        dest="pg_tcp",
+        action="store_true",
+        default=None,
+        help="embedded PostgreSQL also listens on 127.0.0.1:--pg-port [QUEEN_PG_TCP; default off]",
+    )
+    serve.add_argument(
+        "--no-apply-schema",
+        dest="apply_schema",
+        action="store_false",
+        default=None,
+        help="do not apply sql/ at boot [QUEEN_APPLY_SCHEMA=0; default: apply]",
+    )
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
-    base = Settings()
-    return base.model_copy(update=Settings(**{**base.model_dump(), **overrides}).model_dump())
+    return Settings(**overrides)
 
 
 def serve(settings: Settings) -> int:
@@ -81,13 +92,25 @@ def serve(settings: Settings) -> int:
         from queen_pg.embedded_pg import EmbeddedPostgres
 
         pg = EmbeddedPostgres(
-            data_dir=settings.data_dir.resolve(), port=settings.pg_port, tcp=settings.pg_tcp,
+            data_dir=settings.data_dir.resolve(),
+            port=settings.pg_port,
+            tcp=settings.pg_tcp,
             bin_dir=settings.pg_bin,
         )
         pg.start()
         settings = settings.model_copy(update={"database_url": pg.dsn()})
-        print(f"queen-pg: embedded PostgreSQL in {settings.data_dir.resolve()}; open it with:\n  {pg.psql_command()}",
-              flush=True)
+        print(
+            f"queen-pg: embedded PostgreSQL in {settings.data_dir.resolve()}; open it with:\n  {pg.psql_command()}",
+            flush=True,
+        )
+
+    def _graceful(signum: int, _frame: object) -> None:
+        # uvicorn re-raises the signal that stopped it once it has shut down; turning it into a
+        # normal exit lets the embedded PostgreSQL be stopped below and the process exit 0.
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _graceful)
+    signal.signal(signal.SIGINT, _graceful)
     try:
         uvicorn.run(
             create_app(settings),
@@ -99,6 +122,7 @@ def serve(settings: Settings) -> int:
     finally:
         if pg is not None:
             pg.stop()
+            log.info("event=embedded_pg_stopped")
     return 0
 
 

@@ -34,7 +34,7 @@ SYSTEM_PG_ROOT = Path("/usr/lib/postgresql")
 _SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
-_TRANSIENT = ("lock file \"postmaster.pid\" already exists", "is still in use")
+_TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
 Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
 
 
@@ -239,8 +239,17 @@ class EmbeddedPostgres:
             self._initdb(bin_dir, acct, deadline)
             log.info("event=pg_initdb dir=%s seconds=%.3f", self.pgdata, time.monotonic() - t0)
         t1 = time.monotonic()
-        args = [str(bin_dir / "postgres"), "-D", str(self.pgdata), "-p", str(self.port), "-k",
-                str(self.socket_dir), "-c", f"listen_addresses={'127.0.0.1' if self.tcp else ''}"]
+        args = [
+            str(bin_dir / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.socket_dir),
+            "-c",
+            f"listen_addresses={'127.0.0.1' if self.tcp else ''}",
+        ]
         if self.fast:
             args += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         try:
@@ -251,19 +260,35 @@ class EmbeddedPostgres:
                     break
                 out = _read_from(self.log_path, offset)
                 if time.monotonic() > deadline or not any(t in out for t in _TRANSIENT):
-                    raise EmbeddedPostgresError(f"postgres exited during startup "
-                                                f"(rc={self._proc.returncode}):\n{out[-3000:]}")
+                    raise EmbeddedPostgresError(
+                        f"postgres exited during startup (rc={self._proc.returncode}):\n{out[-3000:]}"
+                    )
                 time.sleep(0.1)  # the previous server is still shutting down
             self._ensure_database(deadline)
         except BaseException:
             self.stop(timeout=5.0)
             raise
-        log.info("event=pg_started dir=%s socket=%s pid=%d seconds=%.3f", self.pgdata, self.socket_dir,
-                 self._proc.pid, time.monotonic() - t1)
+        log.info(
+            "event=pg_started dir=%s socket=%s pid=%d seconds=%.3f",
+            self.pgdata,
+            self.socket_dir,
+            self._proc.pid,
+            time.monotonic() - t1,
+        )
 
     def _initdb(self, bin_dir: Path, acct: Account, deadline: float) -> None:
-        args = [str(bin_dir / "initdb"), "-D", str(self.pgdata), "-U", self.user, "--auth=trust",
-                "--encoding=UTF8", "--locale=C", "--no-instructions", *(["--no-sync"] if self.fast else [])]
+        args = [
+            str(bin_dir / "initdb"),
+            "-D",
+            str(self.pgdata),
+            "-U",
+            self.user,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+            *(["--no-sync"] if self.fast else []),
+        ]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         proc = self._spawn(args, acct)
         try:
@@ -323,8 +348,13 @@ class EmbeddedPostgres:
         if self.socket_dir.parent != self.data_dir:  # don't leave empty /tmp/queen-pg-* behind
             with contextlib.suppress(OSError):
                 self.socket_dir.rmdir()
-        log.info("event=pg_stopped dir=%s pid=%d rc=%s seconds=%.3f", self.pgdata, proc.pid, proc.returncode,
-                 time.monotonic() - t0)
+        log.info(
+            "event=pg_stopped dir=%s pid=%d rc=%s seconds=%.3f",
+            self.pgdata,
+            proc.pid,
+            proc.returncode,
+            time.monotonic() - t0,
+        )
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -32,4 +34,16 @@ async def counts(conn: asyncpg.Connection) -> dict[str, int]:
     return out
 
 
-EMPTY = {t: 0 for t in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq")}
+EMPTY = {
+    t: 0 for t in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq")
+}
+
+
+async def eventually(predicate: Callable[[], bool], what: str = "condition", within: float = 10.0) -> None:
+    """Await a condition that another task makes true (e.g. a pop parking), with a deadline."""
+    try:
+        async with asyncio.timeout(within):
+            while not predicate():  # noqa: ASYNC110 - the state lives in another task; no event to await
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None

@@ -17,11 +17,15 @@ def ack_body(m: dict, **extra: object) -> dict:  # type: ignore[type-arg]
     return {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], **extra}
 
 
-async def test_completed_ack_advances_cursor_and_releases_lease(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+async def test_completed_ack_advances_cursor_and_releases_lease(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
     await push(http, "q", [{"payload": i, "transactionId": f"t{i}"} for i in range(4)])
     ans = await pop(http, "q", batch=2, consumerGroup="g")
-    r = await http.post("/api/v1/ack/batch", json={
-        "acknowledgments": [ack_body(m, status="completed") for m in ans["messages"]], "consumerGroup": "g"})
+    r = await http.post(
+        "/api/v1/ack/batch",
+        json={"acknowledgments": [ack_body(m, status="completed") for m in ans["messages"]], "consumerGroup": "g"},
+    )
     assert r.status_code == 200
     items = r.json()
     assert [i["success"] for i in items] == [True, True]
@@ -35,13 +39,17 @@ async def test_completed_ack_advances_cursor_and_releases_lease(http: httpx.Asyn
 async def test_single_ack_answers_a_one_item_list(http: httpx.AsyncClient) -> None:
     await push(http, "q", [{"payload": 1, "transactionId": "only"}])
     (m,) = (await pop(http, "q"))["messages"]
-    r = await http.post("/api/v1/ack", json={**ack_body(m), "status": "completed", "error": None, "consumerGroup": None})
+    r = await http.post(
+        "/api/v1/ack", json={**ack_body(m), "status": "completed", "error": None, "consumerGroup": None}
+    )
     assert r.status_code == 200
     (item,) = r.json()
     assert item["success"] is True and item["transactionId"] == "only" and item["leaseReleased"] is True
 
 
-async def test_out_of_order_acks_move_cursor_only_when_contiguous(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+async def test_out_of_order_acks_move_cursor_only_when_contiguous(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
     await push(http, "q", [{"payload": i, "transactionId": f"t{i}"} for i in range(3)])
     ms = (await pop(http, "q", batch=3))["messages"]
     await http.post("/api/v1/ack", json=ack_body(ms[2]))
@@ -84,12 +92,17 @@ async def test_resent_ack_after_release_is_answered_alike(http: httpx.AsyncClien
 async def test_unknown_message_and_partition_are_item_errors(http: httpx.AsyncClient) -> None:
     await push(http, "q", [{"payload": 1, "transactionId": "x"}])
     (m,) = (await pop(http, "q"))["messages"]
-    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": [
-        {"transactionId": "nope", "partitionId": m["partitionId"], "status": "completed"},
-        {"transactionId": "x", "partitionId": "999999", "status": "completed"},
-        {"transactionId": "x", "partitionId": "abc", "status": "completed"},
-        {"transactionId": "x", "partitionId": m["partitionId"], "status": "completed"},
-    ]})
+    r = await http.post(
+        "/api/v1/ack/batch",
+        json={
+            "acknowledgments": [
+                {"transactionId": "nope", "partitionId": m["partitionId"], "status": "completed"},
+                {"transactionId": "x", "partitionId": "999999", "status": "completed"},
+                {"transactionId": "x", "partitionId": "abc", "status": "completed"},
+                {"transactionId": "x", "partitionId": m["partitionId"], "status": "completed"},
+            ]
+        },
+    )
     assert r.status_code == 200
     assert [i["success"] for i in r.json()] == [False, False, False, True]
     assert [i["index"] for i in r.json()] == [0, 1, 2, 3]

@@ -48,8 +48,12 @@ async def test_group_consume_with_manual_ack_delivers_each_once_in_order(broker:
                 ack_failures.append(res)
 
         await (
-            client.queue("e2e").group("billing").batch(37).auto_ack(False)
-            .limit(PARTITIONS * PER_PARTITION).consume(handle)
+            client.queue("e2e")
+            .group("billing")
+            .batch(37)
+            .auto_ack(False)
+            .limit(PARTITIONS * PER_PARTITION)
+            .consume(handle)
         )
         assert ack_failures == []
         _check_complete_and_ordered(seen)
@@ -72,8 +76,12 @@ async def test_group_consume_with_manual_ack_delivers_each_once_in_order(broker:
         async def on_dup(items: Any, _err: Exception) -> None:
             dups.extend(items)
 
-        res = await client.queue("e2e").partition("p3").push([{"data": {"again": True}, "transactionId": "p3-7"}]) \
+        res = (
+            await client.queue("e2e")
+            .partition("p3")
+            .push([{"data": {"again": True}, "transactionId": "p3-7"}])
             .on_duplicate(on_dup)
+        )
         assert res[0]["status"] == "duplicate"
         assert len(dups) == 1 and dups[0]["transactionId"] == "p3-7"
 

@@ -173,5 +173,5 @@ def test_unreachable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
         with pg:
             assert pg.pid is not None
         return
-    with pytest.raises(EmbeddedPostgresError, match="cannot enter .*private"):
+    with pytest.raises(EmbeddedPostgresError, match=r"cannot enter .*private"):
         pg.start()

@@ -8,7 +8,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.helpers import pop, push
+from tests.helpers import eventually, pop, push
 
 
 async def test_empty_and_unknown_queue_answer_204_without_body(http: httpx.AsyncClient) -> None:
@@ -93,8 +93,7 @@ async def test_long_poll_wakes_when_a_push_commits(start_broker) -> None:  # typ
         waiting = asyncio.create_task(
             http.get("/api/v1/pop/queue/lp", params={"wait": "true", "timeout": 50_000, "consumerGroup": "g"})
         )
-        while b.app.state.queen.waiters.parked == 0:  # the pop found nothing and parked
-            await asyncio.sleep(0.005)
+        await eventually(lambda: b.app.state.queen.waiters.parked == 1, what="the pop to park")
         await push(http, "lp", [{"payload": "wake"}])
         r = await asyncio.wait_for(waiting, 20)
     assert r.status_code == 200
@@ -110,12 +109,12 @@ async def test_parked_pop_holds_no_connection(start_broker) -> None:  # type: ig
     b = await start_broker(db_pool_size=2)
     async with httpx.AsyncClient(base_url=b.url, timeout=60) as http:
         parked = [
-            asyncio.create_task(http.get("/api/v1/pop/queue/idle", params={"wait": "true", "timeout": 30_000, "autoAck": "true"})
+            asyncio.create_task(
+                http.get("/api/v1/pop/queue/idle", params={"wait": "true", "timeout": 30_000, "autoAck": "true"})
             )
             for _ in range(6)
         ]
-        while b.app.state.queen.waiters.parked < 6:
-            await asyncio.sleep(0.005)
+        await eventually(lambda: b.app.state.queen.waiters.parked == 6, what="six pops to park")
         # six parked pops, a pool of two: pushes still get connections
         res = await push(http, "other", [{"payload": 1}])
         assert res[0]["status"] == "queued"

@@ -57,7 +57,11 @@ async def test_duplicates_inside_one_request_keep_offsets_gapless(http: httpx.As
     res = await push(
         http,
         "q",
-        [{"payload": 1, "transactionId": "x"}, {"payload": 2, "transactionId": "x"}, {"payload": 3, "transactionId": "y"}],
+        [
+            {"payload": 1, "transactionId": "x"},
+            {"payload": 2, "transactionId": "x"},
+            {"payload": 3, "transactionId": "y"},
+        ],
     )
     assert [r["status"] for r in res] == ["queued", "duplicate", "queued"]
     assert res[1]["messageId"] == res[0]["messageId"]
@@ -69,8 +73,15 @@ async def test_duplicates_inside_one_request_keep_offsets_gapless(http: httpx.As
 
 async def test_mixed_new_and_stored_duplicates_in_one_request(http: httpx.AsyncClient) -> None:
     await push(http, "q", [{"payload": "a", "transactionId": "a"}])
-    res = await push(http, "q", [{"payload": "b", "transactionId": "b"}, {"payload": "a2", "transactionId": "a"},
-                                 {"payload": "c", "transactionId": "c"}])
+    res = await push(
+        http,
+        "q",
+        [
+            {"payload": "b", "transactionId": "b"},
+            {"payload": "a2", "transactionId": "a"},
+            {"payload": "c", "transactionId": "c"},
+        ],
+    )
     assert [r["status"] for r in res] == ["queued", "duplicate", "queued"]
     assert [r["offset"] for r in res] == [1, 0, 2]
     popped = (await http.get("/api/v1/pop/queue/q", params={"batch": 10})).json()

@@ -59,4 +59,4 @@ class ConfigureBody(_Body):
     queue: StrictStr
     namespace: StrictStr | None = None
     task: StrictStr | None = None
-    options: QueueOptions = Field(default_factory=QueueOptions)
+    options: QueueOptions = Field(default_factory=lambda: QueueOptions())

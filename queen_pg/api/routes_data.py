@@ -98,9 +98,7 @@ async def _pop(request: Request, queue: str, partition: str | None) -> Response:
     req = _pop_request(request, queue, partition)
     st = state(request)
     try:
-        answer = await pop_engine.pop(
-            st.db, st.waiters, tenant(request), req, st.settings.pop_poll_interval_ms / 1000
-        )
+        answer = await pop_engine.pop(st.db, st.waiters, tenant(request), req, st.settings.pop_poll_interval_ms / 1000)
     except TooManyWaiters:
         return json_response(
             {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},

@@ -44,6 +44,4 @@ async def apply_sql(conn: asyncpg.Connection, root: Path | None = None) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock($1)", APPLY_LOCK)
         for path in files:
             await conn.execute(path.read_text())
-    log.info(
-        "event=schema_applied files=%d ms=%.0f", len(files), (time.monotonic() - started) * 1000
-    )
+    log.info("event=schema_applied files=%d ms=%.0f", len(files), (time.monotonic() - started) * 1000)

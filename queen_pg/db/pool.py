@@ -12,24 +12,39 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+from asyncpg import Record
 
 from queen_pg.db.apply import apply_sql
 from queen_pg.errors import DB_UNAVAILABLE, INTERNAL, RETRY, QueenError
 
 log = logging.getLogger("queen_pg.db")
 
-Record = asyncpg.Record
+__all__ = ["Database", "Record"]
+
+
+# SQLSTATE classes that mean "the database is not there for us right now": connection exceptions,
+# operator intervention (shutdown), insufficient resources, invalid catalog (database dropped),
+# authorization.
+_UNAVAILABLE_SQLSTATES = ("08", "57P", "53", "3D000", "28")
 
 
 def _map_error(exc: BaseException) -> QueenError:
     """Driver errors to catalog codes; constraint names decide where it matters."""
-    if isinstance(exc, asyncpg.ForeignKeyViolationError | asyncpg.SerializationError |
-                  asyncpg.DeadlockDetectedError):
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if sqlstate.startswith(_UNAVAILABLE_SQLSTATES):
+        return QueenError(DB_UNAVAILABLE, detail=str(exc))
+    if isinstance(exc, asyncpg.ForeignKeyViolationError | asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
         return QueenError(RETRY, detail=f"concurrent change ({exc.__class__.__name__})")
     if isinstance(exc, asyncpg.UniqueViolationError):
         return QueenError(RETRY, detail=f"concurrent create ({getattr(exc, 'constraint_name', '')})")
-    if isinstance(exc, OSError | asyncpg.InterfaceError | asyncpg.CannotConnectNowError |
-                  asyncpg.ConnectionDoesNotExistError | TimeoutError):
+    if isinstance(
+        exc,
+        OSError
+        | asyncpg.InterfaceError
+        | asyncpg.CannotConnectNowError
+        | asyncpg.ConnectionDoesNotExistError
+        | TimeoutError,
+    ):
         return QueenError(DB_UNAVAILABLE, detail=str(exc) or exc.__class__.__name__)
     return QueenError(INTERNAL, detail=f"{exc.__class__.__name__}: {exc}")
 
@@ -84,10 +99,10 @@ class Database:
         rows = await self.fetch(sql, *args)
         return rows[0][0] if rows else None
 
-    async def ping(self, timeout: float = 2.0) -> bool:
+    async def ping(self, within: float = 2.0) -> bool:
         try:
-            async with self.pool.acquire(timeout=timeout) as conn:
-                return bool(await conn.fetchval("SELECT 1", timeout=timeout) == 1)
+            async with self.pool.acquire(timeout=within) as conn:
+                return bool(await conn.fetchval("SELECT 1", timeout=within) == 1)
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError, QueenError):
             return False
 

@@ -47,15 +47,15 @@ class Waiters:
             ev.set()
             self._events[key] = asyncio.Event()  # later subscribers wait for the next push
 
-    async def park(self, ev: asyncio.Event, timeout: float) -> bool:
-        """Wait for ``ev`` up to ``timeout`` seconds; False when the time ran out."""
+    async def park(self, ev: asyncio.Event, seconds: float) -> bool:
+        """Wait for ``ev`` up to ``seconds``; False when the time ran out."""
         if ev.is_set():
             return True
         if self.parked >= self.limit:
             raise TooManyWaiters
         self.parked += 1
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(seconds):
                 await ev.wait()
             return True
         except TimeoutError:

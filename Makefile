@@ -1,0 +1,34 @@
+# queen-pg: `make run` starts the broker, `make test` runs the whole suite. Both set everything up.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help run test lint install clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv and install queen-pg with its test and dev extras
+
+run: $(STAMP) ## start the broker on :6632 (embedded PostgreSQL in ./.queen unless DATABASE_URL is set)
+	$(BIN)/queen-pg serve
+
+test: $(STAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the queen-mq client)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check queen_pg tests migrations
+	$(BIN)/mypy
+
+clean: ## remove the venv and caches (keeps ./.queen, the embedded database)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
