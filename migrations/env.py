@@ -6,7 +6,8 @@ including ``postgresql://user@/db?host=/socket/dir&port=N``; it is run through p
 
 All revisions of one ``upgrade`` run in one transaction that first takes the advisory lock
 APPLY_LOCK, the lock boot takes to apply ``sql/`` (queen_pg/db/apply.py): a migration and a booting
-replica never apply schema at the same time. Alembic's ``alembic_version`` table stays in ``public``.
+replica never apply schema at the same time. Alembic's ``alembic_version`` table is kept in ``public``
+(explicitly: see queen_pg.migrate.VERSION_TABLE_SCHEMA).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from alembic.util import CommandError
 from sqlalchemy import create_engine, pool, text
 
 from queen_pg.db.locks import APPLY_LOCK
-from queen_pg.migrate import sqlalchemy_url
+from queen_pg.migrate import VERSION_TABLE_SCHEMA, sqlalchemy_url
 
 config = context.config
 
@@ -38,9 +39,7 @@ def database_url() -> str:
         or os.environ.get("DATABASE_URL")
     )
     if not url:
-        raise CommandError(
-            "no database URL: pass `-x url=postgresql://user@host/dbname` or set DATABASE_URL"
-        )
+        raise CommandError("no database URL: pass `-x url=postgresql://user@host/dbname` or set DATABASE_URL")
     try:
         sqlalchemy_url(url)
     except Exception as exc:  # ValueError or SQLAlchemy's ArgumentError: one line, no traceback
@@ -62,7 +61,8 @@ def run_migrations_online() -> None:
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,
-                on_version_apply=config.attributes.get("on_version_apply") or (),
+                version_table_schema=VERSION_TABLE_SCHEMA,
+                on_version_apply=config.attributes.get("on_version_apply"),
             )
             with context.begin_transaction():
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": APPLY_LOCK})

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from queen_pg.migrate import execute_sql
-${imports if imports else ""}
+% if imports:
+${imports}
+% endif
 
 # revision identifiers, used by Alembic.
 revision: str = ${repr(up_revision)}

@@ -29,6 +29,12 @@ Printer = Callable[[str], None]
 
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 
+# Alembic's version table, always schema-qualified: with the default search_path ("$user", public)
+# and a role named like the schema (the embedded server's role is `queen`), an unqualified
+# alembic_version would land in `queen` whenever that schema already exists, e.g. on a database
+# that boot set up before alembic was first run.
+VERSION_TABLE_SCHEMA = "public"
+
 
 def migrations_dir() -> Path:
     """The ``migrations/`` directory: beside the package in a checkout, or installed under it."""
@@ -92,7 +98,11 @@ def current_heads(url: str) -> tuple[str, ...]:
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
-            return tuple(MigrationContext.configure(connection).get_current_heads())
+            return tuple(
+                MigrationContext.configure(
+                    connection, opts={"version_table_schema": VERSION_TABLE_SCHEMA}
+                ).get_current_heads()
+            )
     finally:
         engine.dispose()
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2025-11-30
+Create Date: 2026-11-30
 
 Policy
 ------

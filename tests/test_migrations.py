@@ -1,0 +1,304 @@
+"""Both ways to a current schema give one catalog: ``alembic upgrade head`` (queen_pg.migrate, the
+``alembic`` command line) and boot's ``apply_sql``. See migrations/versions/0001_baseline.py.
+
+The comparison reads the catalog of schema ``queen`` (alembic's ``alembic_version`` table lives in
+``public`` and is ignored) into ``{category: {key: description}}`` and diffs the rendered lines."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+import sys
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+
+from queen_pg.db.apply import apply_sql
+from queen_pg.migrate import sqlalchemy_url, upgrade
+from tests.conftest import ROOT, PgServer, empty_database
+
+SCHEMA = "queen"
+IGNORED_RELATIONS = ("alembic_version",)
+
+Snapshot = dict[str, dict[str, str]]
+
+# Each query returns (key, description) rows; %(schema)s and %(ignored)s are bound by psycopg.
+CATALOG_QUERIES: dict[str, str] = {
+    "relation": """
+        SELECT c.relname,
+               format('kind=%%s persistence=%%s reloptions=%%s acl=%%s', c.relkind, c.relpersistence,
+                      coalesce(c.reloptions::text, '-'), coalesce(c.relacl::text, '-'))
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s AND c.relkind <> 'i' AND c.relkind <> 'I'
+           AND c.relname <> ALL (%(ignored)s)
+    """,
+    "column": """
+        SELECT format('%%s.%%s', c.relname, a.attname),
+               format('position=%%s type=%%s not_null=%%s default=%%s storage=%%s identity=%%s '
+                      'generated=%%s collation=%%s',
+                      row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum),
+                      format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                      coalesce(pg_get_expr(d.adbin, d.adrelid), '-'), a.attstorage,
+                      coalesce(nullif(a.attidentity, ''), '-'), coalesce(nullif(a.attgenerated, ''), '-'),
+                      coalesce(co.collname, '-'))
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+          LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
+         WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'c')
+           AND c.relname <> ALL (%(ignored)s)
+    """,
+    "constraint": """
+        SELECT format('%%s.%%s', coalesce(c.relname, t.typname), k.conname),
+               format('type=%%s deferrable=%%s deferred=%%s validated=%%s %%s', k.contype,
+                      k.condeferrable, k.condeferred, k.convalidated, pg_get_constraintdef(k.oid))
+          FROM pg_constraint k
+          JOIN pg_namespace n ON n.oid = k.connamespace
+          LEFT JOIN pg_class c ON c.oid = k.conrelid
+          LEFT JOIN pg_type t ON t.oid = k.contypid
+         WHERE n.nspname = %(schema)s AND coalesce(c.relname, '') <> ALL (%(ignored)s)
+    """,
+    "index": """
+        SELECT format('%%s.%%s', c.relname, i.relname), pg_get_indexdef(i.oid)
+          FROM pg_index x
+          JOIN pg_class i ON i.oid = x.indexrelid
+          JOIN pg_class c ON c.oid = x.indrelid
+          JOIN pg_namespace n ON n.oid = i.relnamespace
+         WHERE n.nspname = %(schema)s AND c.relname <> ALL (%(ignored)s)
+    """,
+    "index options": """
+        SELECT format('%%s.%%s', c.relname, i.relname), coalesce(i.reloptions::text, '-')
+          FROM pg_index x
+          JOIN pg_class i ON i.oid = x.indexrelid
+          JOIN pg_class c ON c.oid = x.indrelid
+          JOIN pg_namespace n ON n.oid = i.relnamespace
+         WHERE n.nspname = %(schema)s AND c.relname <> ALL (%(ignored)s)
+    """,
+    "sequence": """
+        SELECT c.relname,
+               format('type=%%s start=%%s increment=%%s min=%%s max=%%s cache=%%s cycle=%%s',
+                      format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmin, s.seqmax,
+                      s.seqcache, s.seqcycle)
+          FROM pg_sequence s
+          JOIN pg_class c ON c.oid = s.seqrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s
+    """,
+    "function": """
+        SELECT format('%%s(%%s)', p.proname, pg_get_function_identity_arguments(p.oid)),
+               CASE WHEN p.prokind = 'a' THEN 'aggregate returning '
+                                              || format_type(p.prorettype, NULL)
+                    ELSE pg_get_functiondef(p.oid) END
+                 || E'\n' || format('acl=%%s', coalesce(p.proacl::text, '-'))
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = %(schema)s
+    """,
+    "trigger": """
+        SELECT format('%%s.%%s', c.relname, g.tgname), pg_get_triggerdef(g.oid)
+          FROM pg_trigger g
+          JOIN pg_class c ON c.oid = g.tgrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s AND NOT g.tgisinternal
+    """,
+    "type": """
+        SELECT t.typname,
+               format('typtype=%%s base=%%s labels=%%s', t.typtype, format_type(t.typbasetype, t.typtypmod),
+                      (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                         FROM pg_enum e WHERE e.enumtypid = t.oid))
+          FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+         WHERE n.nspname = %(schema)s
+           AND (t.typtype IN ('d', 'e', 'r', 'm')
+                OR t.typtype = 'c' AND (SELECT relkind FROM pg_class WHERE oid = t.typrelid) = 'c')
+    """,
+    "comment": """
+        SELECT format('%%s %%s', d.classoid::regclass, d.objsubid)
+                 || ' ' || coalesce(pg_describe_object(d.classoid, d.objoid, d.objsubid), '?'),
+               d.description
+          FROM pg_description d
+         WHERE d.objoid IN (SELECT oid FROM pg_class WHERE relnamespace = %(schema)s::text::regnamespace
+                              AND relname <> ALL (%(ignored)s)
+                            UNION ALL
+                            SELECT oid FROM pg_proc WHERE pronamespace = %(schema)s::text::regnamespace
+                            UNION ALL
+                            SELECT oid FROM pg_namespace WHERE nspname = %(schema)s::text)
+    """,
+    "extension": """
+        SELECT e.extname, format('schema=%%s', e.extnamespace::regnamespace) FROM pg_extension e
+    """,
+}
+
+
+def catalog(url: str) -> Snapshot:
+    """Schema ``queen`` of the database at ``url`` as ``{category: {key: description}}``."""
+    snapshot: Snapshot = {}
+    params = {"schema": SCHEMA, "ignored": list(IGNORED_RELATIONS)}
+    with psycopg.connect(url) as conn:
+        for category, query in CATALOG_QUERIES.items():
+            rows = conn.execute(query, params).fetchall()
+            entries = {str(key): str(value) for key, value in rows}
+            assert len(entries) == len(rows), f"duplicate keys in catalog category {category!r}"
+            snapshot[category] = entries
+    return snapshot
+
+
+def render(snapshot: Snapshot) -> list[str]:
+    lines: list[str] = []
+    for category in sorted(snapshot):
+        for key in sorted(snapshot[category]):
+            head, *rest = snapshot[category][key].splitlines() or [""]
+            lines.append(f"[{category}] {key}: {head}")
+            lines.extend(f"[{category}] {key}:     {line}" for line in rest)
+    return lines
+
+
+def assert_same_catalog(left: Snapshot, right: Snapshot, left_name: str, right_name: str) -> None:
+    if left == right:
+        return
+    diff = difflib.unified_diff(render(left), render(right), left_name, right_name, lineterm="", n=2)
+    pytest.fail(f"catalogs of schema {SCHEMA} differ:\n" + "\n".join(diff), pytrace=False)
+
+
+def scalar(url: str, query: str) -> Any:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def catalog_row_versions(url: str) -> list[tuple[str, str]]:
+    """(object, xmin) of every relation and function in ``queen``: unchanged when nothing ran DDL."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            """SELECT 'r ' || relname, xmin::text FROM pg_class WHERE relnamespace = 'queen'::regnamespace
+               UNION ALL
+               SELECT 'f ' || oid::regprocedure::text, xmin::text FROM pg_proc
+                WHERE pronamespace = 'queen'::regnamespace
+               ORDER BY 1"""
+        ).fetchall()
+    return [(str(a), str(b)) for a, b in rows]
+
+
+async def boot_apply(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await apply_sql(conn)
+    finally:
+        await conn.close()
+
+
+async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    migrated = empty_database(pg_server)
+    booted = empty_database(pg_server)
+
+    upgrade(migrated)
+    out = capsys.readouterr().out
+    assert "migrate: applying 0001_baseline ..." in out
+    assert "migrate: at head 0001" in out
+    await boot_apply(booted)
+
+    by_migration = catalog(migrated)
+    assert "log_segments" in by_migration["relation"]
+    assert by_migration["function"], "no functions in schema queen: the snapshot reads nothing?"
+    assert "log_segments.log_segments_pkey" in by_migration["constraint"]
+    assert_same_catalog(by_migration, catalog(booted), "alembic upgrade head", "apply_sql (boot)")
+
+    # alembic's own table: in public, never in queen.
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(migrated, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
+
+    # upgrade at head: nothing runs, not even a CREATE OR REPLACE.
+    versions = catalog_row_versions(migrated)
+    upgrade(migrated)
+    out = capsys.readouterr().out
+    assert "applying" not in out
+    assert "migrate: at head 0001" in out
+    assert catalog_row_versions(migrated) == versions
+    assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade again")
+
+    # boot on a migrated database: same catalog.
+    await boot_apply(migrated)
+    assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade + apply_sql")
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+
+
+async def test_migrate_a_database_set_up_by_boot(pg_server: PgServer) -> None:
+    """A database that boot set up before alembic existed: the baseline is a no-op that stamps 0001."""
+    url = empty_database(pg_server)
+    await boot_apply(url)
+    before = catalog(url)
+    upgrade(url)
+    assert_same_catalog(before, catalog(url), "apply_sql (boot)", "apply_sql + alembic upgrade head")
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(url, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
+
+
+def run_alembic(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def test_alembic_command_line_upgrade_head(pg_server: PgServer) -> None:
+    url = empty_database(pg_server)
+    result = run_alembic("-x", f"url={url}", "upgrade", "head")
+    assert result.returncode == 0, f"alembic upgrade head failed:\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    assert scalar(url, "SELECT to_regclass('queen.log_segments') IS NOT NULL") is True
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+
+    result = run_alembic("-x", f"url={url}", "downgrade", "base")
+    assert result.returncode == 0, f"alembic downgrade base failed:\n{result.stdout}\n{result.stderr}"
+    assert scalar(url, "SELECT to_regnamespace('queen') IS NULL") is True
+
+
+def test_alembic_command_line_without_url_fails_cleanly() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+    )
+    assert result.returncode != 0
+    assert "no database URL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://queen@/queen?host=%2Ftmp%2Fpg&port=5433",
+            "postgresql+psycopg://queen@/queen?host=%2Ftmp%2Fpg&port=5433",
+        ),
+        ("postgresql://queen@/queen?host=/tmp/pg&port=5433", None),
+        ("postgres://u:p@db.example:5432/x", "postgresql+psycopg://u:p@db.example:5432/x"),
+        ("postgresql+asyncpg://u@h/x", "postgresql+psycopg://u@h/x"),
+    ],
+)
+def test_sqlalchemy_url(url: str, expected: str | None) -> None:
+    converted = sqlalchemy_url(url)
+    assert converted.drivername == "postgresql+psycopg"
+    if expected is not None:
+        assert converted.render_as_string(hide_password=False) == expected
+    else:
+        assert converted.query == {"host": "/tmp/pg", "port": "5433"}
+        assert converted.database == "queen" and converted.host is None
+
+
+def test_sqlalchemy_url_rejects_other_databases() -> None:
+    with pytest.raises(ValueError, match="not a PostgreSQL URL"):
+        sqlalchemy_url("mysql://u@h/x")
