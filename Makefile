@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed-run
+TSTAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint install clean
@@ -12,21 +13,24 @@ help: ## list the targets
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
 	@touch $@
 
-install: $(STAMP) ## create .venv and install queen-pg with its test and dev extras
+$(TSTAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@ $(STAMP)
+
+install: $(TSTAMP) ## create .venv and install queen-pg with its test and dev extras
 
 run: $(STAMP) ## start the broker on :6632 (embedded PostgreSQL in ./.queen unless DATABASE_URL is set)
 	$(BIN)/queen-pg serve
 
-test: $(STAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the queen-mq client)
+test: $(TSTAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the queen-mq client)
 	$(BIN)/python -m pytest
 
-lint: $(STAMP) ## ruff and mypy
+lint: $(TSTAMP) ## ruff and mypy
 	$(BIN)/ruff check queen_pg tests migrations
 	$(BIN)/mypy
 
