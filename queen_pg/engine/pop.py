@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -119,23 +120,28 @@ async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | 
 
 
 async def pop(
-    db: Database, waiters: Waiters, tenant: str, req: PopRequest, poll_interval: float
+    db: Database,
+    waiters: Waiters,
+    tenant: str,
+    req: PopRequest,
+    poll_interval: float,
+    clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, Any] | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes."""
     timeout = max(req.timeout_ms, 0) / 1000.0
-    stop_claiming = time.monotonic() + timeout - min(MAX_MARGIN_S, timeout / 4)
+    stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     while True:
         ev = waiters.subscribe(tenant, req.queue) if req.wait else None
         try:
             answer = await claim(db, tenant, req)
             if answer is not None or ev is None:
                 return answer
-            left = stop_claiming - time.monotonic()
+            left = stop_claiming - clock()
             if left <= 0:
                 return None
             await waiters.park(ev, min(left, poll_interval))
         finally:
             if ev is not None:
                 waiters.release(tenant, req.queue)
-        if time.monotonic() >= stop_claiming:
+        if clock() >= stop_claiming:
             return None
