@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
-from queen_pg.api import routes_admin, routes_data
+from queen_pg.api import routes_admin, routes_data, routes_dlq
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.limits import BodyLimit
 from queen_pg.db.pool import Database
@@ -76,6 +76,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_dlq.router)
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:

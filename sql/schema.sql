@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS queen.log_partitions (
 ) WITH (fillfactor = 70);
 
 -- One row per append: the appended messages as QPF1 frames (WIRE.md §3.3), zstd-compressed by the
--- broker. `dropped` lists frame indexes (0-based) that are not part of the log: items of the append
+-- broker (codec 1), or raw (codec 0) when SQL wrote the frame itself (a dead letter put back). `dropped` lists frame indexes (0-based) that are not part of the log: items of the append
 -- that turned out to be duplicates of stored messages. Message k of the log (k = 0, 1, ...) inside
 -- this segment is the k-th frame that is not dropped; offsets stay gapless.
 CREATE TABLE IF NOT EXISTS queen.log_segments (
@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS queen.log_segments (
     end_offset          bigint NOT NULL,               -- exclusive
     created_at          timestamptz NOT NULL,          -- rises with base_offset (stamped under the row lock)
     dropped             integer[],
+    codec               smallint NOT NULL DEFAULT 1,   -- QPF1 record codec: 0 raw, 1 zstd
     payload             bytea NOT NULL,
     CONSTRAINT log_segments_pkey PRIMARY KEY (partition_id, base_offset),
     CONSTRAINT log_segments_range_check CHECK (end_offset > base_offset)

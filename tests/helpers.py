@@ -47,3 +47,39 @@ async def eventually(predicate: Callable[[], bool], what: str = "condition", wit
                 await asyncio.sleep(0.005)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def push_at(
+    conn: asyncpg.Connection, queue: str, txns: list[str], now: Any, partition: str = "Default"
+) -> list[asyncpg.Record]:
+    """Push through queen.push_v1 with time passed in (payload = the transactionId as a JSON string)."""
+    from queen_pg.engine import codec
+
+    ids = [codec.uuid7() for _ in txns]
+    frames = [codec.encode_frame(i, t, f'"{t}"'.encode(), None) for i, t in zip(ids, txns, strict=True)]
+    return list(
+        await conn.fetch(
+            "SELECT * FROM queen.push_v1('default', $1, $2, $3, $4, $5, $6, $7)",
+            [queue],
+            [partition],
+            [codec.pack(frames)],
+            [1] * len(txns),
+            [codec.txn_hash(t) for t in txns],
+            ids,
+            now,
+        )
+    )
+
+
+POP_AT = (
+    "SELECT * FROM queen.pop_v1('default', $1, NULL, NULL, NULL, $2, 100, 10, gen_random_uuid(), $3, NULL, NULL, $4)"
+)
+
+
+async def pop_at(conn: asyncpg.Connection, queue: str, now: Any, group: str = "g", auto_ack: bool = True) -> list[Any]:
+    """Offsets claimed by queen.pop_v1 at time ``now``."""
+    rows = await conn.fetch(POP_AT, queue, group, auto_ack, now)
+    out: list[Any] = []
+    for r in rows:
+        out.extend(o for o in range(max(r["base_offset"], r["lease_start"]), min(r["end_offset"], r["lease_end"])))
+    return out

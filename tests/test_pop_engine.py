@@ -34,6 +34,8 @@ async def db(db_url: str) -> AsyncIterator[Database]:
 def request(timeout_ms: int) -> pop_engine.PopRequest:
     return pop_engine.PopRequest(
         queue="m",
+        namespace=None,
+        task=None,
         partition=None,
         group=None,
         batch=10,

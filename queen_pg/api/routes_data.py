@@ -28,7 +28,8 @@ from queen_pg.errors import bad_request
 
 router = APIRouter(prefix="/api/v1")
 
-AUTOPILOT_BATCH = 100
+AUTOPILOT_BATCH = 100  # autopilot: messages per pop across the claimed partitions
+AUTOPILOT_PARTITIONS = 4  # autopilot: partitions one pop may claim when the request names none
 MAX_TIMEOUT_MS = 600_000
 
 
@@ -55,18 +56,24 @@ async def push(request: Request) -> Response:
     results = await push_engine.push(st.db, ten, items)
     for q in {r["queue"] for r in results if r["status"] == "queued"}:
         st.waiters.notify(ten, q)
+        st.waiters.notify(ten, pop_engine.ANY_QUEUE)
     return json_response(results, 201)
 
 
-def _pop_request(request: Request, queue: str, partition: str | None) -> pop_engine.PopRequest:
+def _pop_request(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
     st = state(request)
-    check_name("queue", queue)
+    qp = request.query_params
+    namespace = qp.get("namespace") or None
+    task = qp.get("task") or None
+    if queue is not None:
+        check_name("queue", queue)
+    elif namespace is None and task is None:
+        raise bad_request("a pop without a queue needs namespace and/or task")
     if partition is not None:
         check_name("partition", partition)
-    qp = request.query_params
     autopilot = q_bool(request, "autopilot", False)
     batch = q_int(request, "batch", None, 1, st.settings.max_batch)
-    partitions = q_int(request, "partitions", 1, 1, 1000) or 1
+    partitions = q_int(request, "partitions", AUTOPILOT_PARTITIONS if autopilot else 1, 1, 1000) or 1
     group = qp.get("consumerGroup") or None
     if group is not None:
         check_name("consumerGroup", group)
@@ -81,6 +88,8 @@ def _pop_request(request: Request, queue: str, partition: str | None) -> pop_eng
         sub_from = parse_timestamp("subscriptionFrom", raw_from)
     return pop_engine.PopRequest(
         queue=queue,
+        namespace=namespace if queue is None else None,
+        task=task if queue is None else None,
         partition=partition,
         group=group,
         batch=batch if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
@@ -94,7 +103,7 @@ def _pop_request(request: Request, queue: str, partition: str | None) -> pop_eng
     )
 
 
-async def _pop(request: Request, queue: str, partition: str | None) -> Response:
+async def _pop(request: Request, queue: str | None, partition: str | None) -> Response:
     req = _pop_request(request, queue, partition)
     st = state(request)
     try:
@@ -108,6 +117,11 @@ async def _pop(request: Request, queue: str, partition: str | None) -> Response:
     if answer is None:
         return Response(status_code=204)
     return json_response(answer)
+
+
+@router.get("/pop", summary="Pop across the queues tagged with namespace/task (WIRE §2.2)")
+async def pop_tagged(request: Request) -> Response:
+    return await _pop(request, None, None)
 
 
 @router.get("/pop/queue/{queue}", summary="Pop from a queue (WIRE §2.2)")

@@ -66,8 +66,12 @@ class Frame:
     payload: bytes
 
 
-def unpack(blob: bytes) -> Iterator[Frame]:
-    raw = _decompressor.decompress(blob)
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+
+
+def unpack(blob: bytes, codec: int = CODEC_ZSTD) -> Iterator[Frame]:
+    raw = _decompressor.decompress(blob) if codec == CODEC_ZSTD else blob
     at = 0
     end = len(raw)
     while at < end:

@@ -21,14 +21,17 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
 
-POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 QUEUE_MODE = "__QUEUE_MODE__"
+ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
 class PopRequest:
-    queue: str
+    queue: str | None  # None: every queue tagged with namespace/task
+    namespace: str | None
+    task: str | None
     partition: str | None
     group: str | None
     batch: int
@@ -48,19 +51,20 @@ def iso_ms(ts: datetime) -> str:
 def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str, Any] | None:
     """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty."""
     messages: list[dict[str, Any]] = []
-    claims: list[tuple[str, str]] = []
+    claims: list[tuple[str, str, str]] = []
     lease = None if req.auto_ack else str(lease_id)
     group = req.group
     for row in rows:
         pid = str(row["partition_id"])
+        queue = row["queue_name"]
         if not claims or claims[-1][0] != pid:
-            claims.append((pid, row["partition_name"]))
+            claims.append((pid, row["partition_name"], queue))
         start, end = row["lease_start"], row["lease_end"]
         acked = set(row["acked"] or ())
         dropped = set(row["dropped"] or ())
         created = iso_ms(row["created_at"])
         off = row["base_offset"]
-        for i, frame in enumerate(codec.unpack(row["payload"])):
+        for i, frame in enumerate(codec.unpack(row["payload"], row["codec"])):
             if i in dropped:
                 continue
             if start <= off < end and off not in acked:
@@ -71,7 +75,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
                         "transactionId": frame.transaction_id,
                         "partitionId": pid,
                         "partition": row["partition_name"],
-                        "queue": req.queue,
+                        "queue": queue,
                         "leaseId": lease,
                         "consumerGroup": group,
                         "data": orjson.Fragment(frame.payload),
@@ -88,7 +92,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
         return None
     answer: dict[str, Any] = {
         "success": True,
-        "queue": req.queue,
+        "queue": claims[0][2],
         "partition": claims[0][1],
         "partitionId": claims[0][0],
         "leaseId": lease or "",
@@ -97,7 +101,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
         "messages": messages,
     }
     if req.autopilot:
-        answer["autopilot"] = {"partitions": req.partitions, "batch": req.batch, "waitMs": 0}
+        answer["autopilot"] = {"partitions": len(claims), "batch": len(messages), "waitMs": 0}
     return answer
 
 
@@ -107,6 +111,8 @@ async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | 
         POP_SQL,
         tenant,
         req.queue,
+        req.namespace,
+        req.task,
         req.partition,
         req.group or QUEUE_MODE,
         req.batch,
@@ -130,8 +136,9 @@ async def pop(
     """Claim now, or (with wait) park until a push wakes us or the claim window closes."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
+    wake_key = req.queue if req.queue is not None else ANY_QUEUE
     while True:
-        ev = waiters.subscribe(tenant, req.queue) if req.wait else None
+        ev = waiters.subscribe(tenant, wake_key) if req.wait else None
         try:
             answer = await claim(db, tenant, req)
             if answer is not None or ev is None:
@@ -142,6 +149,6 @@ async def pop(
             await waiters.park(ev, min(left, poll_interval))
         finally:
             if ev is not None:
-                waiters.release(tenant, req.queue)
+                waiters.release(tenant, wake_key)
         if clock() >= stop_claiming:
             return None

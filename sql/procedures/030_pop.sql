@@ -1,26 +1,36 @@
--- queen.pop_v1: claim up to p_max_partitions claimable partitions of a queue for a consumer group
--- and lease up to p_batch messages across them.
+-- queen.pop_v1: claim up to p_max_partitions claimable partitions for a consumer group and lease up
+-- to p_batch messages across them.
 --
--- Called by: GET /api/v1/pop/queue/{queue}[/partition/{partition}] (queen_pg/engine/pop.py).
--- Inputs:  tenant, queue, partition (NULL = any), group ('__QUEUE_MODE__' for queue mode), batch,
---          max partitions, the lease id minted by the broker, auto_ack (at-most-once: the cursor moves
---          at once and no lease is kept), the subscription mode/from used when the group is new.
+-- Called by: GET /api/v1/pop/queue/{queue}[/partition/{partition}] and GET /api/v1/pop?namespace=&task=
+--          (queen_pg/engine/pop.py).
+-- Inputs:  tenant; either a queue name, or (queue NULL) a namespace and/or task selecting every queue
+--          tagged so; partition (NULL = any); group ('__QUEUE_MODE__' for queue mode); batch; max
+--          partitions; the lease id minted by the broker; auto_ack (at-most-once: the cursor moves at
+--          once and no lease is kept); the subscription mode/from used when the group is new on a queue.
 -- Result:  one row per segment that overlaps a claimed range, claims in claim order, segments in
---          offset order: partition id and name, the leased range [lease_start, lease_end), the
+--          offset order: queue and partition, the leased range [lease_start, lease_end), the
 --          redelivery boundary (messages below redelivered_end were delivered before and now count
---          `attempts`; the others are attempt 1), offsets already acked out of order (skip them),
---          the lease expiry, and the segment (base_offset, end_offset, created_at, dropped, payload).
+--          `attempts`; the others are attempt 1), offsets already acked out of order (skip them), the
+--          lease expiry, and the segment (base_offset, end_offset, created_at, dropped, payload).
 --          No rows = nothing claimable (or no such queue).
--- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new (queen._create_group);
---          log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never wait on each other.
--- Claim order: the partition whose oldest pending message is oldest first (time of the segment
---          holding the cursor).
+-- Claimable: cursor below next_offset; no live lease; the message at the cursor is older than the
+--          queue's delayedProcessing; the partition has been quiet for the queue's windowBuffer. A
+--          claim never includes messages younger than delayedProcessing.
+-- Claim order: oldest pending message first (time of the segment holding the cursor).
+-- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new on it
+--          (queen._create_group); log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never
+--          wait on each other.
 -- Guarantees: a partition is leased to at most one holder at a time per group; an expired lease is
 --          claimable again and its range counts one more delivery attempt.
+
+DROP FUNCTION IF EXISTS queen.pop_v1(text, text, text, text, integer, integer, uuid, boolean, text,
+                                     timestamptz, timestamptz);
 
 CREATE OR REPLACE FUNCTION queen.pop_v1(
     p_tenant          text,
     p_queue           text,
+    p_namespace       text,
+    p_task            text,
     p_partition       text,
     p_group           text,
     p_batch           integer,
@@ -30,50 +40,74 @@ CREATE OR REPLACE FUNCTION queen.pop_v1(
     p_sub_mode        text,
     p_sub_from        timestamptz,
     p_now             timestamptz DEFAULT NULL
-) RETURNS TABLE (partition_id bigint, partition_name text, lease_start bigint, lease_end bigint,
-                 redelivered_end bigint, attempts integer, acked bigint[], lease_expires_at timestamptz,
-                 base_offset bigint, end_offset bigint, created_at timestamptz, dropped integer[],
-                 payload bytea)
+) RETURNS TABLE (queue_name text, partition_id bigint, partition_name text, lease_start bigint,
+                 lease_end bigint, redelivered_end bigint, attempts integer, acked bigint[],
+                 lease_expires_at timestamptz, base_offset bigint, end_offset bigint,
+                 created_at timestamptz, dropped integer[], codec smallint, payload bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
-    v_queue   queen.queues%ROWTYPE;
+    v_qids    bigint[];
     v_budget  integer := greatest(p_batch, 1);
     v_take    bigint;
     v_end     bigint;
+    v_young   bigint;
     v_attempt integer;
     v_expires timestamptz;
+    q         record;
     c         record;
 BEGIN
-    SELECT * INTO v_queue FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue;
-    IF NOT FOUND THEN
+    SELECT array_agg(qq.id ORDER BY qq.id) INTO v_qids
+      FROM queen.queues qq
+     WHERE qq.tenant = p_tenant
+       AND CASE WHEN p_queue IS NOT NULL THEN qq.name = p_queue
+                ELSE (p_namespace IS NULL OR qq.namespace = p_namespace)
+                 AND (p_task IS NULL OR qq.task = p_task)
+                 AND (p_namespace IS NOT NULL OR p_task IS NOT NULL) END;
+    IF v_qids IS NULL THEN
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_queue.id AND g.name = p_group) THEN
-        PERFORM queen._create_group(v_queue.id, p_tenant, p_group, p_sub_mode, p_sub_from, v_now);
-    END IF;
-    v_expires := v_now + make_interval(secs => greatest(v_queue.lease_time, 1));
+    FOR q IN SELECT u.id FROM unnest(v_qids) AS u(id)
+              WHERE NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = u.id AND g.name = p_group)
+    LOOP
+        PERFORM queen._create_group(q.id, p_tenant, p_group, p_sub_mode, p_sub_from, v_now);
+    END LOOP;
 
     FOR c IN
         SELECT lc.partition_id, lc.cursor_offset, lc.acked, lc.delivered_end, lc.attempts AS old_attempts,
-               p.name AS pname, p.next_offset
+               p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing
           FROM queen.log_consumers lc
           JOIN queen.log_partitions p ON p.id = lc.partition_id
-         WHERE lc.queue_id = v_queue.id
+          JOIN queen.queues qq ON qq.id = lc.queue_id
+          LEFT JOIN LATERAL (
+                SELECT s.created_at AS head_at FROM queen.log_segments s
+                 WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
+                 ORDER BY s.base_offset DESC LIMIT 1) h ON true
+         WHERE lc.queue_id = ANY (v_qids)
            AND lc.consumer_group = p_group
            AND (p_partition IS NULL OR p.name = p_partition)
            AND lc.cursor_offset < p.next_offset
            AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
-         ORDER BY (SELECT s.created_at FROM queen.log_segments s
-                    WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                    ORDER BY s.base_offset DESC LIMIT 1) NULLS FIRST,
-                  lc.partition_id
+           AND (qq.delayed_processing = 0
+                OR h.head_at <= v_now - make_interval(secs => qq.delayed_processing))
+           AND (qq.window_buffer = 0
+                OR p.last_write_at <= v_now - make_interval(secs => qq.window_buffer))
+         ORDER BY h.head_at NULLS FIRST, lc.partition_id
          LIMIT greatest(p_max_partitions, 1)
            FOR UPDATE OF lc SKIP LOCKED
     LOOP
-        v_take := least(v_budget, c.next_offset - c.cursor_offset);
-        v_end := c.cursor_offset + v_take;
+        v_end := c.cursor_offset + least(v_budget, c.next_offset - c.cursor_offset);
+        IF c.delayed_processing > 0 THEN
+            -- stop before the first segment that is still too young
+            SELECT min(s.base_offset) INTO v_young FROM queen.log_segments s
+             WHERE s.partition_id = c.partition_id AND s.base_offset > c.cursor_offset
+               AND s.base_offset < v_end
+               AND s.created_at > v_now - make_interval(secs => c.delayed_processing);
+            v_end := coalesce(v_young, v_end);
+        END IF;
+        v_take := v_end - c.cursor_offset;
         v_attempt := CASE WHEN c.cursor_offset < c.delivered_end THEN c.old_attempts + 1 ELSE 1 END;
+        v_expires := v_now + make_interval(secs => greatest(c.lease_time, 1));
         IF p_auto_ack THEN
             UPDATE queen.log_consumers lc
                SET cursor_offset = v_end,
@@ -94,10 +128,10 @@ BEGIN
         END IF;
 
         RETURN QUERY
-        SELECT c.partition_id, c.pname, c.cursor_offset, v_end,
+        SELECT c.qname, c.partition_id, c.pname, c.cursor_offset, v_end,
                least(c.delivered_end, v_end), v_attempt, c.acked,
                CASE WHEN p_auto_ack THEN NULL ELSE v_expires END,
-               s.base_offset, s.end_offset, s.created_at, s.dropped, s.payload
+               s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
           FROM queen.log_segments s
          WHERE s.partition_id = c.partition_id
            AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2

@@ -13,11 +13,13 @@
 --          message inside the leased range; an ack resent after its lease was released by the acks
 --          that completed it is answered as the first one was (noop). Without a lease id the check
 --          is skipped. 'completed' marks the offset done and moves the cursor over every contiguous
---          done offset; when the leased range is done the lease is released. 'failed' charges the
---          queue's retryLimit against the message and ends the lease (the batch is redelivered);
---          past the limit the message goes to log_dlq and counts as done, in the same transaction.
---          'retry' ends the lease without charging; 'dlq' dead-letters at once. Lease release caused
---          by failed/retry applies after every item of the call for that cursor row.
+--          done offset; when the leased range is done the lease is released. 'failed' ends the lease
+--          (the rest of the batch is redelivered) and charges the queue's retryLimit once per call,
+--          against the lowest failed message (fail_offset/failures on the cursor row); when that
+--          message has failed more than retryLimit times it goes to log_dlq and counts as done, in
+--          the same transaction. 'retry' ends the lease without charging; 'dlq' dead-letters at once.
+--          Lease release applies after every item of the call for that cursor row; leaseReleased is
+--          reported on the row's last item. The DLQ row's payload is filled by the dlq_fill job.
 
 CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_tenant         text,
@@ -33,20 +35,31 @@ CREATE OR REPLACE FUNCTION queen.ack_v1(
                  noop boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now      timestamptz := coalesce(p_now, clock_timestamp());
-    k          record;
-    it         record;
-    c          queen.log_consumers%ROWTYPE;
-    v_limit    integer;
-    v_live     boolean;
-    v_off      bigint;
-    v_msgid    uuid;
-    v_created  timestamptz;
+    v_now       timestamptz := coalesce(p_now, clock_timestamp());
+    v_n_items   integer := cardinality(p_partition_ids);
+    r_success   boolean[] := array_fill(false, ARRAY[v_n_items]);
+    r_error     text[] := array_fill(NULL::text, ARRAY[v_n_items]);
+    r_released  boolean[] := array_fill(false, ARRAY[v_n_items]);
+    r_dlq       boolean[] := array_fill(false, ARRAY[v_n_items]);
+    r_noop      boolean[] := array_fill(false, ARRAY[v_n_items]);
+    k           record;
+    it          record;
+    c           queen.log_consumers%ROWTYPE;
+    v_limit     integer;
+    v_live      boolean;
+    v_off       bigint;
+    v_msgid     uuid;
+    v_created   timestamptz;
     v_end_lease boolean;
-    v_done     boolean;
-    v_dlq      boolean;
-    v_released boolean;
-    v_n        integer;
+    v_n         integer;
+    v_last      integer;
+    -- the lowest offset failed in this call for the current cursor row, and its item
+    f_off       bigint;
+    f_ord       integer;
+    f_txn       text;
+    f_msgid     uuid;
+    f_created   timestamptz;
+    f_err       text;
 BEGIN
     FOR k IN
         SELECT DISTINCT u.pid, u.grp
@@ -59,17 +72,21 @@ BEGIN
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp AND p.tenant = p_tenant
            FOR UPDATE OF lc;
         IF NOT FOUND THEN
-            RETURN QUERY
-            SELECT u.ord::integer, false,
-                   format('no consumer group %s on partition %s', k.grp, k.pid), false, false, false
-              FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, ord)
-             WHERE u.pid = k.pid AND u.grp = k.grp;
+            FOR it IN SELECT u.ord::integer AS ord
+                        FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, ord)
+                       WHERE u.pid = k.pid AND u.grp = k.grp
+            LOOP
+                r_error[it.ord] := CASE WHEN k.grp = '__QUEUE_MODE__'
+                    THEN format('partition %s has no queue-mode cursor (never popped, or deleted)', k.pid)
+                    ELSE format('consumer group %s has no cursor on partition %s', k.grp, k.pid) END;
+            END LOOP;
             CONTINUE;
         END IF;
         SELECT q.retry_limit INTO v_limit FROM queen.queues q WHERE q.id = c.queue_id;
         v_live := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now;
         v_end_lease := false;
         v_n := 0;
+        f_off := NULL;
 
         FOR it IN
             SELECT u.ord::integer AS ord, u.hash, u.txn, u.lease, u.status, u.err
@@ -78,90 +95,102 @@ BEGIN
              WHERE u.pid = k.pid AND u.grp = k.grp
              ORDER BY u.ord
         LOOP
+            v_last := it.ord;
             SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
               FROM queen.log_txns t WHERE t.partition_id = k.pid AND t.txn_hash = it.hash;
             IF NOT FOUND THEN
-                RETURN QUERY SELECT it.ord, false, format('message %s not found in partition %s', it.txn, k.pid),
-                                    false, false, false;
+                r_error[it.ord] := format('message %s not found in partition %s', it.txn, k.pid);
                 CONTINUE;
             END IF;
-            v_done := v_off < c.cursor_offset OR v_off = ANY (c.acked);
 
             IF it.lease IS NOT NULL THEN
                 IF v_live AND c.lease_id = it.lease THEN
-                    IF v_off >= c.lease_end AND NOT v_done THEN
-                        RETURN QUERY SELECT it.ord, false, 'message is not part of this lease'::text,
-                                            false, false, false;
+                    IF v_off >= c.lease_end AND v_off >= c.cursor_offset AND NOT v_off = ANY (c.acked) THEN
+                        r_error[it.ord] := 'message is not part of this lease';
                         CONTINUE;
                     END IF;
-                ELSIF c.released_lease_id = it.lease AND v_done THEN
-                    RETURN QUERY SELECT it.ord, true, NULL::text, false, false, true;
+                ELSIF c.released_lease_id = it.lease
+                      AND (v_off < c.cursor_offset OR v_off = ANY (c.acked)) THEN
+                    r_success[it.ord] := true;   -- resent after it applied: answered alike
+                    r_noop[it.ord] := true;
                     CONTINUE;
                 ELSE
-                    RETURN QUERY SELECT it.ord, false,
-                        CASE WHEN c.lease_id = it.lease THEN 'lease expired'
-                             ELSE 'lease is not held (expired or taken by another consumer)' END,
-                        false, false, false;
+                    r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
+                        ELSE 'lease is not held (expired or taken by another consumer)' END;
                     CONTINUE;
                 END IF;
             END IF;
 
-            IF v_done THEN
-                RETURN QUERY SELECT it.ord, true, NULL::text, false, false, true;
+            IF v_off < c.cursor_offset OR v_off = ANY (c.acked) THEN
+                r_success[it.ord] := true;
+                r_noop[it.ord] := true;
                 CONTINUE;
             END IF;
 
-            v_dlq := false;
+            r_success[it.ord] := true;
             IF it.status = 'failed' THEN
-                IF c.fail_offset = v_off THEN
-                    c.failures := c.failures + 1;
-                ELSE
-                    c.fail_offset := v_off;
-                    c.failures := 1;
+                v_end_lease := true;
+                IF f_off IS NULL OR v_off < f_off THEN
+                    f_off := v_off; f_ord := it.ord; f_txn := it.txn; f_msgid := v_msgid;
+                    f_created := v_created; f_err := it.err;
                 END IF;
-                v_dlq := c.failures > v_limit;
-                v_end_lease := v_end_lease OR NOT v_dlq;
+                CONTINUE;
             ELSIF it.status = 'retry' THEN
                 v_end_lease := true;
+                CONTINUE;
             ELSIF it.status = 'dlq' THEN
-                v_dlq := true;
-            END IF;
-
-            IF v_dlq THEN
                 INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
                                            message_id, transaction_id, error, attempts, created_at, failed_at)
                 VALUES (p_tenant, c.queue_id, k.pid, k.grp, v_off, v_msgid, it.txn, it.err,
-                        greatest(c.failures, 1), v_created, v_now);
+                        greatest(c.attempts, 1), v_created, v_now);
+                r_dlq[it.ord] := true;
+            END IF;
+            -- completed, or dead-lettered: done for this group
+            c.acked := array_append(c.acked, v_off);
+            v_n := v_n + 1;
+            WHILE c.cursor_offset = ANY (c.acked) LOOP
+                c.acked := array_remove(c.acked, c.cursor_offset);
+                c.cursor_offset := c.cursor_offset + 1;
+            END LOOP;
+        END LOOP;
+
+        -- The retry budget is charged once per call, against the lowest failed message: it is the
+        -- one the redelivery starts from (everything after it comes back anyway).
+        IF f_off IS NOT NULL AND NOT (f_off < c.cursor_offset OR f_off = ANY (c.acked)) THEN
+            IF c.fail_offset = f_off THEN
+                c.failures := c.failures + 1;
+            ELSE
+                c.fail_offset := f_off;
+                c.failures := 1;
+            END IF;
+            IF c.failures > v_limit THEN
+                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
+                                           message_id, transaction_id, error, attempts, created_at, failed_at)
+                VALUES (p_tenant, c.queue_id, k.pid, k.grp, f_off, f_msgid, f_txn, f_err,
+                        c.failures, f_created, v_now);
+                r_dlq[f_ord] := true;
                 c.fail_offset := NULL;
                 c.failures := 0;
-            END IF;
-
-            IF it.status = 'completed' OR v_dlq THEN
-                c.acked := array_append(c.acked, v_off);
+                c.acked := array_append(c.acked, f_off);
                 v_n := v_n + 1;
                 WHILE c.cursor_offset = ANY (c.acked) LOOP
                     c.acked := array_remove(c.acked, c.cursor_offset);
                     c.cursor_offset := c.cursor_offset + 1;
                 END LOOP;
             END IF;
+        END IF;
+        IF c.fail_offset IS NOT NULL AND c.fail_offset < c.cursor_offset THEN
+            c.fail_offset := NULL;
+            c.failures := 0;
+        END IF;
 
-            v_released := false;
-            IF v_live AND NOT v_end_lease AND c.cursor_offset >= c.lease_end THEN
-                c.released_lease_id := c.lease_id;
-                c.lease_id := NULL;
-                c.lease_expires_at := NULL;
-                c.lease_end := NULL;
-                v_live := false;
-                v_released := true;
-            END IF;
-            RETURN QUERY SELECT it.ord, true, NULL::text, v_released, v_dlq, false;
-        END LOOP;
-
-        IF v_end_lease AND c.lease_id IS NOT NULL THEN
+        IF c.lease_id IS NOT NULL AND v_live
+           AND (v_end_lease OR c.cursor_offset >= c.lease_end) THEN
             c.released_lease_id := c.lease_id;
             c.lease_id := NULL;
             c.lease_expires_at := NULL;
             c.lease_end := NULL;
+            r_released[v_last] := true;
         END IF;
         IF c.cursor_offset >= c.delivered_end THEN
             c.attempts := 0;
@@ -175,6 +204,11 @@ BEGIN
                acked_total = lc.acked_total + v_n
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp;
     END LOOP;
+
+    RETURN QUERY
+    SELECT g.i, r_success[g.i], r_error[g.i], r_released[g.i], r_dlq[g.i], r_noop[g.i]
+      FROM generate_series(1, v_n_items) AS g(i)
+     ORDER BY g.i;
 END;
 $$;
 

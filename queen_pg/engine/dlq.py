@@ -1,0 +1,80 @@
+"""Dead letters: list (decoding payloads not yet copied out of their segment) and requeue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database, Record
+from queen_pg.engine import codec
+from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+
+LIST_SQL = "SELECT * FROM queen.dlq_list_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+REQUEUE_SQL = "SELECT queen.dlq_requeue_v1($1, $2, $3, $4)"
+
+
+@dataclass(frozen=True, slots=True)
+class DlqQuery:
+    queue: str | None
+    group: str | None
+    partition: str | None
+    since: datetime | None
+    until: datetime | None
+    limit: int
+    offset: int
+
+
+def frame_at(blob: bytes, codec_id: int, base_offset: int, dropped: list[int] | None, offset: int) -> bytes | None:
+    """The payload JSON of the message at ``offset`` in a segment, or None when it is not there."""
+    skip = set(dropped or ())
+    at = base_offset
+    for i, frame in enumerate(codec.unpack(blob, codec_id)):
+        if i in skip:
+            continue
+        if at == offset:
+            return frame.payload
+        at += 1
+    return None
+
+
+def _payload(row: Record) -> Any:
+    if row["payload_json"] is not None:
+        return orjson.Fragment(row["payload_json"])
+    if row["seg_blob"] is None:
+        return None
+    raw = frame_at(row["seg_blob"], row["seg_codec"], row["seg_base"], row["seg_dropped"], row["msg_offset"])
+    return orjson.Fragment(raw) if raw is not None else None
+
+
+async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
+    rows = await db.fetch(LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset)
+    messages = [
+        {
+            "id": str(r["message_id"]) if r["message_id"] else None,
+            "dlqId": r["id"],
+            "transactionId": r["transaction_id"],
+            "queue": r["queue_name"],
+            "partition": r["partition_name"],
+            "partitionId": str(r["partition_id"]),
+            "consumerGroup": None if r["consumer_group"] == QUEUE_MODE else r["consumer_group"],
+            "offset": r["msg_offset"],
+            "data": _payload(r),
+            "errorMessage": r["error"],
+            "retryCount": r["attempts"],
+            "createdAt": iso_ms(r["created_at"]) if r["created_at"] else None,
+            "failedAt": iso_ms(r["failed_at"]),
+        }
+        for r in rows
+        if r["id"] is not None
+    ]
+    total = rows[0]["total"] if rows else 0
+    return {"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}
+
+
+async def requeue(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
+    raw = await db.fetchval(REQUEUE_SQL, tenant, partition_id, codec.txn_hash(transaction_id), codec.uuid7())
+    result: dict[str, Any] = orjson.loads(raw)
+    return result
