@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from typing import Any
 
@@ -97,3 +98,60 @@ async def test_client_single_pop_ack_and_renew(broker: Broker) -> None:
         assert (await client.ack(m, True))["success"] is True
         assert await client.queue("one").batch(1).wait(False).pop() == []
         await client.queue("one").delete()
+
+
+async def test_client_renew_lease_keeps_a_slow_handler_s_lease(broker: Broker, conn) -> None:  # type: ignore[no-untyped-def]
+    async with Queen(broker.url) as client:
+        await client.queue("slow").config({"lease_time": 1}).create()
+        await client.queue("slow").push([{"data": {"job": 1}, "transactionId": "job-1"}])
+        first_expiry = []
+
+        async def renewed_twice() -> None:
+            # the handler's "work" lasts until the broker has seen the client renew its 1 s lease twice
+            while True:
+                expiry = await conn.fetchval("SELECT lease_expires_at FROM queen.log_consumers")
+                if expiry is not None:
+                    first_expiry.append(expiry)
+                    if (expiry - first_expiry[0]).total_seconds() >= 1.0:
+                        return
+                await asyncio.sleep(0.05)
+
+        async def handle(message: Any) -> None:
+            await asyncio.wait_for(renewed_twice(), 20)
+
+        await client.queue("slow").group("g").batch(1).renew_lease(True, 300).limit(1).consume(handle)
+        # the auto-ack after the handler was accepted: the lease was still ours, nothing comes back
+        assert await conn.fetchval("SELECT cursor_offset FROM queen.log_consumers") == 1
+        assert await client.queue("slow").group("g").batch(1).wait(False).pop() == []
+
+
+async def test_client_failed_acks_reach_the_dlq(broker: Broker) -> None:
+    async with Queen(broker.url) as client:
+        await client.queue("flaky").config({"retry_limit": 1}).create()
+        await client.queue("flaky").push([{"data": {"n": 7}, "transactionId": "n-7"}])
+        seen: list[int] = []
+
+        async def handle(message: Any) -> None:
+            seen.append(message["deliveryAttempt"])
+            raise RuntimeError("cannot process n-7")
+
+        await client.queue("flaky").group("g").batch(1).limit(2).consume(handle)
+        assert seen == [1, 2]
+        dlq = await client.queue("flaky").dlq("g").limit(10).get()
+        assert dlq["total"] == 1
+        (dead,) = dlq["messages"]
+        assert dead["transactionId"] == "n-7" and dead["data"] == {"n": 7}
+        assert "cannot process n-7" in dead["errorMessage"]
+        assert await client.queue("flaky").group("g").batch(1).wait(False).pop() == []
+
+
+async def test_client_subscription_mode_new(broker: Broker) -> None:
+    async with Queen(broker.url) as client:
+        await client.queue("news").create()
+        await client.queue("news").push([{"data": "old"}])
+        assert await client.queue("news").group("late").subscription_mode("new").batch(5).wait(False).pop() == []
+        await client.queue("news").push([{"data": "fresh"}])
+        got = await client.queue("news").group("late").subscription_mode("new").batch(5).wait(False).pop()
+        assert [m["data"] for m in got] == ["fresh"]
+        everything = await client.queue("news").group("all").batch(5).wait(False).pop()
+        assert [m["data"] for m in everything] == ["old", "fresh"]
