@@ -58,3 +58,13 @@ class QueenError(Exception):
 
 def bad_request(detail: str) -> QueenError:
     return QueenError(BAD_REQUEST, detail=detail)
+
+
+class Verdict(Exception):
+    """A refusal decided in SQL (``queen._verdict``): the call wrote nothing and the route answers it
+    as an HTTP 200 body. ``reason`` is the stable id (e.g. ``kv_precondition``), ``detail`` the rest."""
+
+    def __init__(self, reason: str, detail: dict[str, Any]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail

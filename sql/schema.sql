@@ -145,3 +145,44 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     failed_at           timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
+
+-- Key-value state. `version` comes from one sequence, so it only grows (per key and globally) and
+-- can serve as a fencing token: a lock permit is the row ('queen-locks', '<name>#<slot>') and its
+-- token is that row's version. Expired rows (expires_at <= now) are never found and are swept by a
+-- job. Writers serialize per key with the advisory lock (KV_KEY_CLASS, hashtext(tenant/ns/key)),
+-- taken in ascending key order before any row is touched (docs/locks.md), which also covers keys
+-- that do not exist yet.
+CREATE SEQUENCE IF NOT EXISTS queen.kv_version_seq;
+CREATE TABLE IF NOT EXISTS queen.kv (
+    tenant              text NOT NULL,
+    ns                  text NOT NULL,
+    key                 text NOT NULL,
+    value               jsonb,
+    version             bigint NOT NULL,
+    expires_at          timestamptz,                   -- NULL = forever
+    created_at          timestamptz NOT NULL,
+    updated_at          timestamptz NOT NULL,
+    CONSTRAINT kv_pkey PRIMARY KEY (tenant, ns, key)
+);
+CREATE INDEX IF NOT EXISTS kv_expires_idx ON queen.kv (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Timers: a message scheduled into a queue. Firing pushes it (transactionId = txn, data = payload,
+-- id = message_id) and keeps the row as a tombstone (fired_at) for a while, so a cancel that comes
+-- after the fire answers too_late. Writers serialize per key with the advisory lock
+-- (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)) in ascending key order (docs/locks.md).
+CREATE TABLE IF NOT EXISTS queen.timers (
+    tenant              text NOT NULL,
+    queue               text NOT NULL,
+    timer_key           text NOT NULL,
+    partition           text NOT NULL DEFAULT 'Default',
+    payload             bytea NOT NULL,                -- the payload as JSON text (validated by the broker)
+    txn                 text NOT NULL,
+    txn_hash            uuid NOT NULL,                 -- xxh3-128 of txn, for the push's dedup
+    message_id          uuid NOT NULL,
+    deliver_at          timestamptz NOT NULL,
+    fired_at            timestamptz,
+    created_at          timestamptz NOT NULL,
+    updated_at          timestamptz NOT NULL,
+    CONSTRAINT timers_pkey PRIMARY KEY (tenant, queue, timer_key)
+);
+CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;

@@ -19,7 +19,7 @@ from queen_pg.api.common import (
     state,
     tenant,
 )
-from queen_pg.api.models import AckBatchBody, AckItem, PushBody
+from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
@@ -33,24 +33,26 @@ AUTOPILOT_PARTITIONS = 4  # autopilot: partitions one pop may claim when the req
 MAX_TIMEOUT_MS = 600_000
 
 
+def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
+    """A validated push item (also used by the transaction route)."""
+    check_name("queue", it.queue)
+    check_name("partition", it.partition)
+    payload = it.payload if "payload" in it.model_fields_set else it.data
+    trace: uuid.UUID | None = None
+    if it.traceId:
+        try:
+            trace = uuid.UUID(it.traceId)
+        except ValueError:
+            raise bad_request(f"{where}.traceId: must be a UUID, got {it.traceId!r}") from None
+    if it.transactionId == "":
+        raise bad_request(f"{where}.transactionId: must be a non-empty string when given")
+    return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace)
+
+
 @router.post("/push", status_code=201, summary="Push messages (WIRE §2.1)")
 async def push(request: Request) -> Response:
     body = await parse_body(request, PushBody)
-    items: list[push_engine.NewMessage] = []
-    for i, it in enumerate(body.items):
-        check_name("queue", it.queue)
-        check_name("partition", it.partition)
-        fields = it.model_fields_set
-        payload = it.payload if "payload" in fields else it.data
-        trace: uuid.UUID | None = None
-        if it.traceId:
-            try:
-                trace = uuid.UUID(it.traceId)
-            except ValueError:
-                raise bad_request(f"items.{i}.traceId: must be a UUID, got {it.traceId!r}") from None
-        if it.transactionId == "":
-            raise bad_request(f"items.{i}.transactionId: must be a non-empty string when given")
-        items.append(push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace))
+    items = [new_message(it, f"items.{i}") for i, it in enumerate(body.items)]
     st = state(request)
     ten = tenant(request)
     results = await push_engine.push(st.db, ten, items)

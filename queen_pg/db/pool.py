@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+import orjson
 from asyncpg import Record
 
 from queen_pg.db.apply import apply_sql
-from queen_pg.errors import DB_UNAVAILABLE, INTERNAL, RETRY, QueenError
+from queen_pg.errors import DB_UNAVAILABLE, INTERNAL, RETRY, QueenError, Verdict
 
 log = logging.getLogger("queen_pg.db")
 
@@ -26,6 +27,18 @@ __all__ = ["Database", "Record"]
 # operator intervention (shutdown), insufficient resources, invalid catalog (database dropped),
 # authorization.
 _UNAVAILABLE_SQLSTATES = ("08", "57P", "53", "3D000", "28")
+
+
+VERDICT_SQLSTATE = "QN000"  # raised by queen._verdict(): a decided refusal, rolled back, answered 200
+LOCK_NOT_AVAILABLE = "55P03"  # a NOWAIT row lock was busy: the `reserved` verdict (try again)
+
+
+def _verdict(exc: asyncpg.PostgresError) -> Verdict:
+    try:
+        detail = orjson.loads(getattr(exc, "detail", None) or "{}")
+    except orjson.JSONDecodeError:
+        detail = {"detail": getattr(exc, "detail", None)}
+    return Verdict(str(getattr(exc, "message", "")) or "rejected", detail if isinstance(detail, dict) else {})
 
 
 def _map_error(exc: BaseException) -> QueenError:
@@ -90,7 +103,15 @@ class Database:
                 return rows
         except QueenError:
             raise
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except asyncpg.PostgresError as exc:
+            if getattr(exc, "sqlstate", None) == VERDICT_SQLSTATE:
+                raise _verdict(exc) from None
+            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise Verdict("reserved", {"error": "another write holds that cursor right now; try again"}) from None
+            err = _map_error(exc)
+            log.warning("event=db_error code=%s error=%s", err.code, exc)
+            raise err from exc
+        except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
             err = _map_error(exc)
             log.warning("event=db_error code=%s error=%s", err.code, exc)
             raise err from exc

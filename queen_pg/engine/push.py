@@ -21,14 +21,26 @@ class NewMessage:
     trace_id: uuid.UUID | None
 
 
-async def push(db: Database, tenant: str, items: list[NewMessage]) -> list[dict[str, Any]]:
-    """Append ``items``; one result per item, in order (WIRE.md §2.1)."""
+@dataclass(slots=True)
+class PreparedPush:
+    """Items packed for queen.push_v1: one zstd blob per (queue, partition) group, one hash per item."""
+
+    queues: list[str]
+    partitions: list[str]
+    blobs: list[bytes]
+    item_group: list[int]
+    hashes: list[uuid.UUID]
+    msgids: list[uuid.UUID]
+    txns: list[str]
+
+    def args(self) -> tuple[Any, ...]:
+        return (self.queues, self.partitions, self.blobs, self.item_group, self.hashes, self.msgids)
+
+
+def prepare(items: list[NewMessage]) -> PreparedPush:
     groups: dict[tuple[str, str], int] = {}
     frames: list[list[bytes]] = []
-    item_group: list[int] = []
-    hashes: list[uuid.UUID] = []
-    msgids: list[uuid.UUID] = []
-    txns: list[str] = []
+    prepared = PreparedPush([], [], [], [], [], [], [])
     for item in items:
         key = (item.queue, item.partition)
         g = groups.get(key)
@@ -38,33 +50,38 @@ async def push(db: Database, tenant: str, items: list[NewMessage]) -> list[dict[
         mid = codec.uuid7()
         txn = item.transaction_id or str(mid)
         frames[g].append(codec.encode_frame(mid, txn, item.payload, item.trace_id))
-        item_group.append(g + 1)
-        hashes.append(codec.txn_hash(txn))
-        msgids.append(mid)
-        txns.append(txn)
-    rows = await db.fetch(
-        PUSH_SQL,
-        tenant,
-        [k[0] for k in groups],
-        [k[1] for k in groups],
-        [codec.pack(f) for f in frames],
-        item_group,
-        hashes,
-        msgids,
-    )
-    out: list[dict[str, Any]] = []
-    for row, item, txn in zip(rows, items, txns, strict=True):
-        out.append(
-            {
-                "index": row["idx"] - 1,
-                "status": row["status"],
-                "transactionId": txn,
-                "messageId": str(row["message_id"]),
-                "queue": item.queue,
-                "partition": item.partition,
-                "partitionId": str(row["partition_id"]),
-                "offset": row["msg_offset"],
-                "error": None,
-            }
-        )
-    return out
+        prepared.item_group.append(g + 1)
+        prepared.hashes.append(codec.txn_hash(txn))
+        prepared.msgids.append(mid)
+        prepared.txns.append(txn)
+    prepared.queues = [k[0] for k in groups]
+    prepared.partitions = [k[1] for k in groups]
+    prepared.blobs = [codec.pack(f) for f in frames]
+    return prepared
+
+
+def result(
+    item: NewMessage, txn: str, status: str, message_id: object, partition_id: object, offset: object, index: int
+) -> dict[str, Any]:
+    """One push result as WIRE.md §2.1 shows it."""
+    return {
+        "index": index,
+        "status": status,
+        "transactionId": txn,
+        "messageId": str(message_id),
+        "queue": item.queue,
+        "partition": item.partition,
+        "partitionId": str(partition_id),
+        "offset": offset,
+        "error": None,
+    }
+
+
+async def push(db: Database, tenant: str, items: list[NewMessage]) -> list[dict[str, Any]]:
+    """Append ``items``; one result per item, in order (WIRE.md §2.1)."""
+    prepared = prepare(items)
+    rows = await db.fetch(PUSH_SQL, tenant, *prepared.args())
+    return [
+        result(item, txn, row["status"], row["message_id"], row["partition_id"], row["msg_offset"], row["idx"] - 1)
+        for row, item, txn in zip(rows, items, prepared.txns, strict=True)
+    ]

@@ -10,6 +10,16 @@
 --   Creates a consumer group and one cursor row per existing partition. mode 'new' (or a `from`
 --   timestamp) starts each cursor at the first message written at or after that time; otherwise at
 --   the first retained message. Locks: the queue row FOR UPDATE (docs/locks.md #1).
+--
+-- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
+-- queen._frame(message_id, transaction_id, payload JSON bytes) -> bytea: one QPF1 frame (WIRE.md §3.3,
+--   flags 0), byte for byte what queen_pg/engine/codec.py encode_frame() writes. For SQL callers
+--   that write a raw (codec 0) segment: the DLQ requeue and the timer job.
+--
+-- queen._verdict(reason, detail jsonb): raises SQLSTATE QN000 with MESSAGE = reason and DETAIL = the
+--   detail as JSON text. A verdict aborts the statement, so everything the call wrote is rolled back
+--   without savepoints; queen_pg/db maps it to queen_pg.errors.Verdict, which the routes answer as
+--   HTTP 200 {"success": false, "reason": ..., ...detail} (or the family's own verdict shape).
 
 CREATE OR REPLACE FUNCTION queen._create_partitions(p_tenant text, p_queue_ids bigint[], p_names text[])
 RETURNS void
@@ -67,5 +77,32 @@ BEGIN
       FROM queen.log_partitions p
      WHERE p.queue_id = p_queue_id
     ON CONFLICT DO NOTHING;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._le(p_value bigint, p_bytes integer)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT string_agg(set_byte('\x00'::bytea, 0, ((p_value >> (8 * i)) & 255)::integer), ''::bytea ORDER BY i)
+      FROM generate_series(0, p_bytes - 1) AS i;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._frame(p_message_id uuid, p_txn text, p_payload bytea)
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_txn  bytea := convert_to(p_txn, 'UTF8');
+    v_body bytea;
+BEGIN
+    v_body := '\x00'::bytea || uuid_send(p_message_id) || queen._le(length(v_txn), 2) || v_txn || p_payload;
+    RETURN queen._le(length(v_body), 4) || v_body;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._verdict(p_reason text, p_detail jsonb)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'QN000', MESSAGE = p_reason, DETAIL = coalesce(p_detail, '{}'::jsonb)::text;
 END;
 $$;

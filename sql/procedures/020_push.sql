@@ -2,7 +2,8 @@
 --
 -- Called by: POST /api/v1/push (queen_pg/engine/push.py).
 -- Inputs:  one entry per GROUP (a distinct queue+partition of the request, in first-seen order):
---            p_queues[g], p_partitions[g], p_blobs[g] = zstd of every item's QPF1 frame, in item order;
+--            p_queues[g], p_partitions[g], p_blobs[g] = zstd of every item's QPF1 frame, in item order
+--            (or the raw frames when p_codecs[g] = 0: SQL callers such as the timer job write raw);
 --          one entry per ITEM, in request order:
 --            p_item_group[i] (1-based group), p_item_hash[i] (xxh3-128 of the transactionId, as uuid),
 --            p_item_msgid[i] (message id minted by the broker).
@@ -18,6 +19,8 @@
 -- Errors:  none of its own; a queue deleted concurrently surfaces as a foreign-key violation
 --          (mapped to 503 retry by queen_pg/db).
 
+DROP FUNCTION IF EXISTS queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz);
+
 CREATE OR REPLACE FUNCTION queen.push_v1(
     p_tenant      text,
     p_queues      text[],
@@ -26,11 +29,11 @@ CREATE OR REPLACE FUNCTION queen.push_v1(
     p_item_group  integer[],
     p_item_hash   uuid[],
     p_item_msgid  uuid[],
-    p_now         timestamptz DEFAULT NULL
+    p_now         timestamptz DEFAULT NULL,
+    p_codecs      smallint[] DEFAULT NULL
 ) RETURNS TABLE (idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ngroups integer := cardinality(p_queues);
     v_gq      bigint[];       -- queue id per group
     v_gp      bigint[];       -- partition id per group
     v_next    bigint[];       -- next offset per group (under the partition lock)
@@ -109,9 +112,9 @@ BEGIN
       LEFT JOIN numbered f ON f.ord = n.first_ord AND n.first_ord <> n.ord;
 
     -- 5. one segment per group that has survivors; their hashes; the partitions' counters
-    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, payload)
+    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
     SELECT v_gp[s.grp], v_next[s.grp], v_next[s.grp] + s.live_n, v_ts[s.grp],
-           CASE WHEN s.dropped = '{}' THEN NULL ELSE s.dropped END, p_blobs[s.grp]
+           CASE WHEN s.dropped = '{}' THEN NULL ELSE s.dropped END, coalesce(p_codecs[s.grp], 1), p_blobs[s.grp]
       FROM (SELECT i.grp,
                    count(*) FILTER (WHERE r_live[i.ord]) AS live_n,
                    coalesce(array_agg(i.frame - 1) FILTER (WHERE NOT r_live[i.ord]), '{}') AS dropped

@@ -17,13 +17,6 @@
 --   {"status": "not_ready"} (payload not copied out yet: retry in a moment).
 --   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE; log_dlq rows by DELETE.
 
-CREATE OR REPLACE FUNCTION queen._le(p_value bigint, p_bytes integer)
-RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT string_agg(set_byte('\x00'::bytea, 0, ((p_value >> (8 * i)) & 255)::integer), ''::bytea ORDER BY i)
-      FROM generate_series(0, p_bytes - 1) AS i;
-$$;
-
 CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
     p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
     p_limit integer, p_offset integer)
@@ -68,8 +61,7 @@ DECLARE
     v_now   timestamptz;
     d       queen.log_dlq%ROWTYPE;
     p       record;
-    v_txn   bytea;
-    v_body  bytea;
+    v_frame bytea;
     v_off   bigint;
 BEGIN
     SELECT dl.* INTO d FROM queen.log_dlq dl
@@ -89,11 +81,10 @@ BEGIN
        FOR NO KEY UPDATE OF lp;
     v_now := greatest(coalesce(p_now, clock_timestamp()), p.last_write_at);
     v_off := p.next_offset;
-    v_txn := convert_to(coalesce(d.transaction_id, p_message_id::text), 'UTF8');
-    v_body := '\x00'::bytea || uuid_send(p_message_id) || queen._le(length(v_txn), 2) || v_txn
-              || convert_to(d.payload::text, 'UTF8');
+    v_frame := queen._frame(p_message_id, coalesce(d.transaction_id, p_message_id::text),
+                            convert_to(d.payload::text, 'UTF8'));
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
-    VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0, queen._le(length(v_body), 4) || v_body);
+    VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0, v_frame);
     INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
     VALUES (p.id, p_txn_hash, v_off, p_message_id, v_now)
     ON CONFLICT ON CONSTRAINT log_txns_pkey DO UPDATE
