@@ -144,7 +144,7 @@ async def test_lease_extend_with_no_body(http: httpx.AsyncClient) -> None:
 
 # --- lease expiry edges, time passed into the procedures ---------------------------------------
 
-POP = "SELECT * FROM queen.pop_v1('default', 'q', NULL, 'g', 10, 1, $1, false, NULL, NULL, $2)"
+POP = "SELECT * FROM queen.pop_v1('default', 'q', NULL, NULL, NULL, 'g', 10, 1, $1, false, NULL, NULL, $2)"
 ACK = "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7, $8)"
 
 

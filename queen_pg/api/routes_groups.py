@@ -1,0 +1,135 @@
+"""Consumer-group administration (WIRE.md §2.12): list, inspect, delete, seek, re-subscribe.
+
+The queue-mode group is addressed as ``__QUEUE_MODE__`` in paths and shown as ``"name": null,
+"queueMode": true`` in answers. POSTs never require a body (the client sends none when its options
+are empty, WIRE.md §0 item 2); what a body must say is checked after an empty one is read as ``{}``.
+Path names are URL-decoded by the router; a group or queue name containing ``/`` cannot be addressed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+
+from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, q_bool, q_int, state, tenant
+from queen_pg.engine import groups as group_engine
+from queen_pg.errors import bad_request
+
+router = APIRouter(prefix="/api/v1/consumer-groups")
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+SUBSCRIPTION_NOTE = (
+    "cursors were not moved: the timestamp is the group's subscription rule, used when its cursors are "
+    "recreated (DELETE /api/v1/consumer-groups/{group}?deleteMetadata=false); seek moves cursors"
+)
+
+
+class SeekBody(BaseModel):
+    """Exactly one target: ``toEnd: true``, ``toStart: true`` or ``timestamp`` (ISO-8601 with a zone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    toEnd: StrictBool | None = None
+    toStart: StrictBool | None = None
+    timestamp: StrictStr | None = None
+
+
+class SubscriptionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    subscriptionTimestamp: StrictStr | None = None
+
+
+def _timestamp(name: str, raw: str) -> datetime:
+    return datetime.now(UTC) if raw == "now" else parse_timestamp(name, raw)
+
+
+@router.get("", summary="List consumer groups per queue, with lag and leases (paginated)")
+async def list_groups(request: Request) -> Response:
+    limit = q_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE) or DEFAULT_PAGE
+    offset = q_int(request, "offset", 0, 0, 2**31 - 1) or 0
+    st = state(request)
+    return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
+
+
+@router.get("/{group}", summary="A consumer group's cursors, lag and leases per queue and partition")
+async def get_group(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    st = state(request)
+    return json_response(await group_engine.get_group(st.db, tenant(request), group))
+
+
+@router.delete("/{group}/queues/{queue}", summary="Delete a consumer group's cursors on one queue")
+async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
+    check_name("consumer group", group)
+    check_name("queue", queue)
+    return await _delete(request, group, queue)
+
+
+@router.delete("/{group}", summary="Delete a consumer group's cursors on every queue")
+async def delete_group(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    return await _delete(request, group, None)
+
+
+async def _delete(request: Request, group: str, queue: str | None) -> Response:
+    delete_metadata = q_bool(request, "deleteMetadata", True)
+    st = state(request)
+    ten = tenant(request)
+    result = await group_engine.delete_group(st.db, ten, group, queue, delete_metadata)
+    if not delete_metadata:  # cursors were recreated: parked pops of the group may have work again
+        for q in result.get("queues") or ():
+            st.waiters.notify(ten, q["queue"])
+    return json_response(result)
+
+
+@router.post("/{group}/queues/{queue}/seek", summary="Move a group's cursors on a queue: end, start or time")
+async def seek_queue(request: Request, group: str, queue: str) -> Response:
+    return await _seek(request, group, queue, None)
+
+
+@router.post(
+    "/{group}/queues/{queue}/partitions/{partition}/seek",
+    summary="Move a group's cursor on one partition: end, start or time",
+)
+async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
+    check_name("partition", partition)
+    return await _seek(request, group, queue, partition)
+
+
+async def _seek(request: Request, group: str, queue: str, partition: str | None) -> Response:
+    check_name("consumer group", group)
+    check_name("queue", queue)
+    body = await parse_body(request, SeekBody, empty_ok=True)
+    chosen = [name for name, on in (("toEnd", body.toEnd), ("toStart", body.toStart)) if on]
+    if body.timestamp is not None:
+        chosen.append("timestamp")
+    if len(chosen) != 1:
+        given = f"; got {', '.join(chosen)}" if chosen else ""
+        raise bad_request(
+            'seek needs exactly one target: {"toEnd": true}, {"toStart": true} or '
+            '{"timestamp": "<ISO-8601 with zone>"}' + given
+        )
+    target: group_engine.SeekTarget = "end" if body.toEnd else "start" if body.toStart else "timestamp"
+    ts = _timestamp("timestamp", body.timestamp) if body.timestamp is not None else None
+    st = state(request)
+    ten = tenant(request)
+    result = await group_engine.seek(st.db, ten, group, queue, partition, target, ts)
+    st.waiters.notify(ten, queue)  # a seek back makes the partitions claimable at once
+    return json_response(result)
+
+
+@router.post("/{group}/subscription", summary="Set the group's subscription timestamp (cursors do not move)")
+async def set_subscription(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    body = await parse_body(request, SubscriptionBody, empty_ok=True)
+    if body.subscriptionTimestamp is None:
+        raise bad_request('subscriptionTimestamp is required: {"subscriptionTimestamp": "<ISO-8601 with zone>"}')
+    ts = _timestamp("subscriptionTimestamp", body.subscriptionTimestamp)
+    st = state(request)
+    result = await group_engine.set_subscription(st.db, tenant(request), group, ts)
+    return json_response({**result, "note": SUBSCRIPTION_NOTE})

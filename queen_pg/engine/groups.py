@@ -1,0 +1,88 @@
+"""Consumer-group administration: list, inspect, delete, seek, re-subscribe; one procedure call each.
+
+The procedures (``sql/procedures/050_groups.sql``) answer an unknown queue, group or partition with
+``{"notFound": kind}`` (or NULL); this module turns that into a 404 ``not_found`` QueenError.
+Queue mode is the group ``__QUEUE_MODE__``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+
+from queen_pg.db.pool import Database
+from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.errors import NOT_FOUND, QueenError
+
+SeekTarget = Literal["end", "start", "timestamp"]
+
+LIST_SQL = "SELECT queen.consumer_groups_list_v1($1, $2, $3)"
+GET_SQL = "SELECT queen.consumer_group_get_v1($1, $2)"
+DELETE_SQL = "SELECT queen.consumer_group_delete_v1($1, $2, $3, $4)"
+SEEK_SQL = "SELECT queen.consumer_group_seek_v1($1, $2, $3, $4, $5, $6)"
+SUBSCRIPTION_SQL = "SELECT queen.consumer_group_subscription_v1($1, $2, $3)"
+
+
+def _group_label(group: str) -> str:
+    return "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
+
+
+def _not_found(kind: str, group: str, queue: str | None, partition: str | None) -> QueenError:
+    if kind == "queue":
+        detail = f"queue {queue!r} not found"
+    elif kind == "partition":
+        detail = f"partition {partition!r} not found in queue {queue!r}"
+    elif queue is not None:
+        detail = f"{_group_label(group)} does not exist on queue {queue!r}"
+    else:
+        detail = f"{_group_label(group)} not found"
+    return QueenError(NOT_FOUND, detail=detail)
+
+
+def _result(raw: Any, group: str, queue: str | None = None, partition: str | None = None) -> dict[str, Any]:
+    result: dict[str, Any] | None = orjson.loads(raw) if raw is not None else None
+    if result is None:
+        raise _not_found("group", group, queue, partition)
+    if "notFound" in result:
+        raise _not_found(str(result["notFound"]), group, queue, partition)
+    return result
+
+
+async def list_groups(db: Database, tenant: str, limit: int, offset: int) -> dict[str, Any]:
+    """Every (queue, group) of the tenant, by group then queue name: ``{consumerGroups, total, ...}``."""
+    result: dict[str, Any] = orjson.loads(await db.fetchval(LIST_SQL, tenant, limit, offset))
+    return result
+
+
+async def get_group(db: Database, tenant: str, group: str) -> dict[str, Any]:
+    """The group's state per queue and per partition; 404 when no queue has it."""
+    return _result(await db.fetchval(GET_SQL, tenant, group), group)
+
+
+async def delete_group(
+    db: Database, tenant: str, group: str, queue: str | None, delete_metadata: bool
+) -> dict[str, Any]:
+    """Delete the group's cursors on ``queue`` (None: every queue). ``delete_metadata=False`` keeps the
+    group's subscription and recreates its cursors from it."""
+    return _result(await db.fetchval(DELETE_SQL, tenant, group, queue, delete_metadata), group, queue)
+
+
+async def seek(
+    db: Database,
+    tenant: str,
+    group: str,
+    queue: str,
+    partition: str | None,
+    target: SeekTarget,
+    timestamp: datetime | None,
+) -> dict[str, Any]:
+    """Move the group's cursors on ``queue`` (one ``partition``, or all) to the end, the start or a time."""
+    raw = await db.fetchval(SEEK_SQL, tenant, group, queue, partition, target, timestamp)
+    return _result(raw, group, queue, partition)
+
+
+async def set_subscription(db: Database, tenant: str, group: str, subscribed_from: datetime) -> dict[str, Any]:
+    """Record ``subscribed_from`` on every queue of the group; cursors do not move."""
+    return _result(await db.fetchval(SUBSCRIPTION_SQL, tenant, group, subscribed_from), group)
