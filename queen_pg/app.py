@@ -16,12 +16,22 @@ from fastapi.responses import FileResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
-from queen_pg.api import routes_admin, routes_data, routes_dlq
+from queen_pg.api import (
+    routes_admin,
+    routes_data,
+    routes_dlq,
+    routes_groups,
+    routes_kv,
+    routes_timers,
+    routes_tx,
+)
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.limits import BodyLimit
 from queen_pg.db.pool import Database
 from queen_pg.engine.waiters import Waiters
-from queen_pg.errors import QueenError
+from queen_pg.errors import QueenError, Verdict
+from queen_pg.jobs import start_jobs
+from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -38,10 +48,14 @@ def create_app(settings: Settings) -> FastAPI:
         db = Database(settings.database_url or "", settings.db_pool_size)
         await db.open(apply_schema=settings.apply_schema)
         app.state.queen = AppState(settings=settings, db=db, waiters=Waiters(settings.max_waiters))
+        jobs = app.state.jobs = Supervisor()
+        if settings.jobs_enabled:
+            start_jobs(jobs, db, app.state.queen.waiters.notify)
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
             yield
         finally:
+            await jobs.stop()  # before the pool closes: a job may be inside a call
             await db.close()
             log.info("event=broker_stopped")
 
@@ -57,6 +71,13 @@ def create_app(settings: Settings) -> FastAPI:
     async def _queen_error(request: Request, exc: QueenError) -> Response:
         headers = {"Retry-After": "1"} if exc.status == 503 else None
         return json_response(exc.body(), exc.status, headers)
+
+    @app.exception_handler(Verdict)
+    async def _verdict(request: Request, exc: Verdict) -> Response:
+        # a refusal decided in SQL: nothing was written; clients read it from a 200 body (WIRE.md §0.5)
+        body = {"success": False, "reason": exc.reason, **exc.detail}
+        body.setdefault("error", f"rolled back: {exc.reason}")
+        return json_response(body)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
@@ -77,6 +98,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_dlq.router)
+    app.include_router(routes_groups.router)
+    app.include_router(routes_kv.router)
+    app.include_router(routes_timers.router)
+    app.include_router(routes_tx.router)
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:

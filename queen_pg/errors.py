@@ -26,10 +26,21 @@ RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
 DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail}")
 INTERNAL = ErrorKind("internal", 500, "internal error: {detail}")
 
+# KV and locks families (WIRE.md §4): rendered as {"error": code, "code", "reason", "detail"} by
+# queen_pg/api/routes_kv.py; `reason` (a stable id) comes in the QueenError's fields.
+KV_BAD_REQUEST = ErrorKind("kv_bad_request", 400, "{detail}")
+LOCKS_BAD_REQUEST = ErrorKind("locks_bad_request", 400, "{detail}")
+
 CATALOG: dict[str, ErrorKind] = {
     k.code: k
     for k in (BAD_JSON, BAD_REQUEST, NAME_TOO_LONG, BODY_TOO_LARGE, NOT_FOUND, RETRY, DB_UNAVAILABLE, INTERNAL)
 }
+CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
+
+# Timers family (WIRE.md §2.8, §4): rendered as {"error": code, "code", "reason", "detail"} by
+# queen_pg/api/routes_timers.py; `reason` (a stable id) comes in the QueenError's fields.
+TIMERS_BAD_REQUEST = ErrorKind("timers_bad_request", 400, "{detail}")
+CATALOG[TIMERS_BAD_REQUEST.code] = TIMERS_BAD_REQUEST
 
 
 class QueenError(Exception):

@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     max_waiters: int = Field(10_000, ge=1, description="Most long-poll pops parked at once per worker.")
     default_tenant: str = Field("default", min_length=1, description="Tenant of every request.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    jobs_enabled: bool = Field(
+        True,
+        description="Run the background jobs (lease expiry, retention, DLQ payload fill) in this process; "
+        "0 for tests or replicas that only serve. Replicas that run them share the work (one per tick).",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

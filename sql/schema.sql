@@ -186,3 +186,7 @@ CREATE TABLE IF NOT EXISTS queen.timers (
     CONSTRAINT timers_pkey PRIMARY KEY (tenant, queue, timer_key)
 );
 CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;
+
+-- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
+-- for them).
+CREATE INDEX IF NOT EXISTS log_dlq_unfilled_idx ON queen.log_dlq (partition_id, msg_offset) WHERE payload IS NULL;

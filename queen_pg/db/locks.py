@@ -1,3 +1,19 @@
 """Advisory-lock keys, mirrored from docs/locks.md (one named constant per key)."""
 
 APPLY_LOCK = 7_781_200_001
+
+# Background jobs (queen_pg/jobs): leadership per tick, pg_try_advisory_xact_lock in the procedure.
+LEASE_EXPIRY_LOCK = 7_781_200_101
+RETENTION_LOCK = 7_781_200_102
+DLQ_FILL_LOCK = 7_781_200_103
+
+# KV keys: two-int advisory locks pg_advisory_xact_lock(KV_KEY_CLASS, hashtext(tenant/ns/key)), one per
+# key, in ascending hash order (queen._kv_lock, sql/procedures/080_kv.sql); level 0 of the lock order.
+KV_KEY_CLASS = 77_812
+KV_SWEEP_LOCK = 7_781_200_180  # queen.kv_sweep_v1 (job kv_sweep): one replica per tick
+
+# Timer keys: two-int advisory locks (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)), one per key,
+# ascending hash order (queen._timer_lock, sql/procedures/086_timers.sql); level 0b of the lock order.
+# Writers take them exclusive; the firing job takes them shared (try), see docs/locks.md.
+TIMER_KEY_CLASS = 77_813
+TIMERS_FIRE_LOCK = 7_781_200_186  # queen.timers_fire_v1 (job timers): one replica per tick

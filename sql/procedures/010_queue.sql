@@ -8,7 +8,8 @@
 --
 -- queen.delete_queue_v1(tenant, queue) -> boolean
 --   Called by: DELETE /api/v1/resources/queues/{queue}. Deletes the queue and, by cascade, its
---   partitions, segments, hashes, groups, cursors and dead letters. Result: whether it existed.
+--   partitions, segments, hashes, groups, cursors and dead letters, and its timers. Result: whether it
+--   existed.
 --   Locks: the queue row and every child row (cascade).
 
 CREATE OR REPLACE FUNCTION queen.configure_queue_v1(
@@ -62,6 +63,10 @@ RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM queen.queues WHERE tenant = p_tenant AND name = p_queue;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM queen.timers WHERE tenant = p_tenant AND queue = p_queue;  -- a pending timer would recreate it
+    RETURN true;
 END;
 $$;

@@ -1,0 +1,70 @@
+"""KV and locks routes: ``POST /api/v1/kv`` (WIRE.md §2.6) and ``POST /api/v1/locks`` (§2.7).
+
+Both take ``{"operations": [op, ...]}`` and answer 200 ``{"results": [...]}``, one per op. A lost
+``required`` KV condition answers 200 ``{"ok": false, "reason": "kv_precondition", "failedIndex",
+"kvReason", "version", "value"}`` with no ``results`` and nothing written. Errors of these two
+families use the broker envelope the client parses into ``KvError``/``LockError`` (WIRE.md §4):
+``{"error": <code>, "code": <code>, "reason": <stable id>, "detail": <prose>}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.kv_ops import validate_kv_ops, validate_lock_ops
+from queen_pg.engine import kv as kv_engine
+from queen_pg.engine import locks as locks_engine
+from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError, Verdict
+
+router = APIRouter()
+
+
+def family_error(exc: QueenError) -> Response:
+    """The KV/locks error envelope; 503s keep ``Retry-After`` like every other route."""
+    body = {
+        "error": exc.code,
+        "code": exc.code,
+        "reason": str(exc.fields.get("reason") or exc.code),
+        "detail": str(exc),
+    }
+    return json_response(body, exc.status, {"Retry-After": "1"} if exc.status == 503 else None)
+
+
+async def _operations(request: Request, kind: ErrorKind) -> object:
+    raw = await request.body()
+    if not raw.strip():
+        raise QueenError(kind, detail='request body is empty; expected {"operations": [...]}', reason="bad_body")
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise QueenError(kind, detail=f"request body is not valid JSON: {err}", reason="bad_json") from None
+    if not isinstance(body, dict) or "operations" not in body:
+        raise QueenError(kind, detail='request body must be an object {"operations": [...]}', reason="bad_body")
+    return body["operations"]
+
+
+@router.post("/api/v1/kv", summary="Key/value operations in one transaction (WIRE §2.6)")
+async def kv(request: Request) -> Response:
+    try:
+        ops = validate_kv_ops(await _operations(request, KV_BAD_REQUEST), in_transaction=False)
+        result = await kv_engine.apply(state(request).db, tenant(request), ops)
+    except Verdict as verdict:  # a required condition lost: nothing written (WIRE §2.6 "required")
+        return json_response({"ok": False, "reason": verdict.reason, **verdict.detail})
+    except QueenError as exc:
+        return family_error(exc)
+    return json_response(result)
+
+
+@router.post("/api/v1/locks", summary="Locks and semaphores: acquire, renew, release, get (WIRE §2.7)")
+async def locks(request: Request) -> Response:
+    try:
+        ops = validate_lock_ops(await _operations(request, LOCKS_BAD_REQUEST))
+        result = await locks_engine.apply(state(request).db, tenant(request), ops)
+    except QueenError as exc:
+        return family_error(exc)
+    return json_response(result)

@@ -1,0 +1,139 @@
+"""POST /api/v1/transaction: acks, pushes, KV and timers committed together (WIRE.md §2.5)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import Field, StrictInt, StrictStr
+
+from queen_pg.api.common import check_name, json_response, parse_body, state, tenant
+from queen_pg.api.kv_ops import validate_kv_ops
+from queen_pg.api.models import PushItem, _Body
+from queen_pg.api.routes_data import new_message
+from queen_pg.api.timer_ops import prepare_timer_ops
+from queen_pg.engine import ack as ack_engine
+from queen_pg.engine import transaction as tx_engine
+from queen_pg.errors import Verdict, bad_request
+
+router = APIRouter(prefix="/api/v1")
+
+MAX_KV_OPS = 64
+MAX_KV_KEYS = 256
+KV_WRITES = {"put", "putIfAbsent", "delete", "incr"}
+
+
+class TxAckOp(_Body):
+    type: Literal["ack"]
+    transactionId: StrictStr = Field(min_length=1)
+    partitionId: StrictStr | StrictInt
+    status: StrictStr = "completed"
+    consumerGroup: StrictStr | None = None
+    leaseId: StrictStr | None = None
+
+
+class TxPushOp(_Body):
+    type: Literal["push"]
+    items: list[PushItem] = Field(min_length=1)
+
+
+class TransactionBody(_Body):
+    operations: list[Annotated[TxAckOp | TxPushOp, Field(discriminator="type")]]
+    requiredLeases: list[StrictStr] = Field(default_factory=list)
+    kv: list[Any] | None = None
+    timers: list[Any] | None = None
+
+
+def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
+    """Limits of one call (seed 001): refused whole, as a 200 verdict like the other rollbacks."""
+    if len(kv) > MAX_KV_OPS:
+        raise Verdict("too_large", {"error": f"a transaction holds at most {MAX_KV_OPS} KV operations, got {len(kv)}"})
+    keys: set[tuple[Any, Any]] = set()
+    written: set[tuple[Any, Any]] = set()
+    for i, op in enumerate(kv):
+        if not isinstance(op, dict):
+            continue  # the validator gives the 400
+        ns = op.get("ns")
+        many = op.get("keys")
+        names: list[Any] = many if isinstance(many, list) else [op.get("key")]
+        keys.update((ns, k) for k in names)
+        if op.get("op") in KV_WRITES:
+            if (ns, op.get("key")) in written:
+                raise Verdict(
+                    "bad_request",
+                    {"failedIndex": i, "error": f"kv[{i}]: one write per key per transaction ({ns}/{op.get('key')})"},
+                )
+            written.add((ns, op.get("key")))
+    if len(keys) > MAX_KV_KEYS:
+        raise Verdict("too_large", {"error": f"a transaction touches at most {MAX_KV_KEYS} KV keys, got {len(keys)}"})
+    seen: set[tuple[Any, Any]] = set()
+    for i, op in enumerate(timers):
+        if isinstance(op, dict):
+            key = (op.get("queue"), op.get("timerKey"))
+            if key in seen:
+                raise Verdict(
+                    "bad_request",
+                    {"error": f"timers[{i}]: one timer operation per queue and timer key per transaction"},
+                )
+            seen.add(key)
+
+
+@router.post("/transaction", summary="Commit acks, pushes, KV writes and timers as one transaction")
+async def transaction(request: Request) -> Response:
+    await _refuse_misplaced_riders(request)
+    body = await parse_body(request, TransactionBody)
+    acks: list[tx_engine.TxAck] = []
+    pushes: list[tx_engine.TxPush] = []
+    slot = 0
+    for n, op in enumerate(body.operations):
+        if isinstance(op, TxAckOp):
+            status = op.status.lower()
+            if status not in ack_engine.STATUSES:
+                raise bad_request(f"operations.{n}.status must be one of {sorted(ack_engine.STATUSES)}")
+            if op.consumerGroup is not None:
+                check_name("consumerGroup", op.consumerGroup)
+            acks.append(
+                tx_engine.TxAck(slot, op.transactionId, str(op.partitionId), status, op.consumerGroup, op.leaseId)
+            )
+            slot += 1
+        else:
+            for i, item in enumerate(op.items):
+                pushes.append(tx_engine.TxPush(slot, new_message(item, f"operations.{n}.items.{i}")))
+                slot += 1
+    kv_raw = body.kv or []
+    timers_raw = body.timers or []
+    st = state(request)
+    try:
+        _planner_limits(kv_raw, timers_raw)
+        kv = validate_kv_ops(kv_raw, in_transaction=True) if kv_raw else []
+        prepared = prepare_timer_ops(timers_raw, in_transaction=True) if timers_raw else None
+    except Verdict as v:
+        return json_response({"success": False, "reason": v.reason, **v.detail})
+    if not (acks or pushes or kv or (prepared and prepared.ops)):
+        raise bad_request("an empty transaction: give operations, kv or timers")
+    timers = tx_engine.TxTimers()
+    if prepared is not None:
+        timers = tx_engine.TxTimers(prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids)
+    bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot)
+    answer = await tx_engine.commit(st.db, tenant(request), bundle)
+    ten = tenant(request)
+    for q in {p.item.queue for p in pushes}:
+        st.waiters.notify(ten, q)
+    return json_response(answer)
+
+
+async def _refuse_misplaced_riders(request: Request) -> None:
+    """`kv` and `timers` are top-level arrays; inside operations they are a 400 with a clear message."""
+    raw = await request.body()
+    try:
+        doc = orjson.loads(raw) if raw.strip() else None
+    except orjson.JSONDecodeError:
+        return  # parse_body answers bad_json
+    if isinstance(doc, dict) and isinstance(doc.get("operations"), list):
+        for n, op in enumerate(doc["operations"]):
+            if isinstance(op, dict) and op.get("type") in ("kv", "timer", "timers"):
+                raise bad_request(f"operations.{n}: kv and timers are top-level arrays of the body, not operations")
+            if isinstance(op, dict) and op.get("type") not in ("ack", "push"):
+                raise bad_request(f"operations.{n}.type must be 'ack' or 'push', got {op.get('type')!r}")

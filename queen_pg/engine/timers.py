@@ -1,0 +1,119 @@
+"""Timers: schedule/cancel/read through the ``queen.timer*_v1`` procedures, and fire due timers.
+
+Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, docs/locks.md 0b).
+The firing job pushes each due timer as a message with ``transactionId == txn``, ``id == messageId``
+and ``data ==`` the payload, exactly once.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database
+
+APPLY_SQL = "SELECT queen.timers_v1($1, $2::text::jsonb, $3, $4, $5, $6)"
+CANCEL_SQL = "SELECT queen.timer_cancel_v1($1, $2, $3, $4, $5)"
+GET_SQL = "SELECT * FROM queen.timer_get_v1($1, $2, $3)"
+LIST_SQL = "SELECT * FROM queen.timer_list_v1($1, $2, $3, $4)"
+FIRE_SQL = "SELECT queen.timers_fire_v1($1, $2)"
+
+
+def iso_us(ts: datetime) -> str:
+    """UTC, microseconds, like ``queen._iso_utc`` (the timestamps SQL renders in timer results)."""
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def apply(
+    db: Database,
+    tenant: str,
+    ops: list[dict[str, Any]],
+    payloads: list[bytes],
+    hashes: list[uuid.UUID],
+    message_ids: list[uuid.UUID],
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Apply validated ops (``queen_pg.api.timer_ops``) in one transaction; one result per op."""
+    raw = await db.fetchval(APPLY_SQL, tenant, orjson.dumps(ops).decode(), payloads, hashes, message_ids, now)
+    results: list[dict[str, Any]] = orjson.loads(raw)["results"]
+    return results
+
+
+async def cancel(
+    db: Database, tenant: str, queue: str, timer_key: str, txn: str | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """``cancelled``, ``absent`` or ``too_late`` (see queen.timer_cancel_v1)."""
+    result: dict[str, Any] = orjson.loads(await db.fetchval(CANCEL_SQL, tenant, queue, timer_key, txn, now))
+    return result
+
+
+async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str, Any]:
+    """The timer (pending or already fired) or ``{"found": false}``."""
+    rows = await db.fetch(GET_SQL, tenant, queue, timer_key)
+    if not rows:
+        return {"found": False}
+    r = rows[0]
+    payload: bytes = r["payload"]
+    return {
+        "found": True,
+        "queue": queue,
+        "timerKey": timer_key,
+        "txn": r["txn"],
+        "messageId": str(r["message_id"]),
+        "deliverAt": iso_us(r["deliver_at"]),
+        "partition": r["partition"],
+        "payload": base64.b64encode(payload).decode(),
+        "data": orjson.Fragment(payload),  # validated JSON when scheduled
+        "fired": r["fired_at"] is not None,
+        "firedAt": iso_us(r["fired_at"]) if r["fired_at"] is not None else None,
+        "encrypted": False,
+    }
+
+
+async def list_pending(db: Database, tenant: str, queue: str, after: str | None, limit: int) -> dict[str, Any]:
+    """A keyset page of the queue's pending timers by timerKey; ``nextAfter`` when truncated."""
+    rows = await db.fetch(LIST_SQL, tenant, queue, after, limit)
+    truncated = len(rows) > limit
+    page = rows[:limit]
+    return {
+        "rows": [
+            {
+                "timerKey": r["timer_key"],
+                "txn": r["txn"],
+                "deliverAt": iso_us(r["deliver_at"]),
+                "messageId": str(r["message_id"]),
+                "partition": r["partition"],
+            }
+            for r in page
+        ],
+        "truncated": truncated,
+        "nextAfter": page[-1]["timer_key"] if truncated else None,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    leader: bool  # false: another replica held the job's key this tick
+    fired: int  # messages pushed
+    duplicates: int  # fired timers whose txn was already in the partition's dedup window
+    busy: int  # due timers skipped because a writer held their key
+    swept: int  # tombstones deleted
+    queues: list[tuple[str, str]]  # (tenant, queue) that received a message
+
+
+async def fire(db: Database, limit: int, now: datetime | None = None) -> FireResult:
+    """Fire up to ``limit`` due timers and sweep up to ``limit`` old tombstones (one call)."""
+    out = orjson.loads(await db.fetchval(FIRE_SQL, limit, now))
+    return FireResult(
+        leader=bool(out["leader"]),
+        fired=int(out["fired"]),
+        duplicates=int(out["duplicates"]),
+        busy=int(out["busy"]),
+        swept=int(out["swept"]),
+        queues=[(t, q) for t, q in out["queues"]],
+    )

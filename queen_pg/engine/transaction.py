@@ -1,0 +1,131 @@
+"""Transaction: a worker's whole step (acks, pushes, KV, timers) in one call to queen.transaction_v1.
+
+The broker validates and packs; SQL decides under locks and either commits everything or raises a
+verdict (rejected_ack, duplicate, kv_precondition, reserved) that rolls everything back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database
+from queen_pg.engine import codec
+from queen_pg.engine import push as push_engine
+from queen_pg.engine.ack import STATUSES
+from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.errors import Verdict
+
+TX_SQL = (
+    "SELECT queen.transaction_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TxAck:
+    index: int  # flat index (WIRE.md §2.5)
+    transaction_id: str
+    partition_id: str
+    status: str
+    group: str | None
+    lease_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TxPush:
+    index: int
+    item: push_engine.NewMessage
+
+
+@dataclass(slots=True)
+class TxTimers:
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    hashes: list[uuid.UUID] = field(default_factory=list)
+    msgids: list[uuid.UUID] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TxBundle:
+    acks: list[TxAck]
+    pushes: list[TxPush]
+    required_leases: list[str]
+    kv: list[dict[str, Any]]
+    timers: TxTimers
+    slots: int  # acks + push items: the flat index of kv[0]
+
+
+def _refuse_ack(ack: TxAck, why: str) -> Verdict:
+    return Verdict(
+        "rejected_ack",
+        {
+            "failedIndex": ack.index,
+            "transactionId": ack.transaction_id,
+            "partitionId": ack.partition_id,
+            "error": f"transaction rolled back: ack of {ack.transaction_id} refused: {why}",
+        },
+    )
+
+
+async def commit(db: Database, tenant: str, tx: TxBundle) -> dict[str, Any]:
+    """Commit the bundle; raises Verdict when it rolled back (nothing written)."""
+    pids: list[int] = []
+    leases: list[uuid.UUID | None] = []
+    for ack in tx.acks:
+        try:
+            pids.append(int(ack.partition_id))
+        except ValueError:
+            raise _refuse_ack(ack, f"unknown partitionId {ack.partition_id!r}") from None
+        try:
+            leases.append(uuid.UUID(ack.lease_id) if ack.lease_id else None)
+        except ValueError:
+            raise _refuse_ack(ack, "lease is not held (unknown leaseId)") from None
+    required: list[uuid.UUID] = []
+    for lease in tx.required_leases:
+        try:
+            required.append(uuid.UUID(lease))
+        except ValueError:
+            raise Verdict(
+                "rejected_ack",
+                {"leaseId": lease, "error": f"transaction rolled back: required lease {lease} is not held"},
+            ) from None
+    items = [p.item for p in tx.pushes]
+    prepared = push_engine.prepare(items)
+    raw = await db.fetchval(
+        TX_SQL,
+        tenant,
+        pids,
+        [codec.txn_hash(a.transaction_id) for a in tx.acks],
+        [a.transaction_id for a in tx.acks],
+        leases,
+        [a.group or QUEUE_MODE for a in tx.acks],
+        [STATUSES[a.status] for a in tx.acks],
+        [a.index for a in tx.acks],
+        required,
+        *prepared.args(),
+        [p.index for p in tx.pushes],
+        prepared.txns,
+        orjson.dumps(tx.kv).decode(),
+        tx.slots,
+        orjson.dumps(tx.timers.ops).decode(),
+        tx.timers.payloads,
+        tx.timers.hashes,
+        tx.timers.msgids,
+        tx.slots + len(tx.kv),
+    )
+    out = orjson.loads(raw)
+    results: list[Any] = [None] * (tx.slots + len(tx.kv) + len(tx.timers.ops))
+    for ack, res in zip(tx.acks, out["acks"], strict=True):
+        results[ack.index] = {"index": ack.index, "type": "ack", "transactionId": ack.transaction_id, **res}
+    for p, res, txn in zip(tx.pushes, out["pushes"], prepared.txns, strict=True):
+        pushed = push_engine.result(
+            p.item, txn, res["status"], res["messageId"], res["partitionId"], res["offset"], p.index
+        )
+        results[p.index] = {"type": "push", **pushed}
+    for res in out["kv"] + out["timers"]:
+        results[res["index"]] = res
+    return {"transactionId": str(codec.uuid7()), "success": True, "results": results}

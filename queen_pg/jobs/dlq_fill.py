@@ -1,0 +1,102 @@
+"""dlq_fill: copy dead letters' payloads out of their segments through ``queen.dlq_fill_v1``.
+
+ack_v1 writes a dead letter with payload NULL: the payload sits in its segment as a QPF1 frame, mostly
+zstd-compressed, which SQL cannot decompress. Each call writes the payloads decoded from the previous call's rows and
+hands out the next rows, so :meth:`DlqFill.more` keeps the loop going while a decoded batch waits to
+be written. A dead letter whose segment is gone (retention waits for it, so it should not happen) or
+unreadable gets JSON ``null`` and a logged warning, so it never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+
+from queen_pg.db.pool import Database, Record
+from queen_pg.engine import codec
+from queen_pg.jobs.supervisor import Job, JobConfig
+
+log = logging.getLogger("queen_pg.jobs")
+
+DLQ_FILL_SQL = "SELECT * FROM queen.dlq_fill_v1($1, $2, $3, $4)"
+CONFIG = JobConfig(name="dlq_fill", interval=5.0, limit=100)
+NULL_JSON = "null"
+
+
+def payloads_by_offset(
+    blob: bytes, base_offset: int, dropped: Sequence[int] | None, codec_id: int = codec.CODEC_ZSTD
+) -> dict[int, bytes]:
+    """The JSON payload of every message of a segment, by offset. Frame k (0-based) not listed in
+    ``dropped`` has offset base_offset + (number of frames before it that are not dropped)."""
+    skip = set(dropped or ())
+    out: dict[int, bytes] = {}
+    offset = base_offset
+    for k, frame in enumerate(codec.unpack(blob, codec_id)):
+        if k in skip:
+            continue
+        out[offset] = frame.payload
+        offset += 1
+    return out
+
+
+def _as_text(payload: bytes) -> str:
+    # PostgreSQL text cannot hold NUL; valid JSON never has a raw one (it escapes it as \u0000).
+    return payload.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+class DlqFill(Job):
+    def __init__(self, config: JobConfig = CONFIG) -> None:
+        super().__init__(config)
+        self._ids: list[int] = []
+        self._payloads: list[str] = []
+
+    def more(self, done: int) -> bool:
+        """Call again at once while a decoded batch waits: the next call writes it."""
+        return bool(self._ids)
+
+    async def run_once(self, db: Database, now: datetime | None = None) -> int:
+        """Dead letters handed out and decoded by one call (written by the next one)."""
+        rows = await db.fetch(DLQ_FILL_SQL, self._ids, self._payloads, self.config.limit, now)
+        # Written now; or, when another replica led this tick, nothing was written and those rows
+        # are handed out again (still NULL) to whoever leads next.
+        self._ids, self._payloads = [], []
+        segments: dict[tuple[int, int], dict[int, bytes]] = {}
+        missing = 0
+        for row in rows:
+            payload = self._decode(row, segments)
+            if payload is None:
+                missing += 1
+                log.warning(
+                    "event=dlq_payload_missing dlq_id=%d partition_id=%d offset=%d segment=%s",
+                    row["id"],
+                    row["partition_id"],
+                    row["msg_offset"],
+                    "gone" if row["base_offset"] is None else "unreadable",
+                )
+            self._ids.append(row["id"])
+            self._payloads.append(NULL_JSON if payload is None else _as_text(payload))
+        if rows:
+            log.info("event=job_done job=%s payloads=%d missing=%d", self.name, len(rows) - missing, missing)
+        return len(rows)
+
+    @staticmethod
+    def _decode(row: Record, segments: dict[tuple[int, int], dict[int, bytes]]) -> bytes | None:
+        if row["base_offset"] is None:
+            return None
+        key = (row["partition_id"], row["base_offset"])
+        frames = segments.get(key)
+        if frames is None:
+            frames = {}
+            if row["payload"] is not None:  # sent on the first row of each segment in a batch
+                try:
+                    frames = payloads_by_offset(row["payload"], row["base_offset"], row["dropped"], row["codec"])
+                except Exception as exc:  # a corrupt blob must not block the loop
+                    log.warning(
+                        "event=dlq_segment_unreadable partition_id=%d base_offset=%d error=%s",
+                        key[0],
+                        key[1],
+                        exc,
+                    )
+            segments[key] = frames
+        return frames.get(row["msg_offset"])

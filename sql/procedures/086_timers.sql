@@ -1,0 +1,345 @@
+-- Timers (WIRE.md §2.8): schedule, cancel, read, and fire messages scheduled into a queue.
+--
+-- A timer is one row of queen.timers per (tenant, queue, timer_key). Firing pushes it with
+-- queen.push_v1 (transactionId = txn, id = message_id, data = payload, a raw QPF1 frame, codec 0) and
+-- keeps the row as a tombstone (fired_at) for an hour, so a cancel after the fire answers too_late.
+--
+-- Key locks (docs/locks.md, level 0b): TIMER_KEY_CLASS = 77813, pg_advisory_xact_lock(77813,
+-- queen._timer_hash(tenant, queue, timer_key)), one per key, ascending hash order, after the KV keys
+-- and before any row is touched.
+--   * Writers (POST /timers, the transaction's rider, via queen._timer_lock) take them EXCLUSIVE and wait.
+--   * The firing job takes them SHARED with a try-lock: it never waits, it skips a key a writer holds.
+--   * DELETE /timers (queen.timer_cancel_v1) tries EXCLUSIVE; when that fails it tries SHARED. Shared
+--     is granted only when every holder is shared, i.e. the firing job: a due timer is then being fired
+--     and the answer is too_late at once. Refused means a writer holds the key: the cancel waits for it
+--     and decides on what the writer left. So a cancel racing the fire either cancels (the fire finds no
+--     row and pushes nothing) or answers too_late (the message is pushed), never both and never neither.
+--   * The tombstone sweep (in the firing job's call) tries EXCLUSIVE and skips busy keys.
+-- Timer rows are locked only under their key lock (FOR UPDATE by writers, FOR UPDATE SKIP LOCKED by the
+-- fire), so they need no place of their own in the row-lock order.
+--
+-- queen._timer_hash(tenant, queue, timer_key) -> integer: the second half of the key lock.
+--
+-- queen._timer_lock(tenant, queues[], keys[]) -> void
+--   Takes the exclusive key lock of every distinct (queue, key) pair, ascending hash order. Callers:
+--   queen.timers_v1, queen.transaction_v1 (after queen._kv_lock).
+--
+-- queen._timer_apply(tenant, op jsonb, payload bytea, txn_hash uuid, message_id uuid, now) -> jsonb
+--   Applies ONE op validated by the broker (queen_pg/api/timer_ops.py); the caller holds the key lock.
+--   op = {"op": "schedule"|"reschedule", "queue", "timerKey", "partition", "delayMs", "txn"}:
+--     upsert; deliver_at = now + delayMs (negative = already due). Status `rescheduled` when a pending
+--     timer was replaced, else `scheduled` (a new key, or a key whose timer already fired: a new timer).
+--     The message id is p_message_id, except that a resend of the pending schedule (same txn) keeps the
+--     id it promised the first time.
+--     Result {ok: true, status, queue, timerKey, txn, messageId, deliverAt, partition}.
+--   op = {"op": "cancel", "queue", "timerKey", "txn"?}: a pending timer (with that txn, when given) is
+--     deleted: {ok: true, status: cancelled, txn}. No such pending timer: {ok: false, status: absent,
+--     txn: <the given txn>}; it already fired (tombstone, same txn when given): {ok: false, status:
+--     too_late, txn}. Results also carry queue and timerKey. p_payload, p_txn_hash, p_message_id unused.
+--
+-- queen.timers_v1(tenant, ops jsonb, payloads bytea[], hashes uuid[], msgids uuid[], now) -> jsonb
+--   Called by: POST /api/v1/timers (queen_pg/engine/timers.py). Arrays are index-aligned with ops.
+--   Locks every key of the batch (queen._timer_lock), then applies the ops in order.
+--   Result {"results": [one queen._timer_apply result per op]}.
+--
+-- queen.timer_cancel_v1(tenant, queue, timer_key, txn, now) -> jsonb
+--   Called by: DELETE /api/v1/timers/{queue}/{timerKey...}. The cancel result above; the key lock as
+--   described at the top (too_late without waiting while the firing job holds a due timer's key).
+--
+-- queen.timer_get_v1(tenant, queue, timer_key): zero or one row (pending or tombstone). Reads only.
+-- queen.timer_list_v1(tenant, queue, after, limit): pending timers of one queue with timer_key > after
+--   (NULL = from the start), by timer_key, at most limit + 1 rows (the extra row tells the caller the
+--   page is truncated). Reads only.
+--
+-- queen.timers_fire_v1(p_limit, p_now) -> jsonb
+--   Called by: the timers job (queen_pg/jobs/timers.py).
+--   1. TIMERS_FIRE_LOCK = 7_781_200_186 (try): one replica per tick; the loser returns leader=false.
+--   2. Up to p_limit due timers (deliver_at <= now, fired_at NULL), oldest first; each key's lock taken
+--      shared with a try-lock (a busy key is counted in `busy` and left for the next tick).
+--   3. Per tenant: the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due and unfired, and
+--      pushed with ONE queen.push_v1 call (one raw segment per queue/partition, frames in deliver_at
+--      order; queue and partition created when missing; locks: queues FOR UPDATE when creating,
+--      log_partitions FOR NO KEY UPDATE ascending id). A txn already in the partition's dedup window is
+--      a duplicate and pushes nothing. Then fired_at = now on every pushed row.
+--   4. Up to p_limit tombstones fired more than an hour before now are deleted (key lock: exclusive try,
+--      busy keys skipped).
+--   Result {"leader", "fired" (queued), "duplicates", "busy", "swept", "queues": [[tenant, queue], ...]
+--   that received a message}. Exactly once: the leader lock, the key lock + row lock + fired_at check,
+--   and the push's own dedup by txn hash.
+-- Errors: none of their own; a queue deleted while the fire pushes into it surfaces as a foreign-key
+--   violation (503 retry for a route; the job logs it and retries the next tick).
+
+-- The sweep looks tombstones up by fired_at. (An index belongs in sql/schema.sql; it lives here, beside
+-- its only reader, until schema.sql's owner moves it. Idempotent, so boot and alembic agree.)
+CREATE INDEX IF NOT EXISTS timers_fired_idx ON queen.timers (fired_at) WHERE fired_at IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION queen._timer_hash(p_tenant text, p_queue text, p_key text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtext(p_tenant || E'\x1f' || p_queue || E'\x1f' || p_key);
+$$;
+
+CREATE OR REPLACE FUNCTION queen._timer_lock(p_tenant text, p_queues text[], p_keys text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hash integer;
+BEGIN
+    FOR v_hash IN
+        SELECT DISTINCT queen._timer_hash(p_tenant, u.queue, u.key)
+          FROM unnest(p_queues, p_keys) AS u(queue, key)
+         ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(77813, v_hash);  -- TIMER_KEY_CLASS
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._timer_apply(
+    p_tenant text, p_op jsonb, p_payload bytea, p_txn_hash uuid, p_message_id uuid, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
+    v_queue  text := p_op ->> 'queue';
+    v_key    text := p_op ->> 'timerKey';
+    v_txn    text := p_op ->> 'txn';
+    v_part   text := coalesce(p_op ->> 'partition', 'Default');
+    t        queen.timers%ROWTYPE;
+    v_found  boolean;
+    v_at     timestamptz;
+    v_id     uuid;
+    v_status text;
+BEGIN
+    SELECT tm.* INTO t FROM queen.timers tm
+     WHERE tm.tenant = p_tenant AND tm.queue = v_queue AND tm.timer_key = v_key
+       FOR UPDATE;
+    v_found := FOUND;
+
+    IF p_op ->> 'op' = 'cancel' THEN
+        IF NOT v_found OR (v_txn IS NOT NULL AND t.txn <> v_txn) THEN
+            RETURN jsonb_build_object('ok', false, 'status', 'absent', 'queue', v_queue, 'timerKey', v_key,
+                                      'txn', v_txn);
+        END IF;
+        IF t.fired_at IS NOT NULL THEN
+            RETURN jsonb_build_object('ok', false, 'status', 'too_late', 'queue', v_queue, 'timerKey', v_key,
+                                      'txn', t.txn, 'messageId', t.message_id);
+        END IF;
+        DELETE FROM queen.timers tm WHERE tm.tenant = p_tenant AND tm.queue = v_queue AND tm.timer_key = v_key;
+        RETURN jsonb_build_object('ok', true, 'status', 'cancelled', 'queue', v_queue, 'timerKey', v_key,
+                                  'txn', t.txn, 'messageId', t.message_id);
+    END IF;
+
+    v_status := CASE WHEN v_found AND t.fired_at IS NULL THEN 'rescheduled' ELSE 'scheduled' END;
+    v_id := CASE WHEN v_found AND t.fired_at IS NULL AND t.txn = v_txn THEN t.message_id ELSE p_message_id END;
+    v_at := v_now + (p_op ->> 'delayMs')::bigint * interval '1 millisecond';
+    INSERT INTO queen.timers AS tm (tenant, queue, timer_key, partition, payload, txn, txn_hash, message_id,
+                                    deliver_at, fired_at, created_at, updated_at)
+    VALUES (p_tenant, v_queue, v_key, v_part, p_payload, v_txn, p_txn_hash, v_id, v_at, NULL, v_now, v_now)
+    ON CONFLICT ON CONSTRAINT timers_pkey DO UPDATE
+       SET partition = excluded.partition, payload = excluded.payload, txn = excluded.txn,
+           txn_hash = excluded.txn_hash, message_id = excluded.message_id, deliver_at = excluded.deliver_at,
+           fired_at = NULL,
+           created_at = CASE WHEN tm.fired_at IS NULL THEN tm.created_at ELSE excluded.created_at END,
+           updated_at = excluded.updated_at;
+    RETURN jsonb_build_object('ok', true, 'status', v_status, 'queue', v_queue, 'timerKey', v_key, 'txn', v_txn,
+                              'messageId', v_id, 'deliverAt', queen._iso_utc(v_at), 'partition', v_part);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timers_v1(
+    p_tenant   text,
+    p_ops      jsonb,
+    p_payloads bytea[],
+    p_hashes   uuid[],
+    p_msgids   uuid[],
+    p_now      timestamptz DEFAULT NULL
+) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_results jsonb := '[]'::jsonb;
+    v_op      jsonb;
+    i         integer;
+BEGIN
+    IF jsonb_array_length(coalesce(p_ops, '[]'::jsonb)) = 0 THEN
+        RETURN jsonb_build_object('results', v_results);
+    END IF;
+    PERFORM queen._timer_lock(p_tenant, array_agg(o ->> 'queue'), array_agg(o ->> 'timerKey'))
+       FROM jsonb_array_elements(p_ops) AS o;
+    FOR v_op, i IN SELECT e.v, e.ord::integer FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS e(v, ord) LOOP
+        v_results := v_results
+            || jsonb_build_array(queen._timer_apply(p_tenant, v_op, p_payloads[i], p_hashes[i], p_msgids[i], v_now));
+    END LOOP;
+    RETURN jsonb_build_object('results', v_results);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timer_cancel_v1(
+    p_tenant text, p_queue text, p_key text, p_txn text, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    v_hash integer := queen._timer_hash(p_tenant, p_queue, p_key);
+    t      queen.timers%ROWTYPE;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(77813, v_hash) THEN  -- TIMER_KEY_CLASS
+        IF pg_try_advisory_xact_lock_shared(77813, v_hash) THEN
+            -- Only shared holders, i.e. the firing job: a due timer of this key is being fired.
+            SELECT tm.* INTO t FROM queen.timers tm
+             WHERE tm.tenant = p_tenant AND tm.queue = p_queue AND tm.timer_key = p_key;
+            IF FOUND AND t.fired_at IS NULL AND t.deliver_at <= v_now AND (p_txn IS NULL OR t.txn = p_txn) THEN
+                RETURN jsonb_build_object('ok', false, 'status', 'too_late', 'queue', p_queue, 'timerKey', p_key,
+                                          'txn', t.txn, 'messageId', t.message_id);
+            END IF;
+            -- Not due: the fire leaves it alone. Decided below under the row lock, which also waits
+            -- for a fire that did take the row and then reads its tombstone.
+        ELSE
+            PERFORM pg_advisory_xact_lock(77813, v_hash);  -- a writer holds the key: wait for it
+        END IF;
+    END IF;
+    RETURN queen._timer_apply(
+        p_tenant, jsonb_build_object('op', 'cancel', 'queue', p_queue, 'timerKey', p_key, 'txn', p_txn),
+        NULL, NULL, NULL, v_now);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timer_get_v1(p_tenant text, p_queue text, p_key text)
+RETURNS TABLE (partition text, payload bytea, txn text, message_id uuid, deliver_at timestamptz,
+               fired_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT t.partition, t.payload, t.txn, t.message_id, t.deliver_at, t.fired_at
+      FROM queen.timers t
+     WHERE t.tenant = p_tenant AND t.queue = p_queue AND t.timer_key = p_key;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timer_list_v1(p_tenant text, p_queue text, p_after text, p_limit integer)
+RETURNS TABLE (timer_key text, txn text, deliver_at timestamptz, message_id uuid, partition text)
+LANGUAGE sql STABLE AS $$
+    SELECT t.timer_key, t.txn, t.deliver_at, t.message_id, t.partition
+      FROM queen.timers t
+     WHERE t.tenant = p_tenant AND t.queue = p_queue AND t.fired_at IS NULL
+       AND (p_after IS NULL OR t.timer_key > p_after)
+     ORDER BY t.timer_key
+     LIMIT greatest(p_limit, 1) + 1;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timers_fire_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_limit   integer := greatest(p_limit, 1);
+    r         record;
+    v_kt      text[] := '{}';   -- locked keys: tenant, queue, timer_key
+    v_kq      text[] := '{}';
+    v_kk      text[] := '{}';
+    v_busy    integer := 0;
+    v_tenant  text;
+    v_iq      text[];           -- one entry per timer pushed in this tenant, in push order
+    v_ik      text[];
+    v_ip      text[];
+    v_ig      integer[];
+    v_ih      uuid[];
+    v_im      uuid[];
+    v_if      bytea[];
+    v_gq      text[];           -- one entry per (queue, partition) group
+    v_gp      text[];
+    v_gb      bytea[];
+    v_queued  integer;
+    v_dups    integer;
+    v_fired   integer := 0;
+    v_dup_all integer := 0;
+    v_queues  jsonb := '[]'::jsonb;
+    v_pushed  jsonb;
+    v_swept   integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(7781200186) THEN  -- TIMERS_FIRE_LOCK
+        RETURN jsonb_build_object('leader', false, 'fired', 0, 'duplicates', 0, 'busy', 0, 'swept', 0,
+                                  'queues', '[]'::jsonb);
+    END IF;
+
+    -- 2. due timers; their key locks, shared, try only
+    FOR r IN
+        SELECT t.tenant, t.queue, t.timer_key FROM queen.timers t
+         WHERE t.fired_at IS NULL AND t.deliver_at <= v_now
+         ORDER BY t.deliver_at, t.tenant, t.queue, t.timer_key
+         LIMIT v_limit
+    LOOP
+        IF pg_try_advisory_xact_lock_shared(77813, queen._timer_hash(r.tenant, r.queue, r.timer_key)) THEN
+            v_kt := v_kt || r.tenant;
+            v_kq := v_kq || r.queue;
+            v_kk := v_kk || r.timer_key;
+        ELSE
+            v_busy := v_busy + 1;
+        END IF;
+    END LOOP;
+
+    -- 3. per tenant: rows again under row locks, one push, tombstones
+    FOR v_tenant IN SELECT DISTINCT u.tn FROM unnest(v_kt) AS u(tn) ORDER BY 1 LOOP
+        WITH due AS MATERIALIZED (
+            SELECT t.queue, t.timer_key, t.partition, t.payload, t.txn, t.txn_hash, t.message_id, t.deliver_at
+              FROM queen.timers t
+              JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
+                ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
+             WHERE k.tn = v_tenant AND t.fired_at IS NULL AND t.deliver_at <= v_now
+               FOR UPDATE OF t SKIP LOCKED
+        ), ordered AS (
+            SELECT d.*, dense_rank() OVER (ORDER BY d.queue, d.partition)::integer AS grp,
+                   row_number() OVER (ORDER BY d.queue, d.partition, d.deliver_at, d.timer_key) AS ord
+              FROM due d
+        )
+        SELECT array_agg(o.queue ORDER BY o.ord), array_agg(o.timer_key ORDER BY o.ord),
+               array_agg(o.partition ORDER BY o.ord), array_agg(o.grp ORDER BY o.ord),
+               array_agg(o.txn_hash ORDER BY o.ord), array_agg(o.message_id ORDER BY o.ord),
+               array_agg(queen._frame(o.message_id, o.txn, o.payload) ORDER BY o.ord)
+          INTO v_iq, v_ik, v_ip, v_ig, v_ih, v_im, v_if
+          FROM ordered o;
+        CONTINUE WHEN v_iq IS NULL;
+
+        SELECT array_agg(g.queue ORDER BY g.grp), array_agg(g.partition ORDER BY g.grp),
+               array_agg(g.blob ORDER BY g.grp)
+          INTO v_gq, v_gp, v_gb
+          FROM (SELECT u.grp, min(u.q) AS queue, min(u.p) AS partition,
+                       string_agg(u.f, ''::bytea ORDER BY u.ord) AS blob
+                  FROM unnest(v_ig, v_iq, v_ip, v_if) WITH ORDINALITY AS u(grp, q, p, f, ord)
+                 GROUP BY u.grp) AS g;
+
+        SELECT count(*) FILTER (WHERE pr.status = 'queued'), count(*) FILTER (WHERE pr.status <> 'queued'),
+               coalesce(jsonb_agg(DISTINCT jsonb_build_array(v_tenant, v_iq[pr.idx]))
+                            FILTER (WHERE pr.status = 'queued'), '[]'::jsonb)
+          INTO v_queued, v_dups, v_pushed
+          FROM queen.push_v1(v_tenant, v_gq, v_gp, v_gb, v_ig, v_ih, v_im, v_now,
+                             array_fill(0::smallint, ARRAY[cardinality(v_gq)])) AS pr;
+
+        UPDATE queen.timers t SET fired_at = v_now, updated_at = v_now
+          FROM unnest(v_iq, v_ik) AS u(q, key)
+         WHERE t.tenant = v_tenant AND t.queue = u.q AND t.timer_key = u.key;
+
+        v_fired := v_fired + v_queued;
+        v_dup_all := v_dup_all + v_dups;
+        v_queues := v_queues || v_pushed;
+    END LOOP;
+
+    -- 4. tombstones older than an hour, bounded; exclusive try on their keys
+    WITH cand AS MATERIALIZED (
+        SELECT t.tenant, t.queue, t.timer_key FROM queen.timers t
+         WHERE t.fired_at IS NOT NULL AND t.fired_at < v_now - interval '1 hour'
+         ORDER BY t.fired_at
+         LIMIT v_limit
+    ), mine AS MATERIALIZED (
+        SELECT c.* FROM cand c
+         WHERE pg_try_advisory_xact_lock(77813, queen._timer_hash(c.tenant, c.queue, c.timer_key))
+    ), gone AS (
+        DELETE FROM queen.timers t USING mine m
+         WHERE t.tenant = m.tenant AND t.queue = m.queue AND t.timer_key = m.timer_key
+           AND t.fired_at IS NOT NULL AND t.fired_at < v_now - interval '1 hour'
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_swept FROM gone;
+
+    RETURN jsonb_build_object('leader', true, 'fired', v_fired, 'duplicates', v_dup_all, 'busy', v_busy,
+                              'swept', v_swept, 'queues', v_queues);
+END;
+$$;

@@ -1,0 +1,210 @@
+-- queen.transaction_v1: one commit for a whole worker step: acks, pushes, KV writes and timers,
+-- all or nothing (seed 001; WIRE.md §2.5).
+--
+-- Called by: POST /api/v1/transaction (queen_pg/engine/transaction.py), which validates the body,
+--          packs the pushes exactly like POST /api/v1/push and passes:
+--            acks: partition id, transactionId hash and text, lease id (NULL = none), group, status,
+--                  and each ack's flat index (WIRE §2.5 numbering);
+--            p_required_leases: the bundle's requiredLeases;
+--            pushes: the arguments of queen.push_v1, and each item's flat index;
+--            p_kv: the validated KV ops (jsonb array), p_kv_base = flat index of p_kv[0];
+--            p_timers + payloads/hashes/message ids: the validated timer ops, p_timer_base likewise.
+-- Result:  {"acks":[ack results], "pushes":[push results], "kv":[kv results], "timers":[timer results]},
+--          each in input order; the broker stitches them into the flat `results` list.
+-- Rollback verdicts (queen._verdict, SQLSTATE QN000: the statement aborts, nothing is written):
+--          rejected_ack   an ack's lease expired or moved to another worker, its message is already
+--                         acked (other than by this very lease: a resent bundle passes this step), or
+--                         a requiredLeases entry is neither live nor released by its own acks;
+--          duplicate      a pushed transactionId is already in its partition's dedup window;
+--          kv_precondition a `required` KV condition failed (failedIndex, kvReason, version, value).
+--          Precedence follows the planning order: acks, then pushes, then KV, then timers.
+--          reserved: another write holds an acked cursor row right now (SQLSTATE 55P03 from NOWAIT,
+--          mapped by queen_pg/db to the `reserved` verdict): try again.
+-- Locks (docs/locks.md, in this order): KV keys (queen._kv_lock), timer keys (queen._timer_lock),
+--          queues FOR UPDATE when a push creates a partition, log_partitions FOR NO KEY UPDATE
+--          (queen.push_v1), log_consumers FOR UPDATE NOWAIT ascending. Acks are pre-validated on an
+--          unlocked read BEFORE the pushes so that their verdict takes precedence, then validated
+--          again under the row locks.
+
+CREATE OR REPLACE FUNCTION queen._tx_ack_refusal(
+    p_tenant text, p_pid bigint, p_hash uuid, p_lease uuid, p_group text, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    c      queen.log_consumers%ROWTYPE;
+    v_off  bigint;
+    v_done boolean;
+BEGIN
+    SELECT lc.* INTO c FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+     WHERE lc.partition_id = p_pid AND lc.consumer_group = p_group AND p.tenant = p_tenant;
+    IF NOT FOUND THEN
+        RETURN 'no cursor for this group on the partition';
+    END IF;
+    SELECT t.msg_offset INTO v_off FROM queen.log_txns t WHERE t.partition_id = p_pid AND t.txn_hash = p_hash;
+    IF NOT FOUND THEN
+        RETURN 'message not found in the partition';
+    END IF;
+    v_done := v_off < c.cursor_offset OR v_off = ANY (c.acked);
+    IF p_lease IS NULL THEN
+        RETURN CASE WHEN v_done THEN 'message is already acked' END;
+    END IF;
+    IF c.lease_id = p_lease AND c.lease_expires_at > p_now THEN
+        RETURN CASE WHEN NOT v_done AND v_off >= c.lease_end THEN 'message is not part of this lease' END;
+    END IF;
+    IF c.released_lease_id = p_lease AND v_done THEN
+        RETURN NULL;  -- acked by this very lease: a resent bundle; its pushes decide (duplicate)
+    END IF;
+    RETURN CASE WHEN c.lease_id = p_lease THEN 'lease expired'
+                ELSE 'lease is not held (expired or taken by another consumer)' END;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.transaction_v1(
+    p_tenant           text,
+    p_ack_pids         bigint[],
+    p_ack_hashes       uuid[],
+    p_ack_txns         text[],
+    p_ack_leases       uuid[],
+    p_ack_groups       text[],
+    p_ack_statuses     text[],
+    p_ack_index        integer[],
+    p_required_leases  uuid[],
+    p_queues           text[],
+    p_partitions       text[],
+    p_blobs            bytea[],
+    p_item_group       integer[],
+    p_item_hash        uuid[],
+    p_item_msgid       uuid[],
+    p_item_index       integer[],
+    p_item_txns        text[],
+    p_kv               jsonb,
+    p_kv_base          integer,
+    p_timers           jsonb,
+    p_timer_payloads   bytea[],
+    p_timer_hashes     uuid[],
+    p_timer_msgids     uuid[],
+    p_timer_base       integer,
+    p_now              timestamptz DEFAULT NULL
+) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := coalesce(p_now, clock_timestamp());
+    v_nacks    integer := coalesce(cardinality(p_ack_pids), 0);
+    v_nitems   integer := coalesce(cardinality(p_item_group), 0);
+    v_reason   text;
+    v_lease    uuid;
+    v_acks     jsonb := '[]'::jsonb;
+    v_pushes   jsonb := '[]'::jsonb;
+    v_kv       jsonb := '[]'::jsonb;
+    v_timers   jsonb := '[]'::jsonb;
+    v_res      jsonb;
+    v_op       jsonb;
+    r          record;
+    i          integer;
+BEGIN
+    -- 0. key locks first (docs/locks.md): KV keys, then timer keys
+    IF jsonb_array_length(coalesce(p_kv, '[]')) > 0 THEN
+        PERFORM queen._kv_lock(p_tenant, array_agg(k.ns), array_agg(k.key))
+           FROM (SELECT o ->> 'ns' AS ns, o ->> 'key' AS key FROM jsonb_array_elements(p_kv) AS o
+                  WHERE o ? 'key'
+                 UNION ALL
+                 SELECT o ->> 'ns', m FROM jsonb_array_elements(p_kv) AS o,
+                        jsonb_array_elements_text(coalesce(o -> 'keys', '[]')) AS m) AS k;
+    END IF;
+    IF jsonb_array_length(coalesce(p_timers, '[]')) > 0 THEN
+        PERFORM queen._timer_lock(p_tenant, array_agg(o ->> 'queue'), array_agg(o ->> 'timerKey'))
+           FROM jsonb_array_elements(p_timers) AS o;
+    END IF;
+
+    -- 1. acks and required leases, pre-validated (planning order: their verdict comes first)
+    FOR i IN 1 .. v_nacks LOOP
+        v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
+                                          p_ack_groups[i], v_now);
+        IF v_reason IS NOT NULL THEN
+            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
+                'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
+                'partitionId', p_ack_pids[i]::text,
+                'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[i], v_reason)));
+        END IF;
+    END LOOP;
+    FOREACH v_lease IN ARRAY coalesce(p_required_leases, '{}') LOOP
+        IF NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
+                        WHERE lc.tenant = p_tenant
+                          AND ((lc.lease_id = v_lease AND lc.lease_expires_at > v_now)
+                               OR lc.released_lease_id = v_lease)) THEN
+            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
+                'leaseId', v_lease::text,
+                'error', format('transaction rolled back: required lease %s is not held', v_lease)));
+        END IF;
+    END LOOP;
+
+    -- 2. pushes (queues, partitions: their locks and creation happen inside push_v1)
+    IF v_nitems > 0 THEN
+        SELECT jsonb_agg(jsonb_build_object('idx', p.idx, 'status', p.status, 'messageId', p.message_id,
+                                            'partitionId', p.partition_id::text, 'offset', p.msg_offset)
+                         ORDER BY p.idx)
+          INTO v_pushes
+          FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
+                             p_item_msgid, v_now) AS p;
+        SELECT e.ord::integer AS ord, e.v INTO r
+          FROM jsonb_array_elements(v_pushes) WITH ORDINALITY AS e(v, ord)
+         WHERE e.v ->> 'status' = 'duplicate' ORDER BY e.ord LIMIT 1;
+        IF FOUND THEN
+            PERFORM queen._verdict('duplicate', jsonb_build_object(
+                'failedIndex', p_item_index[r.ord], 'transactionId', p_item_txns[r.ord],
+                'messageId', r.v ->> 'messageId',
+                'error', format('transaction rolled back: push %s is a duplicate (the step already committed)',
+                                p_item_txns[r.ord])));
+        END IF;
+    END IF;
+
+    -- 3. acks under the cursor rows' locks (NOWAIT: a busy cursor is the `reserved` verdict)
+    IF v_nacks > 0 THEN
+        PERFORM 1 FROM queen.log_consumers lc
+          JOIN (SELECT DISTINCT u.pid, u.grp FROM unnest(p_ack_pids, p_ack_groups) AS u(pid, grp)) k
+            ON lc.partition_id = k.pid AND lc.consumer_group = k.grp
+         ORDER BY lc.partition_id, lc.consumer_group
+           FOR UPDATE OF lc NOWAIT;
+        FOR i IN 1 .. v_nacks LOOP
+            v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
+                                              p_ack_groups[i], v_now);
+            IF v_reason IS NOT NULL THEN
+                PERFORM queen._verdict('rejected_ack', jsonb_build_object(
+                    'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
+                    'partitionId', p_ack_pids[i]::text,
+                    'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[i], v_reason)));
+            END IF;
+        END LOOP;
+        SELECT jsonb_agg(jsonb_build_object('success', a.success, 'error', a.error,
+                                            'leaseReleased', a.lease_released, 'dlq', a.dlq, 'noop', a.noop)
+                         ORDER BY a.idx)
+          INTO v_acks
+          FROM queen.ack_v1(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
+                            p_ack_statuses, array_fill(NULL::text, ARRAY[v_nacks]), v_now) AS a;
+    END IF;
+
+    -- 4. KV, in order; a lost `required` condition rolls everything back
+    FOR v_op, i IN SELECT e.v, e.ord::integer FROM jsonb_array_elements(coalesce(p_kv, '[]')) WITH ORDINALITY AS e(v, ord)
+    LOOP
+        v_res := queen._kv_apply(p_tenant, v_op, v_now);
+        IF coalesce((v_res ->> '_lost')::boolean, false) AND coalesce((v_op ->> 'required')::boolean, false) THEN
+            PERFORM queen._verdict('kv_precondition', jsonb_build_object(
+                'failedIndex', p_kv_base + i - 1, 'kvReason', v_res ->> 'reason',
+                'version', coalesce(v_res -> 'version', '0'::jsonb), 'value', v_res -> 'value',
+                'error', format('transaction rolled back: KV condition on %s/%s failed (%s)',
+                                v_op ->> 'ns', v_op ->> 'key', v_res ->> 'reason')));
+        END IF;
+        v_kv := v_kv || jsonb_build_array((v_res - '_lost') || jsonb_build_object('index', p_kv_base + i - 1));
+    END LOOP;
+
+    -- 5. timers
+    FOR v_op, i IN SELECT e.v, e.ord::integer FROM jsonb_array_elements(coalesce(p_timers, '[]')) WITH ORDINALITY AS e(v, ord)
+    LOOP
+        v_res := queen._timer_apply(p_tenant, v_op, p_timer_payloads[i], p_timer_hashes[i], p_timer_msgids[i], v_now);
+        v_timers := v_timers || jsonb_build_array(v_res || jsonb_build_object('index', p_timer_base + i - 1));
+    END LOOP;
+
+    RETURN jsonb_build_object('acks', coalesce(v_acks, '[]'::jsonb), 'pushes', coalesce(v_pushes, '[]'::jsonb),
+                              'kv', v_kv, 'timers', v_timers);
+END;
+$$;
