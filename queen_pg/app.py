@@ -6,6 +6,7 @@ The lifespan opens the pool (applying ``sql/`` first unless disabled) and closes
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,21 +23,43 @@ from queen_pg.api import (
     routes_dlq,
     routes_groups,
     routes_kv,
+    routes_messages,
+    routes_resources,
+    routes_system,
     routes_timers,
+    routes_traces,
     routes_tx,
 )
+from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.limits import BodyLimit
+from queen_pg.api.routes_metrics import HttpMetrics
+from queen_pg.api.routes_metrics import router as metrics_router
 from queen_pg.db.pool import Database
+from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError, Verdict
 from queen_pg.jobs import start_jobs
+from queen_pg.jobs.maintenance import start_refresher
+from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
-from queen_pg.settings import Settings
+from queen_pg.limiter import LimiterConfig, build_limiters
+from queen_pg.metrics import Metrics
+from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
 
 WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
+
+
+def _limiter_config(settings: Settings) -> LimiterConfig:
+    return LimiterConfig(
+        initial=settings.limiter_initial,
+        min_limit=settings.limiter_min,
+        max_limit=settings.limiter_max,
+        max_queue=settings.limiter_queue,
+        max_wait_s=settings.admit_hold_ms / 1000,
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -47,16 +70,41 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(settings.database_url or "", settings.db_pool_size)
         await db.open(apply_schema=settings.apply_schema)
-        app.state.queen = AppState(settings=settings, db=db, waiters=Waiters(settings.max_waiters))
+        storage = StorageCheck(
+            settings.disk_path, settings.disk_high_pct, settings.db_max_bytes, settings.storage_check_ms / 1000
+        )
+        app.state.queen = AppState(
+            settings=settings,
+            db=db,
+            waiters=Waiters(settings.max_waiters),
+            limiters=build_limiters(_limiter_config(settings)),
+            admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
+            storage=storage,
+        )
+        fuser = app.state.queen.fuser = Fuser(
+            db, FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight)
+        )
         jobs = app.state.jobs = Supervisor()
         if settings.jobs_enabled:
-            start_jobs(jobs, db, app.state.queen.waiters.notify)
+            start_jobs(
+                jobs, db, app.state.queen.waiters.notify, settings.stats_retention_hours, settings.trace_retention_hours
+            )
+        # in every process, jobs or not: it gates this process's pushes and pops
+        await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
+        if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
+            await storage.refresh(db)
+            jobs.start_job(storage, db)
+        if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
+            q = app.state.queen
+            jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs))
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
             yield
         finally:
+            await fuser.close()  # fused calls whose requests went away
             await jobs.stop()  # before the pool closes: a job may be inside a call
             await db.close()
+            metrics.close()
             log.info("event=broker_stopped")
 
     app = FastAPI(
@@ -65,12 +113,14 @@ def create_app(settings: Settings) -> FastAPI:
         description="A message broker whose only durable state lives in PostgreSQL.",
         lifespan=lifespan,
     )
+    app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    metrics = app.state.metrics = Metrics()
+    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
 
     @app.exception_handler(QueenError)
     async def _queen_error(request: Request, exc: QueenError) -> Response:
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
-        return json_response(exc.body(), exc.status, headers)
+        return json_response(exc.body(), exc.status, exc.headers())
 
     @app.exception_handler(Verdict)
     async def _verdict(request: Request, exc: Verdict) -> Response:
@@ -97,14 +147,30 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_resources.router)  # before routes_groups: /consumer-groups/lagging
+    app.include_router(routes_messages.router)
+    app.include_router(routes_traces.router)
+    app.include_router(routes_system.router)
     app.include_router(routes_dlq.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
     app.include_router(routes_timers.router)
     app.include_router(routes_tx.router)
+    app.include_router(metrics_router)
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
         return FileResponse(WEBAPP / "index.html", media_type="text/html")
 
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app of one ``queen-pg serve --workers N`` worker (uvicorn factory
+    ``queen_pg.app:app_from_env``): settings from the environment the parent exported
+    (queen_pg/cli_workers.py), the embedded database's DSN included."""
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    return create_app(settings)

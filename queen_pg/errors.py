@@ -42,6 +42,21 @@ CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 TIMERS_BAD_REQUEST = ErrorKind("timers_bad_request", 400, "{detail}")
 CATALOG[TIMERS_BAD_REQUEST.code] = TIMERS_BAD_REQUEST
 
+# Overload (queen_pg/limiter.py, queen_pg/api/admission.py): a 429 carries `retry_after` (seconds, 1-5)
+# in its fields, rendered as the Retry-After header; storage_full refuses writes, reads still served.
+OVERLOADED = ErrorKind("overloaded", 429, "{detail}")
+STORAGE_FULL = ErrorKind("storage_full", 507, "{detail}")
+CATALOG.update({k.code: k for k in (OVERLOADED, STORAGE_FULL)})
+
+# Push maintenance (queen_pg/api/routes_system.py): pushes refused with 503 + Retry-After until it is off.
+MAINTENANCE = ErrorKind("maintenance", 503, "{detail}")
+CATALOG[MAINTENANCE.code] = MAINTENANCE
+
+# Outcome window (sql/procedures/096_outcomes.sql, raised there by queen._refuse): the request key
+# already answered another request (another body or route) within the window.
+IDEMPOTENCY_KEY_REUSED = ErrorKind("idempotency_key_reused", 422, "{detail}")
+CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
+
 
 class QueenError(Exception):
     """A failure with a catalog code; rendered as JSON by the API's single handler."""
@@ -65,6 +80,14 @@ class QueenError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": str(self), "code": self.kind.code}
+
+    def headers(self) -> dict[str, str] | None:
+        """``Retry-After`` for the statuses a client should retry: 503 (1 s) and 429 (its own)."""
+        if self.status == 503:
+            return {"Retry-After": "1"}
+        if self.status == 429:
+            return {"Retry-After": str(self.fields.get("retry_after", 1))}
+        return None
 
 
 def bad_request(detail: str) -> QueenError:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -56,11 +58,110 @@ class Settings(BaseSettings):
     max_waiters: int = Field(10_000, ge=1, description="Most long-poll pops parked at once per worker.")
     default_tenant: str = Field("default", min_length=1, description="Tenant of every request.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="uvicorn worker processes of `queen-pg serve`; the embedded PostgreSQL and the schema "
+        "apply happen once, in the parent, before the workers start. Each worker has its own pool "
+        "(db_pool_size connections) and runs the jobs (one leader per tick).",
+    )
     jobs_enabled: bool = Field(
         True,
         description="Run the background jobs (lease expiry, retention, DLQ payload fill) in this process; "
         "0 for tests or replicas that only serve. Replicas that run them share the work (one per tick).",
     )
+
+    # operations (queen_pg/api/routes_system.py, queen_pg/jobs/maintenance.py, stats.py, traces.py)
+    maintenance_refresh_ms: int = Field(
+        500,
+        ge=50,
+        le=1000,
+        description="Each process re-reads the maintenance switches from the database this often (at most 1 s).",
+    )
+    stats_retention_hours: int = Field(
+        168, ge=0, description="Per-minute throughput/lag rows (status, analytics) are kept this long; 0 = forever."
+    )
+    trace_retention_hours: int = Field(
+        168, ge=0, description="Trace events (POST /api/v1/traces) are kept this long; 0 = forever."
+    )
+
+    # overload (queen_pg/limiter.py, queen_pg/api/admission.py, queen_pg/jobs/storage.py)
+    admit_max_mb: int = Field(
+        256,
+        ge=1,
+        description="Admission budget in MiB: pushes and transactions take permits sized by their "
+        "Content-Length before their body is read; at least 2 x max_body_bytes (128 MiB by default).",
+    )
+    admit_hold_ms: int = Field(
+        15_000,
+        ge=1,
+        le=600_000,
+        description="A push waits this long (jittered +-20 %) for admission or a limiter permit, then 429.",
+    )
+    limiter_initial: int = Field(20, ge=1, description="Starting concurrency limit of each route family.")
+    limiter_min: int = Field(4, ge=1, description="Lowest concurrency limit the Vegas limiter may set.")
+    limiter_max: int = Field(1000, ge=1, description="Highest concurrency limit the Vegas limiter may set.")
+    limiter_queue: int = Field(
+        10_000, ge=0, description="Requests waiting for a permit per route family; beyond it 429 at once."
+    )
+    disk_high_pct: float = Field(
+        85.0,
+        gt=0,
+        le=100,
+        description="Pushes are refused (507 storage_full) while the database's disk is fuller than this.",
+    )
+    disk_path: Path | None = Field(
+        None,
+        description="Filesystem measured against disk_high_pct; queen-pg serve sets it to the embedded "
+        "PostgreSQL's data directory. Unset with an external database: use db_max_bytes.",
+    )
+    db_max_bytes: int = Field(
+        0,
+        ge=0,
+        description="Byte budget of an external database: pushes are refused (507 storage_full) while "
+        "pg_database_size() is larger; 0 = no check.",
+    )
+    storage_check_ms: int = Field(
+        5000, ge=100, le=600_000, description="How often the storage check (disk / database size) is refreshed."
+    )
+
+    # request fusion (queen_pg/engine/fusion.py) and the outcome window (sql/procedures/096_outcomes.sql)
+    fuse_hold_us: int = Field(
+        2000,
+        ge=0,
+        le=1_000_000,
+        description="Longest a push or ack waits to be fused with concurrent ones into one procedure call "
+        "(microseconds); 0 disables fusion.",
+    )
+    fuse_max_items: int = Field(
+        1000, ge=1, le=100_000, description="A fused batch leaves at once when it holds this many items."
+    )
+    fuse_inflight: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Calls of one family (push, ack) running at once before new requests wait to be fused "
+        "(natural batching); 0 = always wait fuse_hold_us.",
+    )
+    request_id_window_s: int = Field(
+        60,
+        ge=1,
+        le=86_400,
+        description="A request carrying Idempotency-Key (or X-Request-Id) answered within this many seconds "
+        "gets the recorded outcome again instead of being applied twice.",
+    )
+
+    @model_validator(mode="after")
+    def _overload(self) -> Settings:
+        if self.limiter_min > self.limiter_max:
+            raise ValueError(f"limiter_min ({self.limiter_min}) exceeds limiter_max ({self.limiter_max})")
+        if self.admit_max_mb * MIB < 2 * self.max_body_bytes:
+            raise ValueError(
+                f"admit_max_mb ({self.admit_max_mb} MiB) must hold two of the largest bodies: "
+                f"at least 2 x max_body_bytes = {-(-2 * self.max_body_bytes // MIB)} MiB"
+            )
+        return self
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -82,15 +82,21 @@ BEGIN
 END;
 $$;
 
--- Dedup and lookup: xxh3-128 of the transactionId (computed by the broker), stored as uuid (16 bytes).
+-- Dedup and lookup: xxh3-128 of the transactionId (computed by the broker), stored as uuid (16 bytes),
+-- one row per stored message. A transactionId can name several messages of a partition (pushed again
+-- after its dedup window, or a dead letter put back): the dedup verdict looks at the newest row, an
+-- ack resolves to the oldest one its group has not settled yet. Rows go with their segment (retention);
+-- the BRIN index on created_at (rows arrive in time order) lets retention find old rows cheaply
+-- without a second btree on the push path.
 CREATE TABLE IF NOT EXISTS queen.log_txns (
     partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
     txn_hash            uuid NOT NULL,
     msg_offset          bigint NOT NULL,
     message_id          uuid NOT NULL,
     created_at          timestamptz NOT NULL,
-    CONSTRAINT log_txns_pkey PRIMARY KEY (partition_id, txn_hash)
+    CONSTRAINT log_txns_pkey PRIMARY KEY (partition_id, txn_hash, msg_offset)
 );
+CREATE INDEX IF NOT EXISTS log_txns_created_brin ON queen.log_txns USING brin (created_at);
 
 -- A consumer group of a queue (queue mode is the group '__QUEUE_MODE__'). Created on the group's
 -- first pop; `subscribed_from` NULL means "from the first retained message".
@@ -132,7 +138,10 @@ CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease
 CREATE TABLE IF NOT EXISTS queen.log_dlq (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant              text NOT NULL,
-    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    -- No foreign key to queues: the ack inserts dead letters while it holds cursor rows (lock level 3),
+    -- and a FK check would take KEY SHARE on the queue row (level 1), against the lock order
+    -- (docs/locks.md). The partition_id FK already cascades a queue delete.
+    queue_id            bigint NOT NULL,
     partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
     consumer_group      text NOT NULL,
     msg_offset          bigint NOT NULL,
@@ -144,6 +153,7 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     created_at          timestamptz,                  -- when the message was pushed
     failed_at           timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_queue_id_fkey;  -- databases made before 0.1.0
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
 
 -- Key-value state. `version` comes from one sequence, so it only grows (per key and globally) and
@@ -190,3 +200,84 @@ CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fir
 -- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
 -- for them).
 CREATE INDEX IF NOT EXISTS log_dlq_unfilled_idx ON queen.log_dlq (partition_id, msg_offset) WHERE payload IS NULL;
+
+-- Operations (sql/procedures/1NN_*.sql) -----------------------------------------------------------
+
+-- Switches every replica reads (re-read at least once a second by each broker process): e.g.
+-- 'maintenance.push' and 'maintenance.pop' (jsonb booleans). Global, not per tenant.
+CREATE TABLE IF NOT EXISTS queen.system_settings (
+    key                 text NOT NULL,
+    value               jsonb NOT NULL,
+    updated_at          timestamptz NOT NULL,
+    CONSTRAINT system_settings_pkey PRIMARY KEY (key)
+);
+
+-- Throughput and lag per queue and minute, written by the stats job: pushed/acked are the growth of
+-- the queue's counters (sum of log_partitions.next_offset; sum of log_consumers.acked_total) since the
+-- previous sample, added to the minute of the sample; backlog and lag_seconds are the last sample's.
+CREATE TABLE IF NOT EXISTS queen.stats_minutes (
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    minute              timestamptz NOT NULL,
+    tenant              text NOT NULL,
+    pushed              bigint NOT NULL DEFAULT 0,
+    acked               bigint NOT NULL DEFAULT 0,
+    backlog             bigint NOT NULL DEFAULT 0,
+    lag_seconds         double precision,                -- age of the oldest pending message; NULL: none
+    CONSTRAINT stats_minutes_pkey PRIMARY KEY (queue_id, minute)
+);
+CREATE INDEX IF NOT EXISTS stats_minutes_minute_idx ON queen.stats_minutes (minute);
+CREATE INDEX IF NOT EXISTS stats_minutes_tenant_minute_idx ON queen.stats_minutes (tenant, minute);
+
+-- The counters each queue had at its last stats sample (the base of the next deltas).
+CREATE TABLE IF NOT EXISTS queen.stats_marks (
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    pushed_total        bigint NOT NULL,
+    acked_total         bigint NOT NULL,
+    sampled_at          timestamptz NOT NULL,
+    CONSTRAINT stats_marks_pkey PRIMARY KEY (queue_id)
+);
+
+-- Trace events a consumer records about a message (POST /api/v1/traces), kept for the trace
+-- retention window; trace_names indexes them by name.
+CREATE TABLE IF NOT EXISTS queen.traces (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant              text NOT NULL,
+    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    transaction_id      text NOT NULL,
+    consumer_group      text NOT NULL,
+    event_type          text NOT NULL,
+    trace_names         text[] NOT NULL DEFAULT '{}',
+    data                jsonb,
+    created_at          timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_message_idx ON queen.traces (partition_id, transaction_id, created_at);
+CREATE INDEX IF NOT EXISTS traces_created_idx ON queen.traces (created_at);
+CREATE TABLE IF NOT EXISTS queen.trace_names (
+    tenant              text NOT NULL,
+    name                text NOT NULL,
+    created_at          timestamptz NOT NULL,
+    trace_id            bigint NOT NULL REFERENCES queen.traces (id) ON DELETE CASCADE,
+    CONSTRAINT trace_names_pkey PRIMARY KEY (tenant, name, created_at, trace_id)
+);
+CREATE INDEX IF NOT EXISTS trace_names_trace_idx ON queen.trace_names (trace_id);
+
+-- Outcome window (sql/procedures/096_outcomes.sql) ------------------------------------------------
+
+-- The answer of a request that carried Idempotency-Key (or X-Request-Id), written in the same
+-- transaction as its effect, so a retry under the same key within the window gets it again instead of
+-- applying twice, on any replica. `response` is the effect procedure's raw result (the broker renders
+-- it as it did the first time); `body_hash` is xxh3-128 of the request body: the same key with another
+-- body is refused (422 idempotency_key_reused). Only committed outcomes are here: a rolled-back verdict
+-- wrote nothing and records nothing. Rows past expires_at are dead (never replayed) and pruned by the
+-- outcomes_prune job.
+CREATE TABLE IF NOT EXISTS queen.request_outcomes (
+    tenant              text NOT NULL,
+    request_key         text NOT NULL,
+    route               text NOT NULL,
+    body_hash           uuid NOT NULL,
+    response            jsonb NOT NULL,
+    created_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,
+    CONSTRAINT request_outcomes_pkey PRIMARY KEY (tenant, request_key)
+);
+CREATE INDEX IF NOT EXISTS request_outcomes_expires_idx ON queen.request_outcomes (expires_at);

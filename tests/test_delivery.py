@@ -9,6 +9,7 @@ import asyncpg
 import httpx
 import pytest
 
+from queen_pg.engine.codec import txn_hash
 from tests.helpers import pop, pop_at, push, push_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -244,3 +245,59 @@ async def test_autopilot_chooses_batch_and_partitions(http: httpx.AsyncClient, p
     expect_parts = partitions if partitions > 1 else 4
     assert ans["autopilot"]["partitions"] == ans["partitionsClaimed"] == expect_parts
     assert ans["autopilot"]["batch"] == len(ans["messages"]) == 7 * expect_parts
+
+
+async def test_requeue_does_not_strand_another_group(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Regression: a requeued dead letter shares its transactionId with the original; a group that has
+    not consumed the original yet must still be able to ack it (and later the copy)."""
+    await push(http, "two", [{"payload": "d0", "transactionId": "d0"}, {"payload": "d1", "transactionId": "d1"}])
+    (m,) = (await pop(http, "two", consumerGroup="g1"))["messages"]
+    await fail(http, m, group="g1", status="dlq")
+    await conn.execute("UPDATE queen.log_dlq SET payload = '\"d0\"'")  # what the dlq_fill job does
+    r = await http.post(f"/api/v1/messages/{m['partitionId']}/d0/retry")
+    assert r.status_code == 200 and r.json()["offset"] == 2
+    # g2 reads the original d0 (offset 0), d1, then the copy (offset 2): every ack is accepted
+    seen = []
+    for _ in range(3):
+        (x,) = (await pop(http, "two", consumerGroup="g2"))["messages"]
+        ack = await http.post(
+            "/api/v1/ack",
+            json={
+                "transactionId": x["transactionId"],
+                "partitionId": x["partitionId"],
+                "leaseId": x["leaseId"],
+                "consumerGroup": "g2",
+            },
+        )
+        assert ack.json()[0]["success"] is True, ack.text
+        seen.append((x["offset"], x["transactionId"]))
+    assert seen == [(0, "d0"), (1, "d1"), (2, "d0")]
+
+
+async def test_pending_message_stays_ackable_after_its_id_is_reused(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    await configure(http, "ru", dedupWindowSeconds=60)
+    await push_at(conn, "ru", ["same"], T0)
+    await push_at(conn, "ru", ["same"], T0 + timedelta(seconds=61))  # after the window: a new message
+    rows = await conn.fetch(
+        "SELECT * FROM queen.pop_v1('default', 'ru', NULL, NULL, NULL, 'g', 1, 1, gen_random_uuid(), false, "
+        "NULL, NULL, $1)",
+        T0 + timedelta(seconds=62),
+    )
+    lease, pid = rows[0]["lease_start"], rows[0]["partition_id"]
+    assert lease == 0
+    lease_id = await conn.fetchval("SELECT lease_id FROM queen.log_consumers")
+    (ok,) = await conn.fetch(
+        "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7, $8)",
+        [pid],
+        [txn_hash("same")],
+        ["same"],
+        [lease_id],
+        ["g"],
+        ["completed"],
+        [None],
+        T0 + timedelta(seconds=63),
+    )
+    assert ok["success"] is True and not ok["noop"], ok["error"]
+    assert await conn.fetchval("SELECT cursor_offset FROM queen.log_consumers") == 1

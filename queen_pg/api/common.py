@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -11,9 +13,14 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from queen_pg.api.admission import ByteBudget
 from queen_pg.db.pool import Database
+from queen_pg.engine.fusion import Fuser
+from queen_pg.engine.maintenance import Maintenance
 from queen_pg.engine.waiters import Waiters
-from queen_pg.errors import BAD_JSON, NAME_TOO_LONG, QueenError, bad_request
+from queen_pg.errors import BAD_JSON, NAME_TOO_LONG, STORAGE_FULL, QueenError, bad_request
+from queen_pg.jobs.storage import StorageCheck
+from queen_pg.limiter import Limiter
 from queen_pg.settings import Settings
 
 MAX_NAME_BYTES = 255
@@ -25,11 +32,34 @@ class AppState:
     settings: Settings
     db: Database
     waiters: Waiters
+    # overload control (queen_pg/limiter.py, queen_pg/api/admission.py, queen_pg/jobs/storage.py);
+    # empty/None = not applied
+    limiters: dict[str, Limiter] = field(default_factory=dict)  # route family -> its Vegas limiter
+    admission: ByteBudget | None = None
+    storage: StorageCheck | None = None
+    fuser: Fuser | None = None  # request fusion of pushes and acks (queen_pg/engine/fusion.py); None = off
+    # maintenance switches as this process last read them (queen_pg/jobs/maintenance.py)
+    maintenance: Maintenance = field(default_factory=Maintenance)
+    started_at: float = field(default_factory=time.time)  # wall clock when this state was built
 
 
 def state(request: Request) -> AppState:
     st: AppState = request.app.state.queen
     return st
+
+
+def permit(request: Request, family: str) -> AbstractAsyncContextManager[None]:
+    """A permit of the family's limiter, held around one engine call (429 ``overloaded`` when the
+    wait runs out); no limiter for the family, no wait."""
+    limiter = state(request).limiters.get(family)
+    return limiter.acquire() if limiter is not None else nullcontext()
+
+
+def refuse_when_storage_full(request: Request) -> None:
+    """507 ``storage_full`` for a write that adds messages while the database's storage is full."""
+    storage = state(request).storage
+    if storage is not None and storage.full:
+        raise QueenError(STORAGE_FULL, detail=f"storage is full: {storage.reason}")
 
 
 def tenant(request: Request) -> str:

@@ -14,12 +14,16 @@ from queen_pg.api.common import (
     json_response,
     parse_body,
     parse_timestamp,
+    permit,
     q_bool,
     q_int,
     state,
     tenant,
 )
 from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
+from queen_pg.api.request_key import replay_headers, request_once
+from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
+from queen_pg.api.routes_system import pop_in_maintenance, refuse_push_in_maintenance
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
@@ -51,15 +55,19 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
 
 @router.post("/push", status_code=201, summary="Push messages (WIRE §2.1)")
 async def push(request: Request) -> Response:
+    refuse_push_in_maintenance(request)
     body = await parse_body(request, PushBody)
     items = [new_message(it, f"items.{i}") for i, it in enumerate(body.items)]
     st = state(request)
     ten = tenant(request)
-    results = await push_engine.push(st.db, ten, items)
+    once = await request_once(request, "push")  # a keyed push is applied once, and never fused
+    async with permit(request, "push"):
+        results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
     for q in {r["queue"] for r in results if r["status"] == "queued"}:
         st.waiters.notify(ten, q)
         st.waiters.notify(ten, pop_engine.ANY_QUEUE)
-    return json_response(results, 201)
+    count_push(request, results)
+    return json_response(results, 201, replay_headers(once))
 
 
 def _pop_request(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
@@ -107,15 +115,25 @@ def _pop_request(request: Request, queue: str | None, partition: str | None) -> 
 
 async def _pop(request: Request, queue: str | None, partition: str | None) -> Response:
     req = _pop_request(request, queue, partition)
+    if pop_in_maintenance(request):
+        return Response(status_code=204)
     st = state(request)
     try:
-        answer = await pop_engine.pop(st.db, st.waiters, tenant(request), req, st.settings.pop_poll_interval_ms / 1000)
+        answer = await pop_engine.pop(
+            st.db,
+            st.waiters,
+            tenant(request),
+            req,
+            st.settings.pop_poll_interval_ms / 1000,
+            permit=lambda: permit(request, "pop"),  # held around each claim, not while parked
+        )
     except TooManyWaiters:
         return json_response(
             {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},
             429,
             {"Retry-After": "1"},
         )
+    count_pop(request, answer)
     if answer is None:
         return Response(status_code=204)
     return json_response(answer)
@@ -152,12 +170,21 @@ def _ack_item(it: AckItem, group: str | None) -> ack_engine.AckItem:
     )
 
 
+async def _settle(request: Request, items: list[ack_engine.AckItem], route: str) -> Response:
+    st = state(request)
+    ten = tenant(request)
+    once = await request_once(request, route)  # a keyed ack is applied once, and never fused
+    async with permit(request, "ack"):
+        results = await (st.fuser.ack(ten, items, once) if st.fuser else ack_engine.ack(st.db, ten, items, once))
+    count_ack(request, items, results)
+    return json_response(results, headers=replay_headers(once))
+
+
 @router.post("/ack", summary="Acknowledge one message (WIRE §2.3)")
 async def ack(request: Request) -> Response:
     it = await parse_body(request, AckItem)
     item = _ack_item(it, None)
-    st = state(request)
-    return json_response(await ack_engine.ack(st.db, tenant(request), [item]))
+    return await _settle(request, [item], "ack")
 
 
 @router.post("/ack/batch", summary="Acknowledge messages (WIRE §2.3)")
@@ -168,11 +195,11 @@ async def ack_batch(request: Request) -> Response:
     items = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
     if not items:
         return json_response([])
-    st = state(request)
-    return json_response(await ack_engine.ack(st.db, tenant(request), items))
+    return await _settle(request, items, "ack/batch")
 
 
 @router.post("/lease/{lease_id}/extend", summary="Renew a lease (WIRE §2.4); no body")
 async def extend(request: Request, lease_id: str) -> Response:
     st = state(request)
-    return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))
+    async with permit(request, "ack"):
+        return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))

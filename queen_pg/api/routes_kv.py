@@ -15,8 +15,9 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.common import json_response, permit, state, tenant
 from queen_pg.api.kv_ops import validate_kv_ops, validate_lock_ops
+from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.engine import kv as kv_engine
 from queen_pg.engine import locks as locks_engine
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError, Verdict
@@ -25,14 +26,14 @@ router = APIRouter()
 
 
 def family_error(exc: QueenError) -> Response:
-    """The KV/locks error envelope; 503s keep ``Retry-After`` like every other route."""
+    """The KV/locks error envelope; 503s and 429s keep ``Retry-After`` like every other route."""
     body = {
         "error": exc.code,
         "code": exc.code,
         "reason": str(exc.fields.get("reason") or exc.code),
         "detail": str(exc),
     }
-    return json_response(body, exc.status, {"Retry-After": "1"} if exc.status == 503 else None)
+    return json_response(body, exc.status, exc.headers())
 
 
 async def _operations(request: Request, kind: ErrorKind) -> object:
@@ -52,19 +53,23 @@ async def _operations(request: Request, kind: ErrorKind) -> object:
 async def kv(request: Request) -> Response:
     try:
         ops = validate_kv_ops(await _operations(request, KV_BAD_REQUEST), in_transaction=False)
-        result = await kv_engine.apply(state(request).db, tenant(request), ops)
+        once = await request_once(request, "kv")  # a keyed batch is applied once (outcome window)
+        async with permit(request, "kv"):
+            result = await kv_engine.apply(state(request).db, tenant(request), ops, once=once)
     except Verdict as verdict:  # a required condition lost: nothing written (WIRE §2.6 "required")
         return json_response({"ok": False, "reason": verdict.reason, **verdict.detail})
     except QueenError as exc:
         return family_error(exc)
-    return json_response(result)
+    return json_response(result, headers=replay_headers(once))
 
 
 @router.post("/api/v1/locks", summary="Locks and semaphores: acquire, renew, release, get (WIRE §2.7)")
 async def locks(request: Request) -> Response:
     try:
         ops = validate_lock_ops(await _operations(request, LOCKS_BAD_REQUEST))
-        result = await locks_engine.apply(state(request).db, tenant(request), ops)
+        once = await request_once(request, "locks")  # a keyed batch is applied once (outcome window)
+        async with permit(request, "kv"):
+            result = await locks_engine.apply(state(request).db, tenant(request), ops, once=once)
     except QueenError as exc:
         return family_error(exc)
-    return json_response(result)
+    return json_response(result, headers=replay_headers(once))

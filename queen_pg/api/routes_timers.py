@@ -22,7 +22,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.common import json_response, permit, state, tenant
 from queen_pg.api.timer_ops import check_queue_name, check_timer_key, prepare_timer_ops, refuse
 from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import QueenError
@@ -35,14 +35,14 @@ LIST_MAX = 1000
 
 
 def family_error(exc: QueenError) -> Response:
-    """The timers error envelope; 503s keep ``Retry-After`` like every other route."""
+    """The timers error envelope; 503s and 429s keep ``Retry-After`` like every other route."""
     body = {
         "error": exc.code,
         "code": exc.code,
         "reason": str(exc.fields.get("reason") or exc.code),
         "detail": str(exc),
     }
-    return json_response(body, exc.status, {"Retry-After": "1"} if exc.status == 503 else None)
+    return json_response(body, exc.status, exc.headers())
 
 
 async def _operations(request: Request) -> object:
@@ -91,9 +91,10 @@ async def schedule(request: Request) -> Response:
     try:
         prepared = prepare_timer_ops(await _operations(request), in_transaction=False)
         st = state(request)
-        results = await timers_engine.apply(
-            st.db, tenant(request), prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids
-        )
+        async with permit(request, "kv"):
+            results = await timers_engine.apply(
+                st.db, tenant(request), prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids
+            )
     except QueenError as exc:
         return family_error(exc)
     return json_response({"results": results})
@@ -107,7 +108,8 @@ async def cancel(request: Request, target: str) -> Response:
             raise refuse("missing_field", "the timer key is missing from the path: /api/v1/timers/{queue}/{timerKey}")
         txn = request.query_params.get("txn") or None
         st = state(request)
-        result = await timers_engine.cancel(st.db, tenant(request), queue, key, txn)
+        async with permit(request, "kv"):
+            result = await timers_engine.cancel(st.db, tenant(request), queue, key, txn)
     except QueenError as exc:
         return family_error(exc)
     return json_response(result)
@@ -121,10 +123,12 @@ async def read(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
         st = state(request)
-        if key is not None:
-            return json_response(await timers_engine.get(st.db, tenant(request), queue, key))
         after = request.query_params.get("after") or None
-        page = await timers_engine.list_pending(st.db, tenant(request), queue, after, _limit(request))
+        limit = _limit(request)
+        async with permit(request, "kv"):
+            if key is not None:
+                return json_response(await timers_engine.get(st.db, tenant(request), queue, key))
+            page = await timers_engine.list_pending(st.db, tenant(request), queue, after, limit)
     except QueenError as exc:
         return family_error(exc)
     return json_response(page)

@@ -9,10 +9,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import Field, StrictInt, StrictStr
 
-from queen_pg.api.common import check_name, json_response, parse_body, state, tenant
+from queen_pg.api.common import (
+    check_name,
+    json_response,
+    parse_body,
+    permit,
+    refuse_when_storage_full,
+    state,
+    tenant,
+)
 from queen_pg.api.kv_ops import validate_kv_ops
 from queen_pg.api.models import PushItem, _Body
+from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_data import new_message
+from queen_pg.api.routes_system import refuse_push_in_maintenance
 from queen_pg.api.timer_ops import prepare_timer_ops
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import transaction as tx_engine
@@ -113,15 +123,20 @@ async def transaction(request: Request) -> Response:
         return json_response({"success": False, "reason": v.reason, **v.detail})
     if not (acks or pushes or kv or (prepared and prepared.ops)):
         raise bad_request("an empty transaction: give operations, kv or timers")
+    refuse_push_in_maintenance(request, bool(pushes))  # 503; acks, KV and timers alone still commit
     timers = tx_engine.TxTimers()
     if prepared is not None:
         timers = tx_engine.TxTimers(prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids)
+    if pushes:
+        refuse_when_storage_full(request)  # 507; a transaction of acks and KV still drains the backlog
     bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot)
-    answer = await tx_engine.commit(st.db, tenant(request), bundle)
+    once = await request_once(request, "transaction")  # a keyed transaction commits once
+    async with permit(request, "transaction"):
+        answer = await tx_engine.commit(st.db, tenant(request), bundle, once)
     ten = tenant(request)
     for q in {p.item.queue for p in pushes}:
         st.waiters.notify(ten, q)
-    return json_response(answer)
+    return json_response(answer, headers=replay_headers(once))
 
 
 async def _refuse_misplaced_riders(request: Request) -> None:

@@ -17,3 +17,12 @@ KV_SWEEP_LOCK = 7_781_200_180  # queen.kv_sweep_v1 (job kv_sweep): one replica p
 # Writers take them exclusive; the firing job takes them shared (try), see docs/locks.md.
 TIMER_KEY_CLASS = 77_813
 TIMERS_FIRE_LOCK = 7_781_200_186  # queen.timers_fire_v1 (job timers): one replica per tick
+
+# Request keys of the outcome window: two-int advisory lock (REQUEST_KEY_CLASS, hashtext(tenant/key)),
+# taken by the _v2 procedures before any other lock (sql/procedures/096_outcomes.sql); level -1.
+REQUEST_KEY_CLASS = 77_814
+OUTCOMES_PRUNE_LOCK = 7_781_200_196  # queen.outcomes_prune_v1 (job outcomes_prune): one replica per tick
+
+# Operations jobs (sql/procedures/130_system.sql, 120_traces.sql): one replica per tick.
+STATS_LOCK = 7_781_200_170  # queen.stats_sample_v1 (job stats)
+TRACES_RETENTION_LOCK = 7_781_200_171  # queen.traces_retention_v1 (job trace_retention)

@@ -16,7 +16,7 @@ import orjson
 from asyncpg import Record
 
 from queen_pg.db.apply import apply_sql
-from queen_pg.errors import DB_UNAVAILABLE, INTERNAL, RETRY, QueenError, Verdict
+from queen_pg.errors import CATALOG, DB_UNAVAILABLE, INTERNAL, RETRY, QueenError, Verdict
 
 log = logging.getLogger("queen_pg.db")
 
@@ -31,6 +31,7 @@ _UNAVAILABLE_SQLSTATES = ("08", "57P", "53", "3D000", "28")
 
 VERDICT_SQLSTATE = "QN000"  # raised by queen._verdict(): a decided refusal, rolled back, answered 200
 LOCK_NOT_AVAILABLE = "55P03"  # a NOWAIT row lock was busy: the `reserved` verdict (try again)
+REFUSAL_SQLSTATE = "QN001"  # raised by queen._refuse(code, detail): an error of the catalog, by its code
 
 
 def _verdict(exc: asyncpg.PostgresError) -> Verdict:
@@ -106,6 +107,9 @@ class Database:
         except asyncpg.PostgresError as exc:
             if getattr(exc, "sqlstate", None) == VERDICT_SQLSTATE:
                 raise _verdict(exc) from None
+            if getattr(exc, "sqlstate", None) == REFUSAL_SQLSTATE:
+                kind = CATALOG.get(str(getattr(exc, "message", "")), INTERNAL)
+                raise QueenError(kind, detail=getattr(exc, "detail", None) or str(exc)) from None
             if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
                 raise Verdict("reserved", {"error": "another write holds that cursor right now; try again"}) from None
             err = _map_error(exc)

@@ -1,4 +1,5 @@
-"""Ack: settle delivered messages through one call to ``queen.ack_v1``."""
+"""Ack: settle delivered messages through one call to ``queen.ack_v1`` (or, under a request key,
+``queen.ack_v2``: the outcome window, queen_pg/engine/outcomes.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import codec
+from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
 ACK_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 
 STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
@@ -39,8 +42,38 @@ def _refused(index: int, item: AckItem, error: str) -> dict[str, Any]:
     }
 
 
-async def ack(db: Database, tenant: str, items: list[AckItem]) -> list[dict[str, Any]]:
-    """One result per item, in order; a refused item is ``success: false`` with its reason."""
+BIGINT_MAX = 2**63 - 1  # a partitionId beyond it is unknown (the driver would refuse the whole call)
+
+
+def cursor_keys(items: list[AckItem]) -> frozenset[tuple[str, str]]:
+    """The (partition, group) cursor rows a request settles: two requests that share one are never
+    fused (queen_pg/engine/fusion.py), because ack_v1 charges the retry budget and reports
+    leaseReleased once per call and cursor row."""
+    return frozenset((_pid_key(it.partition_id), it.group or QUEUE_MODE) for it in items)
+
+
+def _pid_key(partition_id: str) -> str:
+    try:
+        return str(int(partition_id))
+    except ValueError:
+        return partition_id
+
+
+async def ack(db: Database, tenant: str, items: list[AckItem], once: Once | None = None) -> list[dict[str, Any]]:
+    """One result per item, in order; a refused item is ``success: false`` with its reason. Under a
+    request key (``once``) through ``queen.ack_v2``: a retry within the window answers the recorded
+    results and settles nothing again."""
+    return (await ack_many(db, tenant, [items], once))[0]
+
+
+async def ack_many(
+    db: Database, tenant: str, requests: list[list[AckItem]], once: Once | None = None
+) -> list[list[dict[str, Any]]]:
+    """Settle several requests' items in ONE ``queen.ack_v1`` call (request fusion); each request
+    gets its own results, in its order, indexed from 0. The fuser only combines requests whose
+    :func:`cursor_keys` are disjoint, so the call equals running them one after the other. ``once``
+    (one request only, never fused) calls ``queen.ack_v2`` instead."""
+    items = [it for req in requests for it in req]
     results: list[dict[str, Any] | None] = [None] * len(items)
     sent: list[int] = []
     pids: list[int] = []
@@ -54,6 +87,8 @@ async def ack(db: Database, tenant: str, items: list[AckItem]) -> list[dict[str,
         try:
             pid = int(item.partition_id)
         except ValueError:
+            pid = -1
+        if not 0 <= pid <= BIGINT_MAX:
             results[i] = _refused(i, item, f"unknown partitionId {item.partition_id!r}")
             continue
         lease: uuid.UUID | None = None
@@ -72,7 +107,12 @@ async def ack(db: Database, tenant: str, items: list[AckItem]) -> list[dict[str,
         statuses.append(STATUSES[item.status])
         errors.append(item.error)
     if sent:
-        rows = await db.fetch(ACK_SQL, tenant, pids, hashes, txns, leases, groups, statuses, errors)
+        args = (tenant, pids, hashes, txns, leases, groups, statuses, errors)
+        if once is None:
+            rows = await db.fetch(ACK_SQL, *args)
+        else:
+            rows = await db.fetch(ACK_ONCE_SQL, *args, *once.args())
+            once.replayed = bool(rows) and rows[0]["replayed"]
         for row in rows:
             i = sent[row["idx"] - 1]
             results[i] = {
@@ -84,7 +124,15 @@ async def ack(db: Database, tenant: str, items: list[AckItem]) -> list[dict[str,
                 "dlq": row["dlq"],
                 "noop": row["noop"],
             }
-    return [r for r in results if r is not None]
+    out: list[list[dict[str, Any]]] = []
+    start = 0
+    for req in requests:
+        part = [r for r in results[start : start + len(req)] if r is not None]
+        for r in part:
+            r["index"] -= start
+        out.append(part)
+        start += len(req)
+    return out
 
 
 async def extend_lease(db: Database, tenant: str, lease_id: str) -> dict[str, Any]:

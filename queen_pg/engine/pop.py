@@ -1,9 +1,10 @@
 """Pop: claim and lease through ``queen.pop_v1``; long-poll without holding a connection.
 
 A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
-permit, and re-polls at least every ``poll_interval`` (pushes through other replicas, expired
-leases). It stops claiming a margin before the caller's deadline (250 ms at most, never more than a
-quarter of the time left) so it never leases messages nobody will receive.
+permit (the caller's ``permit`` is held only around each claim, and taken again on wake), and
+re-polls at least every ``poll_interval`` (pushes through other replicas, expired leases). It stops
+claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
+time left) so it never leases messages nobody will receive.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -132,15 +134,18 @@ async def pop(
     req: PopRequest,
     poll_interval: float,
     clock: Callable[[], float] = time.monotonic,
+    permit: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
 ) -> dict[str, Any] | None:
-    """Claim now, or (with wait) park until a push wakes us or the claim window closes."""
+    """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
+    (the pop family's concurrency limiter) is held around each claim only, never while parked."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
     while True:
         ev = waiters.subscribe(tenant, wake_key) if req.wait else None
         try:
-            answer = await claim(db, tenant, req)
+            async with permit():
+                answer = await claim(db, tenant, req)
             if answer is not None or ev is None:
                 return answer
             left = stop_claiming - clock()

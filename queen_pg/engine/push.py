@@ -1,15 +1,19 @@
-"""Push: pack items into one segment per (queue, partition), one call to ``queen.push_v1``."""
+"""Push: pack items into one segment per (queue, partition), one call to ``queen.push_v1`` (or, under a
+request key, ``queen.push_v2``: the outcome window, queen_pg/engine/outcomes.py)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queen_pg.db.pool import Database
+from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
+from queen_pg.engine.outcomes import Once
 
 PUSH_SQL = "SELECT * FROM queen.push_v1($1, $2, $3, $4, $5, $6, $7)"
+PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +81,45 @@ def result(
     }
 
 
-async def push(db: Database, tenant: str, items: list[NewMessage]) -> list[dict[str, Any]]:
-    """Append ``items``; one result per item, in order (WIRE.md §2.1)."""
+async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> list[dict[str, Any]]:
+    """Append ``items``; one result per item, in order (WIRE.md §2.1). Under a request key (``once``)
+    through ``queen.push_v2``: a retry within the window answers the recorded results, adding nothing."""
+    if once is None:
+        return (await push_many(db, tenant, [items]))[0]
     prepared = prepare(items)
+    rows = await db.fetch(PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args())
+    once.replayed = bool(rows) and rows[0]["replayed"]
+    return _render(items, rows)
+
+
+async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[list[dict[str, Any]]]:
+    """Append several requests' items in ONE ``queen.push_v1`` call (request fusion,
+    queen_pg/engine/fusion.py); each request gets exactly its own results, in its order, indexed
+    from 0. Fusing is the same as running the requests one after the other in list order: offsets
+    stay gapless per partition and an item repeating an earlier request's transactionId is that
+    item's ``duplicate``, with the first one's messageId."""
+    prepared = prepare([it for req in requests for it in req])
     rows = await db.fetch(PUSH_SQL, tenant, *prepared.args())
+    out: list[list[dict[str, Any]]] = []
+    start = 0
+    for req in requests:
+        out.append(_render(req, rows[start : start + len(req)]))
+        start += len(req)
+    return out
+
+
+def _render(items: list[NewMessage], rows: Sequence[Record]) -> list[dict[str, Any]]:
+    # An item without a transactionId got its message id as one: a duplicate of it is impossible, so
+    # the row's message id is its transactionId (also when the rows are a replayed record).
     return [
-        result(item, txn, row["status"], row["message_id"], row["partition_id"], row["msg_offset"], row["idx"] - 1)
-        for row, item, txn in zip(rows, items, prepared.txns, strict=True)
+        result(
+            item,
+            item.transaction_id or str(row["message_id"]),
+            row["status"],
+            row["message_id"],
+            row["partition_id"],
+            row["msg_offset"],
+            i,
+        )
+        for i, (row, item) in enumerate(zip(rows, items, strict=True))
     ]

@@ -15,13 +15,18 @@ import orjson
 from queen_pg.db.pool import Database
 from queen_pg.engine import codec
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.ack import STATUSES
+from queen_pg.engine.ack import BIGINT_MAX, STATUSES
+from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE
 from queen_pg.errors import Verdict
 
 TX_SQL = (
     "SELECT queen.transaction_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
     " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24)"
+)
+TX_ONCE_SQL = (
+    "SELECT * FROM queen.transaction_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29)"
 )
 
 
@@ -71,15 +76,20 @@ def _refuse_ack(ack: TxAck, why: str) -> Verdict:
     )
 
 
-async def commit(db: Database, tenant: str, tx: TxBundle) -> dict[str, Any]:
-    """Commit the bundle; raises Verdict when it rolled back (nothing written)."""
+async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = None) -> dict[str, Any]:
+    """Commit the bundle; raises Verdict when it rolled back (nothing written). Under a request key
+    (``once``) through ``queen.transaction_v2``: a retry within the window answers the recorded result
+    (same transactionId, same results) and commits nothing again."""
     pids: list[int] = []
     leases: list[uuid.UUID | None] = []
     for ack in tx.acks:
         try:
-            pids.append(int(ack.partition_id))
+            pid = int(ack.partition_id)
         except ValueError:
-            raise _refuse_ack(ack, f"unknown partitionId {ack.partition_id!r}") from None
+            pid = -1
+        if not 0 <= pid <= BIGINT_MAX:  # beyond bigint the driver would refuse the whole call
+            raise _refuse_ack(ack, f"unknown partitionId {ack.partition_id!r}")
+        pids.append(pid)
         try:
             leases.append(uuid.UUID(ack.lease_id) if ack.lease_id else None)
         except ValueError:
@@ -95,8 +105,8 @@ async def commit(db: Database, tenant: str, tx: TxBundle) -> dict[str, Any]:
             ) from None
     items = [p.item for p in tx.pushes]
     prepared = push_engine.prepare(items)
-    raw = await db.fetchval(
-        TX_SQL,
+    txid = str(codec.uuid7())
+    args = (
         tenant,
         pids,
         [codec.txn_hash(a.transaction_id) for a in tx.acks],
@@ -117,15 +127,21 @@ async def commit(db: Database, tenant: str, tx: TxBundle) -> dict[str, Any]:
         tx.timers.msgids,
         tx.slots + len(tx.kv),
     )
+    if once is None:
+        raw = await db.fetchval(TX_SQL, *args)
+    else:
+        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid)
+        raw, once.replayed = rows[0]["result"], rows[0]["replayed"]
     out = orjson.loads(raw)
     results: list[Any] = [None] * (tx.slots + len(tx.kv) + len(tx.timers.ops))
     for ack, res in zip(tx.acks, out["acks"], strict=True):
         results[ack.index] = {"index": ack.index, "type": "ack", "transactionId": ack.transaction_id, **res}
-    for p, res, txn in zip(tx.pushes, out["pushes"], prepared.txns, strict=True):
+    for p, res in zip(tx.pushes, out["pushes"], strict=True):
+        txn = p.item.transaction_id or str(res["messageId"])  # a replay: not this call's minted ids
         pushed = push_engine.result(
             p.item, txn, res["status"], res["messageId"], res["partitionId"], res["offset"], p.index
         )
         results[p.index] = {"type": "push", **pushed}
     for res in out["kv"] + out["timers"]:
         results[res["index"]] = res
-    return {"transactionId": str(codec.uuid7()), "success": True, "results": results}
+    return {"transactionId": out.get("transactionId") or txid, "success": True, "results": results}

@@ -1,5 +1,6 @@
-"""Background jobs: lease expiry, retention, DLQ payload fill, timer firing, expired-KV sweep; and the
-supervisor that runs them.
+"""Background jobs: lease expiry, retention, DLQ payload fill, timer firing, expired-KV sweep, stats
+samples, trace retention; and the supervisor that runs them (plus the maintenance refresher, which is
+not a job: every process runs it, see ``queen_pg/jobs/maintenance.py``).
 
 Invariants:
 - A job is a small config (name, interval, batch limit) and a ``run_once`` that makes ONE bounded
@@ -24,16 +25,34 @@ from queen_pg.db.pool import Database
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.kv_sweep import KvSweep
 from queen_pg.jobs.lease_expiry import LeaseExpiry
+from queen_pg.jobs.outcomes import OutcomesPrune
 from queen_pg.jobs.retention import Retention
+from queen_pg.jobs.stats import Stats
 from queen_pg.jobs.supervisor import Job, Supervisor
 from queen_pg.jobs.timers import TimersJob
+from queen_pg.jobs.traces import TraceRetention
 
 
-def default_jobs(on_claimable: Callable[[str, str], None]) -> list[Job]:
-    """The broker's jobs; ``on_claimable(tenant, queue)`` wakes pops parked on a queue."""
-    return [LeaseExpiry(on_claimable), Retention(), DlqFill(), TimersJob(on_claimable), KvSweep()]
+def default_jobs(
+    on_claimable: Callable[[str, str], None], stats_keep_hours: int = 168, trace_keep_hours: int = 168
+) -> list[Job]:
+    """The broker's jobs; ``on_claimable(tenant, queue)`` wakes pops parked on a queue. The stats job
+    prunes its rows after ``stats_keep_hours`` (0 = never); trace retention runs when
+    ``trace_keep_hours`` > 0."""
+    jobs: list[Job] = [LeaseExpiry(on_claimable), Retention(), DlqFill(), TimersJob(on_claimable), KvSweep()]
+    jobs.append(OutcomesPrune())  # request outcomes past their window (sql/procedures/096_outcomes.sql)
+    jobs.append(Stats(stats_keep_hours))
+    if trace_keep_hours > 0:
+        jobs.append(TraceRetention(trace_keep_hours))
+    return jobs
 
 
-def start_jobs(supervisor: Supervisor, db: Database, on_claimable: Callable[[str, str], None]) -> None:
-    for job in default_jobs(on_claimable):
+def start_jobs(
+    supervisor: Supervisor,
+    db: Database,
+    on_claimable: Callable[[str, str], None],
+    stats_keep_hours: int = 168,
+    trace_keep_hours: int = 168,
+) -> None:
+    for job in default_jobs(on_claimable, stats_keep_hours, trace_keep_hours):
         supervisor.start_job(job, db)

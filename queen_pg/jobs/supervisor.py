@@ -43,6 +43,9 @@ class Job(ABC):
 
     def __init__(self, config: JobConfig) -> None:
         self.config = config
+        self.runs = 0  # ticks completed, failed ticks and items done, for metrics (queen_pg/metrics.py)
+        self.errors = 0
+        self.items = 0
 
     @property
     def name(self) -> str:
@@ -84,8 +87,10 @@ async def run_job(job: Job, db: Database, rng: random.Random | None = None) -> N
     failures = 0
     while True:
         try:
-            await job.tick(db)
+            job.items += await job.tick(db)
+            job.runs += 1
         except Exception as exc:  # survived: the database may be restarting
+            job.errors += 1
             failures += 1
             delay = backoff(failures, interval)
             log.warning(
@@ -135,6 +140,7 @@ class Supervisor:
         self._max_tasks = max_tasks
         self._stop_timeout = stop_timeout
         self._specs: dict[str, _Spec] = {}
+        self.jobs: dict[str, Job] = {}  # the jobs started with start_job, by name (read by metrics)
         self._stopping = False
 
     @property
@@ -162,6 +168,7 @@ class Supervisor:
 
     def start_job(self, job: Job, db: Database, *, critical: bool = False) -> None:
         self.start(job.name, lambda: run_job(job, db), critical=critical)
+        self.jobs[job.name] = job
 
     async def _supervise(self, spec: _Spec) -> None:
         delay = self._restart_delay

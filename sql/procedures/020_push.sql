@@ -91,9 +91,11 @@ BEGIN
         SELECT it.*, t.msg_offset AS old_off, t.message_id AS old_id,
                (t.msg_offset IS NULL AND it.first_ord = it.ord) AS live
           FROM it
-          LEFT JOIN queen.log_txns t
-                 ON t.partition_id = it.pid AND t.txn_hash = it.hash
-                AND t.created_at > v_ts[it.grp] - make_interval(secs => v_win[it.grp])
+          LEFT JOIN LATERAL (
+                SELECT lt.msg_offset, lt.message_id, lt.created_at FROM queen.log_txns lt
+                 WHERE lt.partition_id = it.pid AND lt.txn_hash = it.hash
+                 ORDER BY lt.msg_offset DESC LIMIT 1) t
+                 ON t.created_at > v_ts[it.grp] - make_interval(secs => v_win[it.grp])
     ), numbered AS (
         SELECT ex.*,
                CASE WHEN ex.live THEN v_next[ex.grp]
@@ -128,10 +130,7 @@ BEGIN
     INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
     SELECT v_gp[u.grp], u.hash, r_off[u.ord], r_msgid[u.ord], v_ts[u.grp]
       FROM unnest(p_item_group, p_item_hash) WITH ORDINALITY AS u(grp, hash, ord)
-     WHERE r_live[u.ord]
-    ON CONFLICT ON CONSTRAINT log_txns_pkey DO UPDATE
-       SET msg_offset = excluded.msg_offset, message_id = excluded.message_id,
-           created_at = excluded.created_at;
+     WHERE r_live[u.ord];
 
     UPDATE queen.log_partitions p
        SET next_offset = p.next_offset + c.live_n,

@@ -96,8 +96,14 @@ BEGIN
              ORDER BY u.ord
         LOOP
             v_last := it.ord;
+            -- the oldest message of that transactionId this group has not settled; else the newest
             SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
-              FROM queen.log_txns t WHERE t.partition_id = k.pid AND t.txn_hash = it.hash;
+              FROM queen.log_txns t
+             WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
+             ORDER BY (t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)),
+                      CASE WHEN t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)
+                           THEN -t.msg_offset ELSE t.msg_offset END
+             LIMIT 1;
             IF NOT FOUND THEN
                 r_error[it.ord] := format('message %s not found in partition %s', it.txn, k.pid);
                 CONTINUE;

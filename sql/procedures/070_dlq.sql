@@ -11,7 +11,8 @@
 --   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry. Appends the newest dead
 --   letter of that transactionId in that partition to the end of its partition as a new message
 --   (same transactionId, new message id, payload from the DLQ row, written as a raw QPF1 frame,
---   codec 0), points the dedup/ack hash at the new offset, and deletes the partition's dead letters
+--   codec 0), adds a hash row for the new offset (groups that have not settled the original still
+--   resolve their acks to it: see log_txns), and deletes the partition's dead letters
 --   of that message. Every group of the queue receives it again. Result: {"status": "requeued",
 --   "offset", "messageId", "queue", "partition", "partitionId"} or {"status": "not_found"} or
 --   {"status": "not_ready"} (payload not copied out yet: retry in a moment).
@@ -79,6 +80,11 @@ BEGIN
       FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
      WHERE lp.id = p_partition_id
        FOR NO KEY UPDATE OF lp;
+    -- Re-check under the partition lock: a concurrent requeue of the same dead letter may have won
+    -- while we waited; it deleted the row, and appending again would deliver the message twice.
+    IF NOT EXISTS (SELECT 1 FROM queen.log_dlq dl WHERE dl.id = d.id) THEN
+        RETURN jsonb_build_object('status', 'not_found');
+    END IF;
     v_now := greatest(coalesce(p_now, clock_timestamp()), p.last_write_at);
     v_off := p.next_offset;
     v_frame := queen._frame(p_message_id, coalesce(d.transaction_id, p_message_id::text),
@@ -86,9 +92,7 @@ BEGIN
     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
     VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0, v_frame);
     INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
-    VALUES (p.id, p_txn_hash, v_off, p_message_id, v_now)
-    ON CONFLICT ON CONSTRAINT log_txns_pkey DO UPDATE
-       SET msg_offset = excluded.msg_offset, message_id = excluded.message_id, created_at = excluded.created_at;
+    VALUES (p.id, p_txn_hash, v_off, p_message_id, v_now);
     UPDATE queen.log_partitions SET next_offset = v_off + 1, segments_total = segments_total + 1,
            last_write_at = v_now
      WHERE id = p.id;

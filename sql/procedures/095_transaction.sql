@@ -40,7 +40,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'no cursor for this group on the partition';
     END IF;
-    SELECT t.msg_offset INTO v_off FROM queen.log_txns t WHERE t.partition_id = p_pid AND t.txn_hash = p_hash;
+    SELECT t.msg_offset INTO v_off FROM queen.log_txns t  -- resolved as ack_v1 does
+     WHERE t.partition_id = p_pid AND t.txn_hash = p_hash
+     ORDER BY (t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)),
+              CASE WHEN t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)
+                   THEN -t.msg_offset ELSE t.msg_offset END
+     LIMIT 1;
     IF NOT FOUND THEN
         RETURN 'message not found in the partition';
     END IF;

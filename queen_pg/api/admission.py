@@ -1,0 +1,147 @@
+"""Admission by Content-Length, as a pure ASGI middleware: decided before the body is read.
+
+A push (``POST /api/v1/push``) or a transaction (``POST /api/v1/transaction``) takes permits from one
+byte budget (``admit_max_mb``) sized by its Content-Length (without one: ``min(1 MiB, max_body_bytes)``),
+so a request that has to wait holds only its connection and its bytes stay in the socket. The wait is
+first come, first served and lasts at most ``admit_hold_ms`` (jittered +-20 %); then the answer is 429
+``overloaded`` with ``Retry-After`` 1-5 s. The permits go back once the response has been sent (or the
+request ended otherwise). A push while storage is full is 507 ``storage_full`` at once; a transaction
+is checked by its route, which knows whether it pushes.
+
+The budget and the storage flag live on the app state (created by the lifespan), found through
+``scope["app"]``; before the lifespan ran, requests pass through.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from queen_pg.errors import OVERLOADED, STORAGE_FULL, QueenError
+from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after
+
+DEFAULT_COST = 1024 * 1024  # a request without Content-Length (chunked) counts this much (at most max body)
+ADMITTED = {"/api/v1/push": "push", "/api/v1/transaction": "transaction"}
+JITTER = 0.2
+
+
+@dataclass(slots=True)
+class ByteBudget:
+    """The admission budget of one broker process."""
+
+    capacity: int
+    max_body: int
+    hold_s: float
+    max_waiters: int = 10_000
+    sem: FairSemaphore = field(init=False)
+    log: OverloadLog = field(init=False)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.sem = FairSemaphore(self.capacity, self.max_waiters)
+        self.log = OverloadLog("push", "admission")
+
+    def cost(self, content_length: int | None) -> int:
+        if content_length is None:
+            return min(DEFAULT_COST, self.max_body)
+        return max(content_length, 1)
+
+    async def acquire(self, cost: int, family: str) -> None:
+        """Take ``cost`` bytes or raise 429 ``overloaded`` after the jittered hold."""
+        if self.sem.try_acquire(cost):
+            self.log.admitted()
+            return
+        hold = self.hold_s * self.rng.uniform(1 - JITTER, 1 + JITTER)
+        try:
+            await self.sem.acquire(cost, hold)
+        except (TimeoutError, QueueFull) as exc:
+            why = "queue_full" if isinstance(exc, QueueFull) else "hold_expired"
+            self.log.family = family
+            self.log.refused(
+                reason=why,
+                budget_bytes=self.capacity,
+                in_use=self.sem.used,
+                waiting=self.sem.queued,
+                hold_s=f"{hold:.2f}",
+            )
+            raise QueenError(
+                OVERLOADED,
+                detail=f"the broker is overloaded (admission budget: {why}); retry later",
+                retry_after=retry_after(self.rng),
+            ) from None
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "budget_bytes": float(self.capacity),
+            "in_use_bytes": float(self.sem.used),
+            "queued": float(self.sem.queued),
+            "rejected_total": float(self.log.total),
+        }
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def refuse(send: Send, err: QueenError) -> None:
+    """Answer ``err`` without reading the body; the connection closes (the body is still unread)."""
+    body = orjson.dumps(err.body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers() or {}).items()]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Admission:
+    """Byte-budget admission and the storage_full refusal for pushes and transactions."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        family = ADMITTED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        st = getattr(scope["app"].state, "queen", None) if family is not None else None
+        budget: ByteBudget | None = getattr(st, "admission", None)
+        if family is None or budget is None:
+            await self.app(scope, receive, send)
+            return
+        storage = getattr(st, "storage", None)
+        if family == "push" and storage is not None and storage.full:
+            await refuse(send, QueenError(STORAGE_FULL, detail=f"storage is full: {storage.reason}"))
+            return
+        cost = budget.cost(_content_length(scope))
+        try:
+            await budget.acquire(cost, family)
+        except QueenError as err:
+            await refuse(send, err)
+            return
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                budget.sem.release(cost)
+
+        async def sent(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            release()

@@ -1,0 +1,103 @@
+"""Messages (WIRE.md §2.12): browse a queue's log, read one message, delete one.
+
+``POST /messages/{partitionId}/{transactionId}/retry`` (put a dead letter back) lives in
+``routes_dlq.py``; the routes here answer GET and DELETE only, so the two never shadow each other.
+Transaction ids may contain ``/`` (the client does not quote them in paths).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from queen_pg.api.common import json_response, parse_timestamp, q_int, state, tenant
+from queen_pg.api.routes_resources import name_param, page_params
+from queen_pg.engine import messages as message_engine
+from queen_pg.errors import bad_request
+
+router = APIRouter(prefix="/api/v1")
+
+MAX_OFFSET = 2**62
+
+
+def partition_id_param(raw: str) -> int:
+    try:
+        pid = int(raw)
+    except ValueError:
+        raise bad_request(f"partitionId must be the numeric id a pop returned, got {raw!r}") from None
+    if not 0 < pid < 2**63:
+        raise bad_request(f"partitionId must be a positive 64-bit integer, got {raw!r}")
+    return pid
+
+
+def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
+    if not transaction_id:
+        raise bad_request("transactionId is required")
+    return partition_id_param(partition_id), transaction_id
+
+
+@router.get(
+    "/messages",
+    summary="Browse a queue's messages (decoded) by partition, offset range and time, paged",
+    description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
+    "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
+    "status for that group: consumed, leased, pending or dead), limit (1-1000, default 100), offset.",
+)
+async def list_messages(request: Request) -> Response:
+    qp = request.query_params
+    queue = name_param(request, "queue")
+    if queue is None:
+        raise bad_request("query parameter queue is required")
+    if qp.get("status"):
+        raise bad_request("a status filter is not supported: pass consumerGroup to see each message's status")
+    order = (qp.get("order") or "desc").lower()
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order must be asc or desc, got {qp.get('order')!r}")
+    from_offset = q_int(request, "fromOffset", None, 0, MAX_OFFSET)
+    to_offset = q_int(request, "toOffset", None, 0, MAX_OFFSET)
+    if from_offset is not None and to_offset is not None and from_offset >= to_offset:
+        raise bad_request(f"fromOffset ({from_offset}) must be below toOffset ({to_offset})")
+    since = parse_timestamp("from", qp["from"]) if qp.get("from") else None
+    until = parse_timestamp("to", qp["to"]) if qp.get("to") else None
+    if since is not None and until is not None and since >= until:
+        raise bad_request("from must be before to")
+    page = page_params(request)
+    query = message_engine.MessageQuery(
+        queue=queue,
+        partition=name_param(request, "partition"),
+        from_offset=from_offset,
+        to_offset=to_offset,
+        since=since,
+        until=until,
+        descending=order == "desc",
+        group=name_param(request, "consumerGroup"),
+        limit=page.limit,
+        offset=page.offset,
+    )
+    st = state(request)
+    return json_response(await message_engine.list_messages(st.db, tenant(request), query))
+
+
+@router.get(
+    "/messages/{partition_id}/{transaction_id:path}",
+    summary="One message: decoded payload and its state in each consumer group",
+)
+async def get_message(request: Request, partition_id: str, transaction_id: str) -> Response:
+    pid, txn = message_key(partition_id, transaction_id)
+    st = state(request)
+    return json_response(await message_engine.get_message(st.db, tenant(request), pid, txn))
+
+
+@router.delete(
+    "/messages/{partition_id}/{transaction_id:path}",
+    summary="Settle a message for every consumer group and drop its transactionId (see description)",
+    description="A log cannot drop a message from its middle. The message is marked done for every "
+    "consumer group of its queue (as a completed ack), its dead letters are removed and its transactionId "
+    "hash is dropped (it can no longer be acked, read or retried by transactionId; a new push with that "
+    "transactionId is not a duplicate). Its bytes stay in their segment until retention deletes the "
+    "segment: a group created later from the first retained message, or a seek back, still reads it.",
+)
+async def delete_message(request: Request, partition_id: str, transaction_id: str) -> Response:
+    pid, txn = message_key(partition_id, transaction_id)
+    st = state(request)
+    return json_response(await message_engine.delete_message(st.db, tenant(request), pid, txn))

@@ -1,0 +1,93 @@
+"""``GET /metrics`` (Prometheus text format 0.0.4), the HTTP metrics middleware, and the one-line
+helpers the data routes call to count messages (``count_push``, ``count_pop``, ``count_ack``).
+
+The middleware labels a request with its route *template* (``/api/v1/pop/queue/{queue}``), read
+from ``scope["route"]`` after routing, never with the raw path: the label set stays bounded however
+many queues exist. A request no route matched is labelled ``<unmatched>``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from queen_pg.api.common import tenant
+from queen_pg.engine.ack import AckItem
+from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
+
+router = APIRouter()
+
+
+class HttpMetrics:
+    """Pure ASGI middleware: request count and latency per (method, route template, status)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # unless a response starts: an exception escaped every handler
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED
+            self.metrics.request_done(scope["method"], template, status, time.perf_counter() - started)
+
+
+def _metrics(request: Request) -> Metrics | None:
+    m: Metrics | None = getattr(request.app.state, "metrics", None)
+    return m
+
+
+def count_push(request: Request, results: Sequence[dict[str, Any]]) -> None:
+    """After a push: messages appended (and duplicates) per queue."""
+    m = _metrics(request)
+    if m is not None:
+        m.count_push(tenant(request), results)
+
+
+def count_pop(request: Request, answer: dict[str, Any] | None) -> None:
+    """After a pop: messages delivered per queue."""
+    m = _metrics(request)
+    if m is not None:
+        m.count_pop(tenant(request), answer)
+
+
+def count_ack(request: Request, items: Sequence[AckItem], results: Sequence[dict[str, Any]]) -> None:
+    """After an ack: messages settled per queue and status."""
+    m = _metrics(request)
+    if m is not None:
+        m.count_ack(items, results)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text format 0.0.4)",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"}},
+)
+async def metrics(request: Request) -> Response:
+    m: Metrics = request.app.state.metrics
+    st = getattr(request.app.state, "queen", None)
+    db = getattr(st, "db", None)
+    m.sample(db, getattr(st, "waiters", None), getattr(st, "limiters", None), getattr(request.app.state, "jobs", None))
+    if db is not None:
+        await m.refresh(db)
+    return Response(m.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,186 @@
+"""System routes: maintenance switches, status and analytics, process metrics, stats refresh.
+
+Maintenance (Queen 0.x paths and names): ``GET/POST /api/v1/system/maintenance`` is the push switch
+(``{"enabled": bool}``; answers ``maintenanceMode``), ``GET/POST /api/v1/system/maintenance/pop`` the
+pop switch (answers ``popMaintenanceMode``); every answer carries both. The switches live in
+PostgreSQL; every replica re-reads them at least once a second (``queen_pg/jobs/maintenance.py``) and
+the replica that flips one applies it at once. :func:`refuse_push_in_maintenance` and
+:func:`pop_in_maintenance` are the checks the data-plane routes make (no database call).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, StrictBool
+
+from queen_pg import __version__
+from queen_pg.api.common import json_response, parse_body, parse_timestamp, state, tenant
+from queen_pg.api.routes_resources import name_param, page_params
+from queen_pg.engine import admin
+from queen_pg.engine import maintenance as maintenance_engine
+from queen_pg.errors import MAINTENANCE, QueenError, bad_request
+
+router = APIRouter(prefix="/api/v1")
+
+BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
+MAX_BUCKETS = 10_080  # a week of minutes
+DEFAULT_WINDOW = timedelta(hours=1)
+
+
+def refuse_push_in_maintenance(request: Request, pushes: bool = True) -> None:
+    """503 ``maintenance`` (with ``Retry-After``) for a request that pushes while push maintenance is on."""
+    if pushes and state(request).maintenance.push:
+        raise QueenError(MAINTENANCE, detail="push maintenance is on: pushes are refused for now")
+
+
+def pop_in_maintenance(request: Request) -> bool:
+    """Whether pops must answer empty (204) at once: pop maintenance is on."""
+    return state(request).maintenance.pop
+
+
+class SwitchBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    enabled: StrictBool
+
+
+async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response:
+    body = await parse_body(request, SwitchBody)
+    st = state(request)
+    await maintenance_engine.set_switch(st.db, st.maintenance, switch, body.enabled)
+    return json_response({"success": True, **st.maintenance.answer()})
+
+
+async def _read(request: Request) -> Response:
+    st = state(request)
+    await maintenance_engine.refresh(st.db, st.maintenance)  # answer what is stored, not the cache
+    return json_response(st.maintenance.answer())
+
+
+@router.get("/system/maintenance", summary="The maintenance switches (maintenanceMode = push maintenance)")
+async def get_maintenance(request: Request) -> Response:
+    return await _read(request)
+
+
+@router.post("/system/maintenance", summary='Push maintenance on/off: {"enabled": bool}; pushes get 503')
+async def set_maintenance(request: Request) -> Response:
+    return await _flip(request, "push")
+
+
+@router.get("/system/maintenance/pop", summary="The maintenance switches (popMaintenanceMode = pop maintenance)")
+async def get_pop_maintenance(request: Request) -> Response:
+    return await _read(request)
+
+
+@router.post("/system/maintenance/pop", summary='Pop maintenance on/off: {"enabled": bool}; pops answer 204')
+async def set_pop_maintenance(request: Request) -> Response:
+    return await _flip(request, "pop")
+
+
+@router.post("/stats/refresh", summary="No-op kept for clients: statistics are computed on read (no body)")
+async def stats_refresh(request: Request) -> Response:
+    return json_response({"success": True, "refreshed": False, "note": "statistics are computed on read"})
+
+
+def window_params(request: Request) -> admin.Window:
+    """``from``/``to`` (ISO with zone; default the last hour) and ``interval`` (minute, hour, day)."""
+    qp = request.query_params
+    now = datetime.now(UTC)
+    until = parse_timestamp("to", qp["to"]) if qp.get("to") else now
+    since = parse_timestamp("from", qp["from"]) if qp.get("from") else until - DEFAULT_WINDOW
+    if since >= until:
+        raise bad_request("from must be before to")
+    interval = qp.get("interval") or "minute"
+    if interval not in BUCKETS:
+        raise bad_request(f"interval must be one of {', '.join(BUCKETS)}, got {interval!r}")
+    bucket = BUCKETS[interval]
+    buckets = (until - since).total_seconds() / bucket
+    if buckets > MAX_BUCKETS:
+        raise bad_request(
+            f"from..to holds {buckets:.0f} {interval}s; at most {MAX_BUCKETS}: narrow it or widen interval"
+        )
+    return admin.Window(since, until, bucket)
+
+
+@router.get("/status", summary="Broker status: overview counts, maintenance, recent throughput")
+async def status(request: Request) -> Response:
+    st = state(request)
+    body = await admin.status(st.db, tenant(request))
+    return json_response({"status": "ok", "version": __version__, "database": "up", **body})
+
+
+@router.get("/status/queues", summary="Per-queue status with throughput over from..to (default: last hour)")
+async def status_queues(request: Request) -> Response:
+    window = window_params(request)
+    page = page_params(request)
+    st = state(request)
+    return json_response(await admin.status_queues(st.db, tenant(request), window, page))
+
+
+@router.get("/status/queues/{queue}", summary="One queue's status: groups, lag, throughput series")
+async def status_queue(request: Request, queue: str) -> Response:
+    window = window_params(request)
+    st = state(request)
+    return json_response(await admin.status_queue(st.db, tenant(request), queue, window))
+
+
+@router.get(
+    "/status/analytics",
+    summary="Time series per minute/hour/day: pushed, acked, backlog, lag (queue, from, to, interval)",
+)
+async def analytics(request: Request) -> Response:
+    queue = name_param(request, "queue")
+    window = window_params(request)
+    st = state(request)
+    body = await admin.analytics(st.db, tenant(request), queue, window)
+    return json_response({**body, "interval": request.query_params.get("interval") or "minute"})
+
+
+def _process(request: Request) -> dict[str, Any]:
+    st = state(request)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    pool = st.db.pool
+    return {
+        "pid": os.getpid(),
+        "uptimeSeconds": round(time.time() - st.started_at, 3),
+        "cpuSeconds": round(usage.ru_utime + usage.ru_stime, 3),
+        "maxRssBytes": usage.ru_maxrss * 1024,
+        "pool": {
+            "size": pool.get_size(),
+            "idle": pool.get_idle_size(),
+            "inUse": pool.get_size() - pool.get_idle_size(),
+            "max": pool.get_max_size(),
+        },
+        "longPoll": {"parked": st.waiters.parked, "limit": st.waiters.limit},
+        "maintenance": {"push": st.maintenance.push, "pop": st.maintenance.pop},
+        "jobs": list(request.app.state.jobs.names),
+    }
+
+
+PROCESS_NOTE = (
+    "this broker process only, at this instant (no database call, no history): pid, uptime, CPU, peak "
+    "RSS, connection pool, parked long-poll pops, maintenance switches, background tasks; time series "
+    "come from /metrics (Prometheus) and /api/v1/status/analytics"
+)
+
+
+@router.get("/analytics/system-metrics", summary="This process: CPU, memory, pool, long-poll waiters")
+async def system_metrics(request: Request) -> Response:
+    proc = _process(request)
+    return json_response(
+        {"timestamp": datetime.now(UTC).isoformat(), "version": __version__, **proc, "note": PROCESS_NOTE}
+    )
+
+
+@router.get("/analytics/worker-metrics", summary="The worker answering (this process), as a one-entry list")
+async def worker_metrics(request: Request) -> Response:
+    return json_response(
+        {"timestamp": datetime.now(UTC).isoformat(), "workers": [_process(request)], "note": PROCESS_NOTE}
+    )

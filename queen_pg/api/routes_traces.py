@@ -1,0 +1,85 @@
+"""Traces (WIRE.md §2.12): ``POST /traces`` (the client's ``message["trace"]({...})`` in a consume
+handler) and the reads: a message's timeline, traces by name, the names in use.
+
+Kept for ``trace_retention_hours`` (the ``trace_retention`` job). ``/traces/by-name/...`` and
+``/traces/names`` are registered before ``/traces/{partitionId}/{transactionId}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import Field, StrictInt, StrictStr
+
+from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, state, tenant
+from queen_pg.api.models import _Body
+from queen_pg.api.routes_messages import message_key, partition_id_param
+from queen_pg.api.routes_resources import page_params
+from queen_pg.engine import traces as trace_engine
+from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.errors import bad_request
+
+router = APIRouter(prefix="/api/v1/traces")
+
+MAX_NAMES = 32
+
+
+class TraceBody(_Body):
+    transactionId: StrictStr = Field(min_length=1)
+    partitionId: StrictStr | StrictInt
+    consumerGroup: StrictStr | None = None
+    traceNames: list[StrictStr] | None = None
+    traceName: StrictStr | list[StrictStr] | None = None  # accepted as well (the client sends traceNames)
+    eventType: StrictStr = "info"
+    data: Any
+
+
+@router.post("", status_code=201, summary="Record a trace event about a message")
+async def record(request: Request) -> Response:
+    body = await parse_body(request, TraceBody)
+    pid = partition_id_param(str(body.partitionId))
+    group = body.consumerGroup or QUEUE_MODE
+    check_name("consumerGroup", group)
+    check_name("eventType", body.eventType)
+    raw_names = body.traceNames if body.traceNames is not None else body.traceName
+    names = [raw_names] if isinstance(raw_names, str) else list(raw_names or [])
+    if len(names) > MAX_NAMES:
+        raise bad_request(f"traceNames holds at most {MAX_NAMES} names, got {len(names)}")
+    for n in names:
+        check_name("trace", n)
+    event = trace_engine.TraceEvent(pid, body.transactionId, group, names, body.eventType, orjson.dumps(body.data))
+    st = state(request)
+    result = await trace_engine.record(st.db, tenant(request), event)
+    return json_response({"success": True, "id": result["id"], "createdAt": result["createdAt"]}, 201)
+
+
+@router.get("/names", summary="Trace names in use, with counts (search, limit, offset)")
+async def names(request: Request) -> Response:
+    search = request.query_params.get("search") or None
+    page = page_params(request)
+    st = state(request)
+    return json_response(await trace_engine.names(st.db, tenant(request), search, page))
+
+
+@router.get("/by-name/{name}", summary="Traces carrying a name, newest first (from, to, limit, offset)")
+async def by_name(request: Request, name: str) -> Response:
+    check_name("trace", name)
+    qp = request.query_params
+    since = parse_timestamp("from", qp["from"]) if qp.get("from") else None
+    until = parse_timestamp("to", qp["to"]) if qp.get("to") else None
+    if since is not None and until is not None and since >= until:
+        raise bad_request("from must be before to")
+    page = page_params(request)
+    st = state(request)
+    return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page))
+
+
+@router.get("/{partition_id}/{transaction_id:path}", summary="A message's trace timeline, oldest first")
+async def for_message(request: Request, partition_id: str, transaction_id: str) -> Response:
+    pid, txn = message_key(partition_id, transaction_id)
+    page = page_params(request)
+    st = state(request)
+    return json_response(await trace_engine.for_message(st.db, tenant(request), pid, txn, page))

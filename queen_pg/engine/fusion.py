@@ -1,0 +1,247 @@
+"""Request fusion: concurrent pushes (and acks) merged into ONE stored-procedure call, results split
+back per request.
+
+Each (family, tenant) has a :class:`Lane`. A request that finds fewer than ``inflight`` calls of its
+lane running and nothing queued is sent at once, alone: under no concurrency fusion adds nothing.
+Otherwise it joins the open batch, which leaves when a running call of the lane returns (natural
+batching: the batch is whatever arrived during that call), when it reaches ``max_items``, or when
+its oldest member has waited ``hold_us``, whichever comes first. ``hold_us = 0`` disables fusion.
+
+Invariants:
+- One fused call is exactly the requests run one after the other in arrival order (the engine's
+  ``*_many`` functions split the results back, each request indexed from 0). Acks of requests that
+  share a cursor row never share a call (``conflicts``), because ack_v1 charges retries per call.
+- Isolation: when a fused call fails, nothing of it was written (one statement, one transaction),
+  so every member is retried ALONE and only the culprit gets the error. The exception: a
+  ``db_unavailable`` failure (connection lost, timeout) may hide a commit, so it is passed to every
+  member as is, like an unfused call would pass it to its one request.
+- A fused call runs in a task of the lane, never in a request's task: a client that goes away cancels
+  only its own wait, never its neighbours' call. :meth:`Fuser.close` awaits the running calls. A
+  request that goes alone at once calls in its own task (nobody else depends on that call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from queen_pg.db.pool import Database
+from queen_pg.engine import ack as ack_engine
+from queen_pg.engine import push as push_engine
+from queen_pg.engine.outcomes import Once
+from queen_pg.errors import DB_UNAVAILABLE, QueenError
+
+T = TypeVar("T")
+Result = list[dict[str, Any]]
+Call = Callable[[list[list[T]]], Awaitable[list[Result]]]
+
+
+@dataclass(frozen=True, slots=True)
+class FuseConfig:
+    hold_us: int = 2000  # longest wait for a batch to leave; 0 = no fusion
+    max_items: int = 1000  # a batch leaves at once when it holds this many items
+    inflight: int = 1  # calls of one lane running before new requests queue (natural batching)
+
+
+@dataclass(slots=True, eq=False)  # compared by identity
+class _Member(Generic[T]):
+    items: list[T]
+    keys: frozenset[Hashable]
+    future: asyncio.Future[Result]
+
+
+@dataclass(slots=True, eq=False)  # compared by identity (``batch in pending``)
+class _Batch(Generic[T]):
+    members: list[_Member[T]] = field(default_factory=list)
+    items: int = 0
+    keys: set[Hashable] = field(default_factory=set)
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(slots=True)
+class LaneStats:
+    calls: int = 0  # procedure calls made (fused or alone)
+    requests: int = 0  # requests answered through those calls
+    isolated: int = 0  # fused calls that failed and were retried member by member
+
+
+class Lane(Generic[T]):
+    """The batcher of one family and tenant. ``call`` makes ONE procedure call for a list of
+    requests and returns one result list per request."""
+
+    def __init__(self, name: str, call: Call[T], config: FuseConfig) -> None:
+        self.name = name
+        self.call = call
+        self.config = config
+        self.stats = LaneStats()
+        self.running = 0
+        self._pending: deque[_Batch[T]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in batches that have not left yet."""
+        return sum(len(b.members) for b in self._pending)
+
+    async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> Result:
+        if not self._pending and self.running < self.config.inflight:
+            return await self._alone_now(items)
+        member = _Member(items, keys, asyncio.get_running_loop().create_future())
+        self._join(member)
+        return await member.future
+
+    async def _alone_now(self, items: list[T]) -> Result:
+        """Nothing queued and a call slot free: call at once, in the request's own task (no added
+        latency, and a request that goes away cancels only its own call)."""
+        self.running += 1
+        self.stats.calls += 1
+        self.stats.requests += 1
+        try:
+            (res,) = await self.call([items])
+            return res
+        finally:
+            self._done()
+
+    def _join(self, member: _Member[T]) -> None:
+        for batch in self._pending:
+            if batch.items + len(member.items) <= self.config.max_items and batch.keys.isdisjoint(member.keys):
+                break
+        else:
+            batch = _Batch()
+            batch.timer = asyncio.get_running_loop().call_later(self.config.hold_us / 1e6, self._expire, batch)
+            self._pending.append(batch)
+        batch.members.append(member)
+        batch.items += len(member.items)
+        batch.keys.update(member.keys)
+        if batch.items >= self.config.max_items:
+            self._start(batch)
+
+    def _expire(self, batch: _Batch[T]) -> None:
+        if batch in self._pending:
+            self._start(batch)
+
+    def _start(self, batch: _Batch[T]) -> None:
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if batch in self._pending:
+            self._pending.remove(batch)
+        self.running += 1
+        task = asyncio.get_running_loop().create_task(self._run(batch.members))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, members: list[_Member[T]]) -> None:
+        try:
+            self.stats.calls += 1
+            self.stats.requests += len(members)
+            try:
+                results = await self.call([m.items for m in members])
+            except Exception as exc:
+                if len(members) == 1 or _shared_fate(exc):
+                    for m in members:
+                        _settle(m, exc=exc)
+                    return
+                self.stats.isolated += 1
+                await asyncio.gather(*(self._alone(m) for m in members))
+                return
+            for m, res in zip(members, results, strict=True):
+                _settle(m, res)
+        except asyncio.CancelledError:
+            for m in members:
+                _settle(m, exc=QueenError(DB_UNAVAILABLE, detail="the broker is stopping"))
+            raise
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        """A call returned: the oldest waiting batch leaves now (natural batching)."""
+        self.running -= 1
+        if self._pending and self.running < self.config.inflight:
+            self._start(self._pending[0])
+
+    async def _alone(self, member: _Member[T]) -> None:
+        self.stats.calls += 1
+        try:
+            (res,) = await self.call([member.items])
+        except Exception as exc:
+            _settle(member, exc=exc)
+        else:
+            _settle(member, res)
+
+    async def close(self) -> None:
+        for batch in list(self._pending):
+            self._start(batch)
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _shared_fate(exc: BaseException) -> bool:
+    """Failures that say nothing about one member, and may hide a commit: never retried."""
+    return isinstance(exc, QueenError) and exc.kind is DB_UNAVAILABLE
+
+
+def _settle(member: _Member[Any], res: Result | None = None, exc: BaseException | None = None) -> None:
+    if member.future.done():  # its request went away
+        return
+    if exc is not None:
+        member.future.set_exception(exc)
+    else:
+        member.future.set_result(res if res is not None else [])
+
+
+class Fuser:
+    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly."""
+
+    def __init__(self, db: Database, config: FuseConfig) -> None:
+        self.db = db
+        self.config = config
+        self._push: dict[str, Lane[push_engine.NewMessage]] = {}
+        self._ack: dict[str, Lane[ack_engine.AckItem]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.hold_us > 0
+
+    def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage]:
+        lane = self._push.get(tenant)
+        if lane is None:
+
+            async def call(requests: list[list[push_engine.NewMessage]]) -> list[Result]:
+                return await push_engine.push_many(self.db, tenant, requests)
+
+            lane = self._push[tenant] = Lane("push", call, self.config)
+        return lane
+
+    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckItem]:
+        lane = self._ack.get(tenant)
+        if lane is None:
+
+            async def call(requests: list[list[ack_engine.AckItem]]) -> list[Result]:
+                return await ack_engine.ack_many(self.db, tenant, requests)
+
+            lane = self._ack[tenant] = Lane("ack", call, self.config)
+        return lane
+
+    async def push(self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None) -> Result:
+        """``push_engine.push``, fused with concurrent pushes of the tenant; a keyed request (``once``,
+        the outcome window) is never fused."""
+        if once is not None or not self.enabled or len(items) >= self.config.max_items:
+            return await push_engine.push(self.db, tenant, items, once)
+        return await self.push_lane(tenant).submit(items)
+
+    async def ack(self, tenant: str, items: list[ack_engine.AckItem], once: Once | None = None) -> Result:
+        """``ack_engine.ack``, fused with concurrent acks of the tenant on other cursor rows; a keyed
+        request (``once``) is never fused."""
+        if once is not None or not self.enabled or len(items) >= self.config.max_items:
+            return await ack_engine.ack(self.db, tenant, items, once)
+        return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
+
+    def lanes(self) -> list[Lane[Any]]:
+        return [*self._push.values(), *self._ack.values()]
+
+    async def close(self) -> None:
+        for lane in self.lanes():
+            await lane.close()

@@ -1,0 +1,172 @@
+"""Messages: browse a queue's log, read one message, delete one; one procedure call each
+(``sql/procedures/110_messages.sql``).
+
+SQL hands out the segments; this module decodes their QPF1 frames (zstd or raw) and slices out the
+requested messages. Message k of a segment, counted over the frames not listed in ``dropped``, has
+offset ``base_offset + k``. Payloads are returned as the stored JSON bytes (``orjson.Fragment``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database, Record
+from queen_pg.engine import codec
+from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.errors import NOT_FOUND, QueenError
+
+LIST_SQL = "SELECT * FROM queen.messages_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+GET_SQL = "SELECT * FROM queen.message_get_v1($1, $2, $3)"
+DELETE_SQL = "SELECT queen.message_delete_v1($1, $2, $3)"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageQuery:
+    queue: str
+    partition: str | None
+    from_offset: int | None  # log offsets [from_offset, to_offset), per partition
+    to_offset: int | None
+    since: datetime | None  # segment write time [since, until)
+    until: datetime | None
+    descending: bool
+    group: str | None  # report each message's state for this group
+    limit: int
+    offset: int
+
+
+def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
+    """(offset, frame) of every message of the row's segment that lies in [lo, hi), ascending."""
+    skip = set(row["dropped"] or ())
+    out: list[tuple[int, codec.Frame]] = []
+    at = row["base_offset"]
+    for i, frame in enumerate(codec.unpack(row["payload"], row["codec"])):
+        if i in skip:
+            continue
+        if row["lo"] <= at < row["hi"]:
+            out.append((at, frame))
+        at += 1
+    return out
+
+
+def _state(row: Record, off: int) -> str:
+    if off in (row["dead"] or ()):
+        return "dead"
+    cursor = row["cursor_offset"]
+    if cursor is not None and (off < cursor or off in (row["acked"] or ())):
+        return "consumed"
+    if row["lease_end"] is not None and off < row["lease_end"]:
+        return "leased"
+    return "pending"
+
+
+def _message(queue: str, partition: str, pid: int, off: int, frame: codec.Frame, created: datetime) -> dict[str, Any]:
+    return {
+        "id": str(frame.message_id),
+        "transactionId": frame.transaction_id,
+        "traceId": str(frame.trace_id) if frame.trace_id else None,
+        "queue": queue,
+        "partition": partition,
+        "partitionId": str(pid),
+        "offset": off,
+        "createdAt": iso_ms(created),
+        "data": orjson.Fragment(frame.payload),
+    }
+
+
+def _refused(status: str, queue: str, partition: str | None, group: str | None) -> QueenError:
+    if status == "no_partition":
+        return QueenError(NOT_FOUND, detail=f"partition {partition!r} not found in queue {queue!r}")
+    if status == "no_group":
+        label = "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
+        return QueenError(NOT_FOUND, detail=f"{label} does not exist on queue {queue!r}")
+    return QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
+
+
+async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str, Any]:
+    rows = await db.fetch(
+        LIST_SQL,
+        tenant,
+        q.queue,
+        q.partition,
+        q.from_offset,
+        q.to_offset,
+        q.since,
+        q.until,
+        q.descending,
+        q.group,
+        q.limit,
+        q.offset,
+    )
+    if not rows or rows[0]["status"] != "ok":
+        raise _refused(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
+    messages: list[dict[str, Any]] = []
+    end = q.offset + q.limit
+    for row in rows:
+        if row["partition_id"] is None:
+            continue  # a page past the end: only the total
+        frames = _frames(row)
+        if q.descending:
+            frames.reverse()
+        for i, (off, frame) in enumerate(frames, start=row["skip"]):
+            if q.offset <= i < end:
+                msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"])
+                if q.group is not None:
+                    msg["consumerGroup"] = None if q.group == QUEUE_MODE else q.group
+                    msg["status"] = _state(row, off)
+                messages.append(msg)
+    return {
+        "messages": messages,
+        "total": rows[0]["total"],
+        "limit": q.limit,
+        "offset": q.offset,
+        "queue": q.queue,
+        "partition": q.partition,
+        "order": "desc" if q.descending else "asc",
+    }
+
+
+def _missing(partition_id: int, transaction_id: str) -> QueenError:
+    return QueenError(NOT_FOUND, detail=f"no message {transaction_id!r} in partition {partition_id}")
+
+
+async def get_message(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
+    """The newest message of that transactionId in the partition, decoded, with its state in every
+    consumer group of its queue."""
+    rows = await db.fetch(GET_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
+    row = rows[0] if rows else None
+    if row is None or row["status"] == "no_partition":
+        raise QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")
+    if row["status"] != "ok" or row["payload"] is None:
+        raise _missing(partition_id, transaction_id)
+    skip = set(row["dropped"] or ())
+    at = row["base_offset"]
+    for i, frame in enumerate(codec.unpack(row["payload"], row["codec"])):
+        if i in skip:
+            continue
+        if at == row["msg_offset"]:
+            if frame.transaction_id != transaction_id:
+                break  # a hash collision: not this message
+            msg = _message(row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"])
+            msg["offsets"] = list(row["offsets"])  # every message this transactionId names here
+            msg["groups"] = orjson.Fragment(row["groups"])
+            msg["deadLetters"] = orjson.Fragment(row["dead"])
+            return msg
+        at += 1
+    raise _missing(partition_id, transaction_id)
+
+
+async def delete_message(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
+    """Settle the message for every consumer group, drop its dead letters and its transactionId hash
+    (see ``queen.message_delete_v1``: a log cannot drop bytes from its middle)."""
+    result: dict[str, Any] = orjson.loads(
+        await db.fetchval(DELETE_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
+    )
+    if result["status"] == "no_partition":
+        raise QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")
+    if result["status"] != "deleted":
+        raise _missing(partition_id, transaction_id)
+    return {"success": True, "deleted": True, "transactionId": transaction_id, **result}

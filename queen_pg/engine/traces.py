@@ -1,0 +1,68 @@
+"""Traces: record an event about a message, read a message's timeline, traces by name, the names.
+
+One procedure call each (``sql/procedures/120_traces.sql``). An unknown partition is a 404
+``not_found``; a message with no trace is an empty timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Database
+from queen_pg.engine.admin import Page
+from queen_pg.errors import NOT_FOUND, QueenError
+
+ADD_SQL = "SELECT queen.trace_add_v1($1, $2, $3, $4, $5, $6, $7)"
+FOR_MESSAGE_SQL = "SELECT queen.traces_for_message_v1($1, $2, $3, $4, $5)"
+BY_NAME_SQL = "SELECT queen.traces_by_name_v1($1, $2, $3, $4, $5, $6)"
+NAMES_SQL = "SELECT queen.trace_names_v1($1, $2, $3, $4)"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    partition_id: int
+    transaction_id: str
+    group: str  # '__QUEUE_MODE__' for queue mode
+    names: list[str]
+    event_type: str
+    data: bytes  # JSON
+
+
+def _no_partition(partition_id: int) -> QueenError:
+    return QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")
+
+
+async def record(db: Database, tenant: str, ev: TraceEvent) -> dict[str, Any]:
+    raw = await db.fetchval(
+        ADD_SQL, tenant, ev.partition_id, ev.transaction_id, ev.group, ev.names, ev.event_type, ev.data.decode()
+    )
+    result: dict[str, Any] = orjson.loads(raw)
+    if result["status"] == "no_partition":
+        raise _no_partition(ev.partition_id)
+    return result
+
+
+async def for_message(db: Database, tenant: str, partition_id: int, transaction_id: str, page: Page) -> dict[str, Any]:
+    raw = await db.fetchval(FOR_MESSAGE_SQL, tenant, partition_id, transaction_id, page.limit, page.offset)
+    result: dict[str, Any] = orjson.loads(raw)
+    if "notFound" in result:
+        raise _no_partition(partition_id)
+    return result
+
+
+async def by_name(
+    db: Database, tenant: str, name: str, since: datetime | None, until: datetime | None, page: Page
+) -> dict[str, Any]:
+    result: dict[str, Any] = orjson.loads(
+        await db.fetchval(BY_NAME_SQL, tenant, name, since, until, page.limit, page.offset)
+    )
+    return result
+
+
+async def names(db: Database, tenant: str, search: str | None, page: Page) -> dict[str, Any]:
+    result: dict[str, Any] = orjson.loads(await db.fetchval(NAMES_SQL, tenant, search, page.limit, page.offset))
+    return result

@@ -1,0 +1,42 @@
+"""stats: per-minute throughput and lag per queue, through ``queen.stats_sample_v1``.
+
+Each tick samples the queues not sampled in the last half interval: the growth of their pushed counter
+(sum of ``log_partitions.next_offset``) and settled counter (sum of ``log_consumers.acked_total``)
+since their previous sample goes to the row of the current minute in ``queen.stats_minutes``, with the
+sample's backlog and lag. ``GET /api/v1/status/analytics`` and the status routes read those rows. The
+same call deletes rows older than ``stats_retention_hours``. One replica per tick (``STATS_LOCK``);
+a batch that comes back full (more queues than ``limit``) is followed at once by the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from queen_pg.db.pool import Database
+from queen_pg.jobs.supervisor import Job, JobConfig
+
+log = logging.getLogger("queen_pg.jobs")
+
+STATS_SQL = "SELECT * FROM queen.stats_sample_v1($1, $2, $3, $4)"
+CONFIG = JobConfig(name="stats", interval=10.0, limit=500)
+
+
+class Stats(Job):
+    def __init__(self, keep_hours: int = 168, config: JobConfig = CONFIG) -> None:
+        super().__init__(config)
+        self.keep_seconds = keep_hours * 3600
+
+    @property
+    def min_gap_seconds(self) -> int:
+        """A queue is sampled again once this long has passed: half the interval, so every tick
+        samples every queue once, and a repeated call within a tick only takes the ones left."""
+        return max(int(self.config.interval / 2), 1)
+
+    async def run_once(self, db: Database, now: datetime | None = None) -> int:
+        """Queues sampled (or old rows pruned, whichever is more) by one call."""
+        rows = await db.fetch(STATS_SQL, self.config.limit, self.min_gap_seconds, self.keep_seconds, now)
+        queues, pruned = (rows[0]["queues"], rows[0]["pruned"]) if rows else (0, 0)
+        if pruned:
+            log.info("event=job_done job=%s queues=%d pruned=%d", self.name, queues, pruned)
+        return int(max(queues, pruned))

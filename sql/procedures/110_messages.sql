@@ -1,0 +1,269 @@
+-- Messages: browse a queue's log, read one message and its state per consumer group, delete one.
+--
+-- Payloads sit in log_segments as QPF1 frames (zstd, codec 1, or raw, codec 0) that SQL cannot read:
+-- these procedures hand out the segments and the broker (queen_pg/engine/messages.py) decodes and
+-- slices them. Message k of a segment (k counted over the frames NOT listed in `dropped`) has offset
+-- base_offset + k.
+--
+-- queen.messages_list_v1(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
+--                        limit, offset, now)
+--   Called by: GET /api/v1/messages. Selects the retained messages of a queue (one partition, or all)
+--   whose offset is in [from_offset, to_offset) (either bound NULL = open) and whose segment was
+--   written in [since, until) (NULL = open); orders them by (segment time, partition id, offset),
+--   ascending or (desc) descending, and pages them with limit/offset.
+--   Result rows: status 'ok' | 'no_queue' | 'no_partition' | 'no_group'; total (matching messages);
+--   then per segment holding part of the page, in page order: partition id and name, the segment
+--   (base_offset, created_at, dropped, codec, payload), the part of it that matches [lo, hi), `skip`
+--   = how many matching messages come before this segment in the chosen order; and, when a group is
+--   given, that group's cursor, offsets acked out of order, the end of its live lease (NULL when no
+--   live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a refusal, is
+--   one row with NULL segment columns.
+--   Cost: one pass over the index entries of the matching segments of the queue (for total and the
+--   ordering), then the payloads of the page's segments only.
+--   Locks: none (reads).
+--
+-- queen.message_get_v1(tenant, partition_id, txn_hash, now)
+--   Called by: GET /api/v1/messages/{partitionId}/{transactionId}. Resolves the transactionId hash in
+--   the partition (log_txns; a transactionId can name several messages, e.g. a dead letter put back:
+--   the newest is read, `offsets` lists them all) and returns status 'ok' | 'no_partition' |
+--   'no_message', the queue and partition names, the offset and message id, the segment holding it,
+--   and `groups`: jsonb
+--   [{"name","queueMode","state","cursor"}] where state is 'dead' (a dead letter of that group exists
+--   for the offset), 'consumed' (below the cursor or acked out of order), 'leased' (inside a live
+--   lease), else 'pending'; `dead`: the dead letters of the offset [{"consumerGroup","error",
+--   "attempts","failedAt"}]. Locks: none (reads).
+--
+-- queen.message_delete_v1(tenant, partition_id, txn_hash, now) -> jsonb
+--   Called by: DELETE /api/v1/messages/{partitionId}/{transactionId}. A log cannot drop a message from
+--   its middle (offsets are gapless and a segment holds many messages), so "delete" means: the message
+--   (every message the transactionId names in the partition) is settled for every consumer group that
+--   exists on the queue now (marked done as a completed ack would: acked_total counts it, a cursor moves
+--   over it when it is next in line, a lease whose whole range is now done is released), its dead
+--   letters are removed, and its transactionId hashes are dropped (it can no longer be acked, read or
+--   retried by transactionId, and a new push with the same transactionId is not a duplicate). The bytes stay in their segment until retention deletes the segment: a group
+--   created later from the first retained message, or a seek back, still reads it.
+--   Result: {"status":"deleted","queue","partition","partitionId","offset" (the newest),"offsets",
+--   "groupsSettled" (groups that had one of them pending),"leasesReleased","deadLettersRemoved"} or
+--   {"status":"no_partition"|"no_message"}.
+--   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2: serializes with pushes that
+--   may add a hash row of the same transactionId), then the partition's log_consumers rows FOR UPDATE ascending
+--   (partition_id, consumer_group) (#3); the log_txns and log_dlq rows deleted.
+
+CREATE OR REPLACE FUNCTION queen.messages_list_v1(
+    p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
+    p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
+    p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
+               created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
+               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_qid bigint;
+BEGIN
+    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue;
+    IF v_qid IS NULL THEN
+        RETURN QUERY SELECT 'no_queue'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
+                            NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
+                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+        RETURN;
+    END IF;
+    IF p_partition IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = v_qid AND p.name = p_partition) THEN
+        RETURN QUERY SELECT 'no_partition'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
+                            NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
+                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+        RETURN;
+    END IF;
+    IF p_group IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_qid AND g.name = p_group) THEN
+        RETURN QUERY SELECT 'no_group'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
+                            NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
+                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH segs AS (
+        SELECT s.partition_id, p.name AS pname, s.base_offset, s.created_at,
+               greatest(s.base_offset, coalesce(p_from_offset, s.base_offset)) AS lo,
+               least(s.end_offset, coalesce(p_to_offset, s.end_offset)) AS hi
+          FROM queen.log_partitions p
+          JOIN queen.log_segments s ON s.partition_id = p.id
+         WHERE p.queue_id = v_qid
+           AND (p_partition IS NULL OR p.name = p_partition)
+           AND (p_from_offset IS NULL OR s.end_offset > p_from_offset)
+           AND (p_to_offset IS NULL OR s.base_offset < p_to_offset)
+           AND (p_since IS NULL OR s.created_at >= p_since)
+           AND (p_until IS NULL OR s.created_at < p_until)
+    ), ordered AS (
+        SELECT segs.*,
+               CASE WHEN p_desc
+                    THEN sum(segs.hi - segs.lo) OVER (ORDER BY segs.created_at DESC, segs.partition_id DESC,
+                                                      segs.base_offset DESC ROWS UNBOUNDED PRECEDING)
+                    ELSE sum(segs.hi - segs.lo) OVER (ORDER BY segs.created_at, segs.partition_id,
+                                                      segs.base_offset ROWS UNBOUNDED PRECEDING)
+               END - (segs.hi - segs.lo) AS before
+          FROM segs
+         WHERE segs.hi > segs.lo
+    ), total AS (
+        SELECT coalesce(sum(ordered.hi - ordered.lo), 0)::bigint AS n FROM ordered
+    ), page AS (
+        SELECT ordered.* FROM ordered
+         WHERE ordered.before < greatest(p_offset, 0)::bigint + greatest(p_limit, 0)
+           AND ordered.before + (ordered.hi - ordered.lo) > greatest(p_offset, 0)
+    )
+    SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
+           s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
+           lc.cursor_offset, lc.acked,
+           CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > coalesce(p_now, now()) THEN lc.lease_end END,
+           (SELECT array_agg(DISTINCT d.msg_offset) FROM queen.log_dlq d
+             WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
+               AND d.msg_offset >= page.lo AND d.msg_offset < page.hi)
+      FROM total
+      LEFT JOIN page ON true
+      LEFT JOIN queen.log_segments s ON s.partition_id = page.partition_id AND s.base_offset = page.base_offset
+      LEFT JOIN queen.log_consumers lc ON lc.partition_id = page.partition_id AND lc.consumer_group = p_group
+     ORDER BY page.before;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.message_get_v1(
+    p_tenant text, p_partition_id bigint, p_txn_hash uuid, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, queue_name text, partition_name text, msg_offset bigint, message_id uuid,
+               offsets bigint[], base_offset bigint, created_at timestamptz, dropped integer[], codec smallint,
+               payload bytea, groups jsonb, dead jsonb)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    p     record;
+    t     record;
+BEGIN
+    SELECT lp.id, lp.name, q.name AS qname INTO p
+      FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
+     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_partition'::text, NULL::text, NULL::text, NULL::bigint, NULL::uuid,
+                            NULL::bigint[], NULL::bigint, NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT lt.msg_offset, lt.message_id INTO t
+      FROM queen.log_txns lt WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash
+     ORDER BY lt.msg_offset DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_message'::text, p.qname, p.name, NULL::bigint, NULL::uuid,
+                            NULL::bigint[], NULL::bigint, NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT 'ok'::text, p.qname, p.name, t.msg_offset, t.message_id,
+           ARRAY(SELECT lt.msg_offset FROM queen.log_txns lt
+                  WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash ORDER BY 1),
+           s.base_offset, s.created_at, s.dropped,
+           s.codec, s.payload,
+           coalesce((
+               SELECT jsonb_agg(jsonb_build_object(
+                          'name', nullif(lc.consumer_group, '__QUEUE_MODE__'),
+                          'queueMode', lc.consumer_group = '__QUEUE_MODE__',
+                          'cursor', lc.cursor_offset,
+                          'state', CASE
+                              WHEN EXISTS (SELECT 1 FROM queen.log_dlq d
+                                            WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
+                                              AND d.consumer_group = lc.consumer_group) THEN 'dead'
+                              WHEN t.msg_offset < lc.cursor_offset OR t.msg_offset = ANY (lc.acked) THEN 'consumed'
+                              WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
+                                   AND t.msg_offset < lc.lease_end THEN 'leased'
+                              ELSE 'pending' END) ORDER BY lc.consumer_group)
+                 FROM queen.log_consumers lc WHERE lc.partition_id = p_partition_id), '[]'::jsonb),
+           coalesce((
+               SELECT jsonb_agg(jsonb_build_object(
+                          'consumerGroup', nullif(d.consumer_group, '__QUEUE_MODE__'), 'error', d.error,
+                          'attempts', d.attempts, 'failedAt', queen._iso_utc(d.failed_at)) ORDER BY d.id)
+                 FROM queen.log_dlq d WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset),
+               '[]'::jsonb)
+      FROM (SELECT 1) AS one
+      LEFT JOIN LATERAL (
+            SELECT s.base_offset, s.created_at, s.dropped, s.codec, s.payload FROM queen.log_segments s
+             WHERE s.partition_id = p_partition_id AND s.base_offset <= t.msg_offset
+             ORDER BY s.base_offset DESC LIMIT 1) s ON true;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.message_delete_v1(
+    p_tenant text, p_partition_id bigint, p_txn_hash uuid, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := coalesce(p_now, clock_timestamp());
+    p          record;
+    v_offs     bigint[];
+    v_off      bigint;
+    v_hit      boolean;
+    c          record;
+    v_cursor   bigint;
+    v_acked    bigint[];
+    v_settled  integer := 0;
+    v_released integer := 0;
+    v_dead     integer;
+BEGIN
+    SELECT lp.id, lp.name, q.name AS qname INTO p
+      FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
+     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant
+       FOR NO KEY UPDATE OF lp;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'no_partition');
+    END IF;
+    v_offs := ARRAY(SELECT lt.msg_offset FROM queen.log_txns lt
+                     WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash ORDER BY 1);
+    IF cardinality(v_offs) = 0 THEN
+        RETURN jsonb_build_object('status', 'no_message');
+    END IF;
+
+    FOR c IN
+        SELECT lc.* FROM queen.log_consumers lc
+         WHERE lc.partition_id = p_partition_id
+         ORDER BY lc.partition_id, lc.consumer_group
+           FOR UPDATE
+    LOOP
+        v_cursor := c.cursor_offset;
+        v_acked := c.acked;
+        v_hit := false;
+        FOREACH v_off IN ARRAY v_offs LOOP
+            CONTINUE WHEN v_off < v_cursor OR v_off = ANY (v_acked);
+            v_acked := array_append(v_acked, v_off);
+            v_hit := true;
+        END LOOP;
+        CONTINUE WHEN NOT v_hit;
+        WHILE v_cursor = ANY (v_acked) LOOP
+            v_acked := array_remove(v_acked, v_cursor);
+            v_cursor := v_cursor + 1;
+        END LOOP;
+        v_settled := v_settled + 1;
+        IF c.lease_id IS NOT NULL AND c.lease_expires_at > v_now AND v_cursor >= c.lease_end THEN
+            v_released := v_released + 1;
+            UPDATE queen.log_consumers lc
+               SET released_lease_id = lc.lease_id, lease_id = NULL, lease_expires_at = NULL, lease_end = NULL
+             WHERE lc.partition_id = c.partition_id AND lc.consumer_group = c.consumer_group;
+        END IF;
+        UPDATE queen.log_consumers lc
+           SET cursor_offset = v_cursor,
+               acked = ARRAY(SELECT a FROM unnest(v_acked) AS a ORDER BY a),
+               attempts = CASE WHEN v_cursor >= lc.delivered_end THEN 0 ELSE lc.attempts END,
+               fail_offset = CASE WHEN lc.fail_offset < v_cursor OR lc.fail_offset = ANY (v_offs) THEN NULL
+                                  ELSE lc.fail_offset END,
+               failures = CASE WHEN lc.fail_offset < v_cursor OR lc.fail_offset = ANY (v_offs) THEN 0
+                               ELSE lc.failures END,
+               acked_total = lc.acked_total + (cardinality(v_acked) - cardinality(c.acked))
+                             + (v_cursor - c.cursor_offset)
+         WHERE lc.partition_id = c.partition_id AND lc.consumer_group = c.consumer_group;
+    END LOOP;
+
+    DELETE FROM queen.log_dlq d WHERE d.partition_id = p_partition_id AND d.msg_offset = ANY (v_offs);
+    GET DIAGNOSTICS v_dead = ROW_COUNT;
+    DELETE FROM queen.log_txns lt WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash;
+
+    RETURN jsonb_build_object(
+        'status', 'deleted', 'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
+        'offset', v_offs[cardinality(v_offs)], 'offsets', to_jsonb(v_offs), 'groupsSettled', v_settled, 'leasesReleased', v_released,
+        'deadLettersRemoved', v_dead);
+END;
+$$;

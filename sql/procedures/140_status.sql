@@ -1,0 +1,189 @@
+-- Status and analytics: the overview with recent throughput, per-queue status, the per-minute time
+-- series written by the stats job (queen.stats_minutes, sql/procedures/130_system.sql), and the consumer
+-- groups that lag behind.
+--
+-- Reads only: no locks (docs/locks.md), STABLE; jsonb built for the HTTP answer, timestamps via
+-- queen._iso_utc. Terms (messages, backlog, inFlight, lag) as in sql/procedures/100_resources.sql.
+-- Throughput comes from stats_minutes, so it trails the live counters by up to one stats tick (a few
+-- seconds). A bucket with no sample reads pushed 0, acked 0, backlog and lagSeconds null.
+--
+-- queen._queue_lag_seconds(queue_id, now) -> double precision: age at `now` of the oldest message any
+--   group of the queue has not done (NULL: none). One primary-key probe into log_segments per lagging
+--   cursor row.
+-- queen.status_v1(tenant, now) -> jsonb
+--   Called by GET /api/v1/status: queen.resources_overview_v1 plus "maintenance" {"push","pop"},
+--   "throughput" {"lastMinute": {"minute","pushed","acked"} (the last complete minute),
+--   "lastHour": {"pushed","acked"}}.
+-- queen.status_queues_v1(tenant, from, to, limit, offset, now) -> jsonb
+--   Called by GET /api/v1/status/queues: {"queues":[{name, namespace, task, the queue summary,
+--   "lagSeconds", "throughput": {"pushed","acked"} over [from, to)}],"total","limit","offset","from","to"}.
+-- queen.status_queue_v1(tenant, queue, from, to, bucket_seconds, now) -> jsonb | NULL
+--   Called by GET /api/v1/status/queues/{queue}: the queue's detail (queen.resources_queue_v1 without
+--   the partition page), "lagSeconds", and "series"/"totals" as queen.analytics_v1 for that queue.
+-- queen.analytics_v1(tenant, queue, from, to, bucket_seconds, now) -> jsonb
+--   Called by GET /api/v1/status/analytics: one entry per bucket (aligned to the epoch) from `from` to
+--   `to`: {"time","pushed","acked","backlog","lagSeconds"}: pushed and acked summed over the queues
+--   (queue NULL = all of the tenant's) and the bucket's minutes; backlog = the sum over queues of each
+--   queue's largest sampled backlog in the bucket; lagSeconds = the largest sampled lag. Plus
+--   "totals" {"pushed","acked"}. {"notFound":"queue"} for an unknown queue. The broker bounds the
+--   number of buckets.
+-- queen.consumer_groups_lagging_v1(tenant, min_lag_seconds, limit, offset, now) -> jsonb
+--   Called by GET /api/v1/consumer-groups/lagging: the (queue, group) pairs whose oldest pending
+--   message is at least min_lag_seconds old, oldest first: {"groups":[{"name","queueMode","queue",
+--   "partitions","partitionsBehind","lag","oldestPendingAt","lagSeconds"}],"total","limit","offset",
+--   "minLagSeconds"}. Cost: every cursor row of the tenant, one segment probe per lagging row.
+
+CREATE OR REPLACE FUNCTION queen._queue_lag_seconds(p_queue_id bigint, p_now timestamptz)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT extract(epoch FROM p_now - min((SELECT s.created_at FROM queen.log_segments s
+                                             WHERE s.partition_id = lc.partition_id
+                                               AND s.base_offset <= lc.cursor_offset
+                                             ORDER BY s.base_offset DESC LIMIT 1)))::double precision
+      FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+     WHERE lc.queue_id = p_queue_id AND lc.cursor_offset < p.next_offset
+$$;
+
+CREATE OR REPLACE FUNCTION queen.status_v1(p_tenant text, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    WITH clock AS (SELECT coalesce(p_now, now()) AS now,
+                          date_trunc('minute', coalesce(p_now, now())) - interval '1 minute' AS last_minute),
+    settings AS (SELECT queen.system_settings_v1() AS s)
+    SELECT queen.resources_overview_v1(p_tenant, (SELECT clock.now FROM clock))
+           || jsonb_build_object(
+               'maintenance', jsonb_build_object(
+                   'push', coalesce(((SELECT settings.s FROM settings) ->> 'maintenance.push')::boolean, false),
+                   'pop', coalesce(((SELECT settings.s FROM settings) ->> 'maintenance.pop')::boolean, false)),
+               'throughput', jsonb_build_object(
+                   'lastMinute', (SELECT jsonb_build_object('minute', queen._iso_utc(clock.last_minute),
+                                                            'pushed', coalesce(sum(s.pushed), 0),
+                                                            'acked', coalesce(sum(s.acked), 0))
+                                    FROM clock LEFT JOIN queen.stats_minutes s
+                                      ON s.tenant = p_tenant AND s.minute = clock.last_minute
+                                   GROUP BY clock.last_minute),
+                   'lastHour', (SELECT jsonb_build_object('pushed', coalesce(sum(s.pushed), 0),
+                                                          'acked', coalesce(sum(s.acked), 0))
+                                  FROM clock LEFT JOIN queen.stats_minutes s
+                                    ON s.tenant = p_tenant AND s.minute > clock.now - interval '1 hour')))
+$$;
+
+CREATE OR REPLACE FUNCTION queen.status_queues_v1(
+    p_tenant text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    WITH m AS (
+        SELECT q.id, q.name, q.namespace, q.task, q.created_at FROM queen.queues q WHERE q.tenant = p_tenant
+    ), page AS (
+        SELECT m.* FROM m ORDER BY m.name LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)
+    )
+    SELECT jsonb_build_object(
+        'total', (SELECT count(*) FROM m), 'limit', p_limit, 'offset', p_offset,
+        'from', queen._iso_utc(p_from), 'to', queen._iso_utc(p_to),
+        'queues', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'name', page.name, 'namespace', page.namespace, 'task', page.task,
+                       'createdAt', queen._iso_utc(page.created_at),
+                       'lagSeconds', queen._queue_lag_seconds(page.id, coalesce(p_now, now())),
+                       'throughput', (SELECT jsonb_build_object('pushed', coalesce(sum(s.pushed), 0),
+                                                                'acked', coalesce(sum(s.acked), 0))
+                                        FROM queen.stats_minutes s
+                                       WHERE s.queue_id = page.id AND s.minute >= date_trunc('minute', p_from)
+                                         AND s.minute < p_to))
+                             || queen._queue_summary(page.id, coalesce(p_now, now())) ORDER BY page.name)
+              FROM page), '[]'::jsonb))
+$$;
+
+CREATE OR REPLACE FUNCTION queen.analytics_v1(
+    p_tenant text, p_queue text, p_from timestamptz, p_to timestamptz, p_bucket_seconds integer,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    WITH q AS (
+        SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND (p_queue IS NULL OR q.name = p_queue)
+    ), w AS (
+        SELECT make_interval(secs => p_bucket_seconds) AS step,
+               date_bin(make_interval(secs => p_bucket_seconds), p_from, '1970-01-01 00:00:00+00') AS start
+    ), per_queue AS (
+        SELECT date_bin(w.step, s.minute, '1970-01-01 00:00:00+00') AS t, s.queue_id,
+               sum(s.pushed) AS pushed, sum(s.acked) AS acked, max(s.backlog) AS backlog,
+               max(s.lag_seconds) AS lag_seconds
+          FROM queen.stats_minutes s, w
+         WHERE s.tenant = p_tenant AND s.queue_id IN (SELECT q.id FROM q)
+           AND s.minute >= w.start AND s.minute < p_to
+         GROUP BY 1, 2
+    ), agg AS (
+        SELECT per_queue.t, sum(per_queue.pushed) AS pushed, sum(per_queue.acked) AS acked,
+               sum(per_queue.backlog) AS backlog, max(per_queue.lag_seconds) AS lag_seconds
+          FROM per_queue GROUP BY per_queue.t
+    ), buckets AS (
+        SELECT b.t FROM w, generate_series(w.start, p_to - interval '1 microsecond', w.step) AS b(t)
+    )
+    SELECT CASE WHEN p_queue IS NOT NULL AND NOT EXISTS (SELECT 1 FROM q)
+           THEN jsonb_build_object('notFound', 'queue') ELSE
+           jsonb_build_object(
+               'queue', p_queue, 'from', queen._iso_utc(p_from), 'to', queen._iso_utc(p_to),
+               'bucketSeconds', p_bucket_seconds,
+               'series', coalesce((
+                   SELECT jsonb_agg(jsonb_build_object(
+                              'time', queen._iso_utc(buckets.t), 'pushed', coalesce(agg.pushed, 0),
+                              'acked', coalesce(agg.acked, 0), 'backlog', agg.backlog,
+                              'lagSeconds', agg.lag_seconds) ORDER BY buckets.t)
+                     FROM buckets LEFT JOIN agg ON agg.t = buckets.t), '[]'::jsonb),
+               'totals', jsonb_build_object('pushed', (SELECT coalesce(sum(agg.pushed), 0) FROM agg),
+                                            'acked', (SELECT coalesce(sum(agg.acked), 0) FROM agg))) END
+$$;
+
+CREATE OR REPLACE FUNCTION queen.status_queue_v1(
+    p_tenant text, p_queue text, p_from timestamptz, p_to timestamptz, p_bucket_seconds integer,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT d - 'partitions' - 'limit' - 'offset'
+           || jsonb_build_object(
+               'lagSeconds', queen._queue_lag_seconds(
+                   (SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue),
+                   coalesce(p_now, now())),
+               'from', a -> 'from', 'to', a -> 'to', 'bucketSeconds', a -> 'bucketSeconds',
+               'series', a -> 'series', 'totals', a -> 'totals')
+      FROM (SELECT queen.resources_queue_v1(p_tenant, p_queue, 0, 0, p_now) AS d,
+                   queen.analytics_v1(p_tenant, p_queue, p_from, p_to, p_bucket_seconds, p_now) AS a) AS x
+     WHERE d IS NOT NULL
+$$;
+
+CREATE OR REPLACE FUNCTION queen.consumer_groups_lagging_v1(
+    p_tenant text, p_min_lag_seconds integer, p_limit integer, p_offset integer, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    WITH c AS (
+        SELECT lc.queue_id, lc.consumer_group, p.next_offset - lc.cursor_offset AS lag,
+               CASE WHEN lc.cursor_offset < p.next_offset THEN
+                    (SELECT s.created_at FROM queen.log_segments s
+                      WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
+                      ORDER BY s.base_offset DESC LIMIT 1) END AS head_at
+          FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+         WHERE lc.tenant = p_tenant
+    ), g AS (
+        SELECT c.queue_id, c.consumer_group, count(*) AS partitions,
+               count(*) FILTER (WHERE c.lag > 0) AS behind, sum(c.lag) AS lag, min(c.head_at) AS oldest
+          FROM c GROUP BY c.queue_id, c.consumer_group
+        HAVING min(c.head_at) <= coalesce(p_now, now()) - make_interval(secs => p_min_lag_seconds)
+    ), page AS (
+        SELECT g.*, q.name AS queue FROM g JOIN queen.queues q ON q.id = g.queue_id
+         ORDER BY g.oldest, q.name, g.consumer_group
+         LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)
+    )
+    SELECT jsonb_build_object(
+        'total', (SELECT count(*) FROM g), 'limit', p_limit, 'offset', p_offset,
+        'minLagSeconds', p_min_lag_seconds,
+        'groups', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'name', nullif(page.consumer_group, '__QUEUE_MODE__'),
+                       'queueMode', page.consumer_group = '__QUEUE_MODE__',
+                       'queue', page.queue, 'partitions', page.partitions, 'partitionsBehind', page.behind,
+                       'lag', page.lag, 'oldestPendingAt', queen._iso_utc(page.oldest),
+                       'lagSeconds', extract(epoch FROM coalesce(p_now, now()) - page.oldest))
+                   ORDER BY page.oldest, page.queue, page.consumer_group)
+              FROM page), '[]'::jsonb))
+$$;

@@ -1,0 +1,224 @@
+"""GET /metrics: the Prometheus text output parsed by prometheus-client's own parser, after real
+pushes, pops and acks over HTTP; per-route counters use templates; backlog and lag come from the
+database; acks of partitions another broker served are named through the database; a scrape with the
+database gone still answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import httpx
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+
+from queen_pg.jobs.supervisor import Job, JobConfig, Supervisor
+from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
+from tests.conftest import Broker, PgServer, fresh_database
+from tests.helpers import eventually, push
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+async def scrape(http: httpx.AsyncClient) -> Samples:
+    r = await http.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == CONTENT_TYPE
+    out: Samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The value of the one sample of ``name`` whose labels include ``labels``."""
+    found = [v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else None
+
+
+async def ack(http: httpx.AsyncClient, msgs: list[dict[str, Any]], group: str | None, status: str = "completed") -> Any:
+    items = [
+        {
+            "transactionId": m["transactionId"],
+            "partitionId": m["partitionId"],
+            "leaseId": m["leaseId"],
+            "status": status,
+        }
+        for m in msgs
+    ]
+    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": items, "consumerGroup": group})
+    assert r.status_code == 200, r.text
+    assert all(x["success"] for x in r.json()), r.text
+    return r.json()
+
+
+async def test_push_pop_ack_then_scrape(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    await push(http, "orders", [{"payload": i} for i in range(3)], partition="p1")
+    await push(http, "orders", [{"payload": i} for i in range(2)], partition="p2")
+    dup = await push(http, "orders", [{"payload": 0, "transactionId": "t-1"}, {"payload": 1, "transactionId": "t-1"}])
+    assert [d["status"] for d in dup] == ["queued", "duplicate"]
+    await push(http, "other", [{"payload": "x"}])
+
+    r = await http.get("/api/v1/pop/queue/orders/partition/p1", params={"consumerGroup": "billing", "batch": 10})
+    popped = r.json()["messages"]
+    assert len(popped) == 3
+    await ack(http, popped[:2], "billing")
+    r = await http.get("/api/v1/pop/queue/orders", params={"batch": 10})  # queue mode
+    qm = r.json()["messages"]
+    await ack(http, qm[:1], None, status="failed")
+    assert (await http.get("/nowhere")).status_code == 404
+
+    m = await scrape(http)
+    # messages per queue, counted from the engine's answers
+    assert value(m, "queen_messages_pushed_total", queue="orders", tenant="default") == 6
+    assert value(m, "queen_messages_pushed_total", queue="other") == 1
+    assert value(m, "queen_messages_push_duplicates_total", queue="orders") == 1
+    assert value(m, "queen_messages_popped_total", queue="orders") == 3 + len(qm)
+    assert value(m, "queen_messages_acked_total", queue="orders", status="completed") == 2
+    assert value(m, "queen_messages_acked_total", queue="orders", status="failed") == 1
+    # requests per route template, never the raw path
+    assert value(m, "queen_http_requests_total", method="POST", route="/api/v1/push", status="201") == 4
+    assert value(m, "queen_http_requests_total", route="/api/v1/pop/queue/{queue}/partition/{partition}") == 1
+    assert value(m, "queen_http_requests_total", route="/api/v1/pop/queue/{queue}", status="200") == 1
+    assert value(m, "queen_http_requests_total", route="/api/v1/ack/batch", status="200") == 2
+    assert value(m, "queen_http_requests_total", route=UNMATCHED, status="404") == 1
+    routes = {lab["route"] for lab, _ in m["queen_http_requests_total"]}
+    assert not any("orders" in r or "p1" in r for r in routes), routes
+    assert value(m, "queen_http_request_duration_seconds_count", method="POST", route="/api/v1/push") == 4
+    assert (value(m, "queen_http_request_duration_seconds_sum", method="POST", route="/api/v1/push") or 0) > 0
+    # backlog, lag and partitions from the database, as psql's view tells them
+    truth = {
+        r["consumer_group"]: r["total_lag"]
+        for r in await conn.fetch(
+            "SELECT consumer_group, total_lag FROM queen.v_consumer_groups WHERE queue = 'orders'"
+        )
+    }
+    assert truth["billing"] == 1 + 2 + 1  # p1: 1 left, p2: 2, Default: 1
+    assert value(m, "queen_group_lag_messages", queue="orders", consumer_group="billing") == truth["billing"]
+    qm_lag = value(m, "queen_group_lag_messages", queue="orders", consumer_group="__QUEUE_MODE__")
+    assert qm_lag == truth[None] == 6
+    assert value(m, "queen_queue_backlog", queue="orders") == 6
+    assert value(m, "queen_queue_partitions", queue="orders") == 3
+    assert value(m, "queen_queue_messages_written", queue="orders") == 6
+    assert value(m, "queen_queue_dlq_depth", queue="orders") == 0
+    assert (value(m, "queen_group_lag_seconds", queue="orders", consumer_group="billing") or -1) >= 0
+    assert value(m, "queen_group_leased_partitions", queue="orders", consumer_group="billing") == 1  # p1, 1 left
+    assert value(m, "queen_db_up") == 1
+    # this process: pool, long-poll waiters, limiters (when built), version
+    assert value(m, "queen_db_pool_max_connections") == 5
+    assert (value(m, "queen_db_pool_connections") or 0) >= 1
+    assert value(m, "queen_longpoll_waiters") == 0
+    assert value(m, "queen_longpoll_waiters_limit") == 10_000
+    assert value(m, "queen_build_info") == 1
+    assert value(m, "process_resident_memory_bytes") is not None
+
+
+async def test_dead_letters_and_parked_waiters_show(broker: Broker, http: httpx.AsyncClient) -> None:
+    await http.post("/api/v1/configure", json={"queue": "dl", "options": {"retryLimit": 0}})
+    await push(http, "dl", [{"payload": 1}])
+    msg = (await http.get("/api/v1/pop/queue/dl", params={"consumerGroup": "g"})).json()["messages"][0]
+    await ack(http, [msg], "g", status="dlq")
+    parked = asyncio.create_task(http.get("/api/v1/pop/queue/idle", params={"wait": "true", "timeout": 5000}))
+    waiters = broker.app.state.queen.waiters
+    await eventually(lambda: waiters.parked == 1, "a parked pop")
+    m = await scrape(http)
+    assert value(m, "queen_queue_dlq_depth", queue="dl") == 1
+    assert value(m, "queen_group_dlq_depth", queue="dl", consumer_group="g") == 1
+    assert value(m, "queen_group_lag_messages", queue="dl", consumer_group="g") == 0
+    assert value(m, "queen_group_lag_seconds", queue="dl", consumer_group="g") == 0
+    assert value(m, "queen_messages_acked_total", queue="dl", status="dlq") == 1
+    assert value(m, "queen_longpoll_waiters") == 1
+    await push(http, "idle", [{"payload": 1}])
+    assert (await parked).status_code == 200
+
+
+async def test_limiters_are_exposed_when_present(broker: Broker, http: httpx.AsyncClient) -> None:
+    limiters = getattr(broker.app.state.queen, "limiters", None)
+    m = await scrape(http)
+    if not limiters:  # built by issue 5's limiter; absent, nothing is exposed
+        assert "queen_limiter" not in m
+        return
+    for family, limiter in limiters.items():
+        for field, v in limiter.snapshot().items():
+            assert value(m, "queen_limiter", family=family, field=field) == float(v)
+
+
+async def test_ack_on_another_broker_is_named_through_the_database(start_broker: Any, http: httpx.AsyncClient) -> None:
+    other = await start_broker()
+    await push(http, "split", [{"payload": i} for i in range(3)])
+    msgs = (await http.get("/api/v1/pop/queue/split", params={"batch": 3})).json()["messages"]
+    async with httpx.AsyncClient(base_url=other.url) as b:
+        await ack(b, msgs, None)
+        assert other.app.state.metrics._pending_acks  # not seen by this broker: named at scrape time
+        m = await scrape(b)
+        assert value(m, "queen_messages_acked_total", queue="split", status="completed") == 3
+        assert value(m, "queen_messages_pushed_total", queue="split") is None  # pushed through the first
+        assert not other.app.state.metrics._pending_acks
+        assert value(m, "queen_group_lag_messages", queue="split", consumer_group="__QUEUE_MODE__") == 0
+
+
+async def test_snapshot_is_cached_between_close_scrapes(broker: Broker, http: httpx.AsyncClient) -> None:
+    broker.app.state.metrics.snapshot_max_age = 3600.0
+    await push(http, "c", [{"payload": 1}])
+    first = await scrape(http)
+    await push(http, "c", [{"payload": 2}])
+    second = await scrape(http)
+    assert value(first, "queen_queue_messages_written", queue="c") == 1
+    assert value(second, "queen_queue_messages_written", queue="c") == 1  # the same snapshot
+    assert value(second, "queen_messages_pushed_total", queue="c") == 2  # counters are live
+    broker.app.state.metrics.snapshot_max_age = 0.0
+    third = await scrape(http)
+    assert value(third, "queen_queue_messages_written", queue="c") == 2
+
+
+async def test_scrape_answers_with_the_database_gone(pg_server: PgServer, start_broker: Any) -> None:
+    url = fresh_database(pg_server)
+    b = await start_broker(url, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        await push(http, "gone", [{"payload": 1}])
+        with psycopg.connect(pg_server.admin_url, autocommit=True) as c:
+            c.execute(f"DROP DATABASE {urlsplit(url).path.lstrip('/')} WITH (FORCE)")
+        m = await scrape(http)
+    assert value(m, "queen_db_up") == 0
+    assert value(m, "queen_messages_pushed_total", queue="gone") == 1  # the rest is still there
+    assert "queen_queue_partitions" not in m  # no snapshot ever succeeded
+
+
+class Ticker(Job):
+    def __init__(self, fail: bool) -> None:
+        super().__init__(JobConfig(name="ticker-fail" if fail else "ticker", interval=0.01, limit=10))
+        self.fail = fail
+
+    async def run_once(self, db: Any, now: Any = None) -> int:
+        if self.fail:
+            raise RuntimeError("boom")
+        return 3
+
+
+async def test_job_runs_and_errors_are_counted() -> None:
+    sup = Supervisor()
+    good, bad = Ticker(False), Ticker(True)
+    sup.start_job(good, None)  # type: ignore[arg-type]
+    sup.start_job(bad, None)  # type: ignore[arg-type]
+    try:
+        await eventually(lambda: good.runs >= 2 and bad.errors >= 1, "job ticks")
+    finally:
+        await sup.stop()
+    metrics = Metrics(multiprocess_dir="")
+    metrics.sample(None, None, None, sup)
+    m: Samples = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            m.setdefault(s.name, []).append((s.labels, s.value))
+    assert value(m, "queen_job_runs_total", job="ticker") == good.runs
+    assert value(m, "queen_job_items_total", job="ticker") == 3 * good.runs
+    assert value(m, "queen_job_errors_total", job="ticker-fail") == bad.errors
+    assert value(m, "queen_job_errors_total", job="ticker") is None
+    metrics.sample(None, None, None, sup)  # sampled again: counters do not double
+    again = text_string_to_metric_families(metrics.render().decode())
+    runs = next(f for f in again if f.name == "queen_job_runs")
+    assert [s.value for s in runs.samples if s.labels.get("job") == "ticker"] == [good.runs]
