@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean
+.PHONY: help run test lint install clean bench
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,8 +31,11 @@ test: $(TSTAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the que
 	$(BIN)/python -m pytest
 
 lint: $(TSTAMP) ## ruff and mypy
-	$(BIN)/ruff check queen_pg tests migrations
+	$(BIN)/ruff check queen_pg tests migrations benchmarks
 	$(BIN)/mypy
+
+bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results.json; BENCH_ARGS="--help"
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean: ## remove the venv and caches (keeps ./.queen, the embedded database)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

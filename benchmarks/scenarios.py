@@ -1,0 +1,266 @@
+"""The scenarios of issue 5 and their targets. One run of a scenario calls the load generator once or
+twice and returns the values its metrics read; ``run.py`` repeats runs and quotes medians.
+
+Shapes (the issue names the counts; the rest is chosen here and recorded in results.json):
+- push, 100 items/request, 32 clients: each client pushes to its own partition of one queue.
+- push, 1 item/request, 128 clients: each client pushes to its own partition of one queue.
+- pop + ack: 10 partitions pre-filled with 100 messages per push (100k in all, not timed); 10 queue-mode
+  consumers loop pop ``batch=100`` (no wait) + one ``/ack/batch``; rate = acknowledged messages per s.
+- latency: one client, one item per push, sequential, each push waits for the previous answer.
+- fan-out: one queue of 10 partitions pre-filled with 100k; a single group of 10 consumers, then 10
+  groups of 10 consumers each (fresh group names each run, so each reads from the start); the metric is
+  total deliveries per second of the 10 groups over the single group's.
+- 10,000 partitions: 32 clients push one item per request round-robin over 10,000 existing partitions
+  (one message each made in set-up), vs the same over 10 partitions; the metric is the ratio in %.
+- floor (no target): a bare FastAPI route on the same stack, without and with one asyncpg ``SELECT 1``,
+  driven like the single-push scenario: the CPU one request costs on this machine before queen-pg's work.
+- memory: VmRSS of each broker worker after all other scenarios (from /proc/<pid>/status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.broker import BenchError, delete_queue, free_port, wait_healthy
+from benchmarks.machine import ROOT
+from benchmarks.procstat import broker_processes, workers
+from benchmarks.profiling import Profiler
+
+PAYLOAD_BYTES = 128
+Values = dict[str, float]
+Details = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    target: float | None = None  # None: reported, not judged
+    op: str = ">="
+
+    def met(self, value: float | None) -> bool | None:
+        if self.target is None or value is None:
+            return None
+        return value >= self.target if self.op == ">=" else value <= self.target
+
+
+@dataclass
+class Context:
+    url: str
+    root_pid: int | None
+    duration: float
+    warmup: float
+    tag: str
+    pop_prefill: int
+    pg_dsn: str | None = None  # the started broker's PostgreSQL (floor scenario)
+    profiler: Profiler | None = None
+    profiling: str | None = None  # the scenario key whose measured calls are being profiled
+    shared: dict[str, Any] = field(default_factory=dict)  # set-up results kept across a scenario's runs
+
+    def queue(self, name: str, run: int | str = "") -> str:
+        return f"bench-{self.tag}-{name}{run}"
+
+    def _loadgen(self, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        full = {"url": self.url, "tag": self.tag, "payload_bytes": PAYLOAD_BYTES} | spec
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "benchmarks.loadgen", json.dumps(full)]
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"the load generator ({spec['action']}) ran past {timeout:.0f} s") from None
+        if p.returncode != 0 or not p.stdout.strip():
+            raise BenchError(f"the load generator ({spec['action']}) failed (rc={p.returncode}): {p.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+        if result.get("errors") and not result.get("count"):
+            raise BenchError(f"{spec['action']}: every request failed; first error: {result.get('first_error')}")
+        return result
+
+    def setup(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Untimed work (pre-filling); fails the scenario if anything in it failed."""
+        r = self._loadgen(spec, timeout=600)
+        if r.get("errors"):
+            raise BenchError(f"set-up {spec['action']} failed: {r.get('first_error')}")
+        return r
+
+    def measure(self, spec: dict[str, Any], label: str = "") -> dict[str, Any]:
+        timed = {"warmup": self.warmup, "duration": self.duration, "root_pid": self.root_pid} | spec
+        prof = self.profiler
+        rec = prof.record(f"{self.profiling}{label}") if prof is not None and self.profiling else nullcontext()
+        with rec:
+            return self._loadgen(timed, timeout=self.warmup + self.duration + 120)
+
+    def delete(self, queue: str) -> None:
+        delete_queue(self.url, queue)
+
+
+def _rate(r: dict[str, Any]) -> float:
+    return float(r["rate"])
+
+
+def push_batch(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("push100-", run)
+    r = ctx.measure({"action": "push", "queue": q, "clients": 32, "items": 100, "partitions": 32})
+    ctx.delete(q)
+    return {"msg_s": _rate(r)}, r
+
+
+def push_single(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("push1-", run)
+    r = ctx.measure({"action": "push", "queue": q, "clients": 128, "items": 1, "partitions": 128})
+    ctx.delete(q)
+    return {"msg_s": _rate(r)}, r
+
+
+def _fill(ctx: Context, queue: str, partitions: int, total: int, per_req: int = 100) -> dict[str, Any]:
+    spec = {"action": "fill", "queue": queue, "partitions": partitions, "per_partition": max(1, total // partitions),
+            "per_req": per_req, "concurrency": min(partitions, 10)}  # fmt: skip
+    return ctx.setup(spec)
+
+
+def pop_ack(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("pop-", run)
+    fill = _fill(ctx, q, 10, ctx.pop_prefill)
+    spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100, "expect": fill["count"]}
+    r = ctx.measure(spec)
+    ctx.delete(q)
+    return {"msg_s": _rate(r)}, r | {"prefill": fill}
+
+
+def latency(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("latency-", run)
+    r = ctx.measure({"action": "latency", "queue": q, "partitions": 1})
+    ctx.delete(q)
+    lat = r.get("latency_ms") or {}
+    return {"p50_ms": lat.get("p50", float("nan")), "p99_ms": lat.get("p99", float("nan"))}, r
+
+
+def fanout_setup(ctx: Context) -> None:
+    q = ctx.shared["queue"] = ctx.queue("fanout")
+    ctx.shared["fill"] = _fill(ctx, q, 10, ctx.pop_prefill)
+
+
+def fanout(ctx: Context, run: int) -> tuple[Values, Details]:
+    q, total = ctx.shared["queue"], ctx.shared["fill"]["count"]
+    base = {"action": "consume", "queue": q, "consumers": 10, "batch": 100, "expect": total}
+    one = ctx.measure(base | {"groups": [f"g{ctx.tag}-single-{run}"]}, "-single")
+    ten = ctx.measure(base | {"groups": [f"g{ctx.tag}-fan-{run}-{g}" for g in range(10)]}, "-fanout")
+    return {"ratio": _rate(ten) / max(_rate(one), 1e-9), "single_msg_s": _rate(one), "fanout_msg_s": _rate(ten)}, {
+        "single": one,
+        "fanout": ten,
+    }
+
+
+def partitions_setup(ctx: Context) -> None:
+    for n in (10, 10_000):
+        q = ctx.shared[f"q{n}"] = ctx.queue(f"parts{n}")
+        _fill(ctx, q, n, n, per_req=1000)
+
+
+def partitions(ctx: Context, run: int) -> tuple[Values, Details]:
+    base = {"action": "push", "clients": 32, "items": 1, "partition_mode": "spread"}
+    ten = ctx.measure(base | {"queue": ctx.shared["q10"], "partitions": 10}, "-10")
+    many = ctx.measure(base | {"queue": ctx.shared["q10000"], "partitions": 10_000}, "-10k")
+    pct = 100 * _rate(many) / max(_rate(ten), 1e-9)
+    return {"pct_of_10": pct, "rate_10k_msg_s": _rate(many), "rate_10_msg_s": _rate(ten)}, {"p10": ten, "p10k": many}
+
+
+def floor_setup(ctx: Context) -> None:
+    if ctx.pg_dsn is None:
+        raise BenchError("the floor scenario needs the PostgreSQL of a broker started by the harness")
+    for mode in ("plain", "db"):
+        port = free_port()
+        cmd = [sys.executable, "-m", "benchmarks.floor_app", str(port), mode, ctx.pg_dsn]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        ctx.shared[f"proc_{mode}"] = proc
+        ctx.shared[f"url_{mode}"] = f"http://127.0.0.1:{port}"
+        wait_healthy(ctx.shared[f"url_{mode}"], 60, proc)
+
+
+def floor_teardown(ctx: Context) -> None:
+    for mode in ("plain", "db"):
+        proc = ctx.shared.pop(f"proc_{mode}", None)
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    ctx.shared.clear()
+
+
+def floor(ctx: Context, run: int) -> tuple[Values, Details]:
+    values, details = {}, {}
+    for mode in ("plain", "db"):
+        proc = ctx.shared[f"proc_{mode}"]
+        spec = {"action": "push", "queue": "floor", "clients": 128, "items": 1, "partitions": 128,
+                "url": ctx.shared[f"url_{mode}"], "root_pid": proc.pid}  # fmt: skip
+        r = ctx.measure(spec, f"-{mode}")
+        values[f"{mode}_req_s"] = _rate(r)
+        values[f"{mode}_us_per_req"] = r["cpu_cores"].get("broker", 0.0) * 1e6 / max(_rate(r), 1e-9)
+        details[mode] = r
+        time.sleep(0.2)
+    return values, details
+
+
+def memory(ctx: Context, run: int) -> tuple[Values, Details]:
+    if ctx.root_pid is None:
+        raise BenchError("no broker pid (an external broker: pass --broker-pid to read its memory)")
+    procs = broker_processes(ctx.root_pid)
+    ws = workers(procs)
+    if not ws:
+        raise BenchError(f"no process {ctx.root_pid} to read")
+    detail = {"processes": [{"pid": p.pid, "comm": p.comm, "rss_mb": round(p.rss_mb, 1), "peak_mb": round(p.hwm_mb, 1),
+                             "worker": p in ws} for p in procs]}  # fmt: skip
+    return {"rss_mb": max(p.rss_mb for p in ws), "peak_rss_mb": max(p.hwm_mb for p in ws)}, detail
+
+
+def _teardown_shared(ctx: Context) -> None:
+    for v in list(ctx.shared.values()):
+        if isinstance(v, str) and v.startswith("bench-"):
+            ctx.delete(v)
+    ctx.shared.clear()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    target_text: str
+    metrics: tuple[Metric, ...]
+    run: Callable[[Context, int], tuple[Values, Details]]
+    setup: Callable[[Context], None] | None = None
+    teardown: Callable[[Context], None] | None = None
+    single_reading: bool = False  # one reading, not repeated runs (memory)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("push_batch100", "push, 100 items/request, 32 clients", "≥ 90,000 msg/s",
+             (Metric("msg_s", "msg/s", 90_000),), push_batch),
+    Scenario("push_single", "push, 1 item/request, 128 clients", "≥ 8,000 msg/s",
+             (Metric("msg_s", "msg/s", 8_000),), push_single),
+    Scenario("pop_ack", "pop 100 + batch ack, 10 consumers, 10 partitions pre-filled with 100k", "≥ 45,000 msg/s",
+             (Metric("msg_s", "msg/s", 45_000),), pop_ack),
+    Scenario("latency", "single push, 1 client, sequential", "p50 ≤ 2 ms, p99 ≤ 5 ms",
+             (Metric("p50_ms", "ms", 2.0, "<="), Metric("p99_ms", "ms", 5.0, "<=")), latency),
+    Scenario("fanout", "fan-out: 10 consumer groups reading one queue", "≥ 3× the single-group rate",
+             (Metric("ratio", "×", 3.0), Metric("single_msg_s", "msg/s"), Metric("fanout_msg_s", "msg/s")),
+             fanout, fanout_setup, _teardown_shared),
+    Scenario("partitions_10k", "10,000 partitions, 1 item per push", "≥ 70 % of the 10-partition rate",
+             (Metric("pct_of_10", "%", 70.0), Metric("rate_10k_msg_s", "msg/s"), Metric("rate_10_msg_s", "msg/s")),
+             partitions, partitions_setup, _teardown_shared),
+    Scenario("floor", "floor: bare FastAPI route, 128 clients (plain / + asyncpg SELECT 1)", "none (context)",
+             (Metric("plain_us_per_req", "µs/req"), Metric("db_us_per_req", "µs/req"),
+              Metric("plain_req_s", "req/s"), Metric("db_req_s", "req/s")), floor, floor_setup, floor_teardown),
+    Scenario("memory", "broker memory after the runs", "RSS ≤ 150 MB per worker",
+             (Metric("rss_mb", "MB", 150.0, "<="), Metric("peak_rss_mb", "MB")), memory, single_reading=True),
+)  # fmt: skip
+BY_KEY = {s.key: s for s in SCENARIOS}

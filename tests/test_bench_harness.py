@@ -1,0 +1,100 @@
+"""The benchmark harness works: its load generator drives a real broker over HTTP and its report is
+sound. Nothing here asserts a speed: ``make bench`` measures, tests only check the measuring."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from benchmarks import run as bench
+from benchmarks.profiling import summarize
+from benchmarks.scenarios import Metric
+from tests.conftest import Broker, free_port
+
+
+async def run_bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "results.json"
+    rc = await asyncio.to_thread(bench.main, [*argv, "--output", str(out)])
+    return rc, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def metric(row: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(m for m in row["metrics"] if m["name"] == name)
+
+
+async def test_push_scenario_and_memory_against_a_running_broker(
+    broker: Broker, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    rc, res = await run_bench(
+        tmp_path, "--broker-url", broker.url, "--broker-pid", str(os.getpid()),
+        "--scenarios", "push_single,memory", "--runs", "1", "--duration", "1", "--warmup", "0.2",
+    )  # fmt: skip
+    assert rc == 0, res
+    push, mem = res["scenarios"]
+    assert push["key"] == "push_single" and push["error"] is None
+    assert metric(push, "msg_s")["median"] > 0
+    assert metric(push, "msg_s")["met"] in (True, False)
+    details = push["runs"][0]["details"]
+    assert details["errors"] == 0 and details["count"] > 0
+    assert details["cpu_cores"]["broker"] > 0  # the broker (this process) worked during the window
+    assert mem["key"] == "memory" and metric(mem, "rss_mb")["median"] > 0
+    assert res["machine"]["cores"] >= 1 and res["machine"]["python"]
+    # the queue the scenario pushed to was deleted after its run
+    assert await conn.fetchval("SELECT count(*) FROM queen.queues WHERE name LIKE 'bench-%'") == 0
+
+
+async def test_pop_ack_scenario_delivers_every_prefilled_message_once(broker: Broker, tmp_path: Path) -> None:
+    rc, res = await run_bench(
+        tmp_path, "--broker-url", broker.url, "--scenarios", "pop_ack", "--pop-prefill", "2000",
+        "--runs", "1", "--duration", "5", "--warmup", "0",
+    )  # fmt: skip
+    assert rc == 0, res
+    (row,) = res["scenarios"]
+    details = row["runs"][0]["details"]
+    assert details["prefill"]["count"] == 2000
+    assert details["per_group"] == [2000]  # every message acknowledged exactly once, then the window ended
+    assert details["errors"] == 0
+    assert metric(row, "msg_s")["median"] > 0
+
+
+async def test_unreachable_broker_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    rc, res = await run_bench(tmp_path, "--broker-url", url, "--scenarios", "push_single", "--runs", "1")
+    assert rc == 1
+    assert res == {}  # no results file for a run that could not start
+
+
+async def test_unknown_scenario_is_refused(tmp_path: Path) -> None:
+    rc, _res = await run_bench(tmp_path, "--scenarios", "push_single,nope")
+    assert rc == 2
+
+
+def test_targets_are_judged_in_their_direction() -> None:
+    at_least = bench.judge(Metric("msg_s", "msg/s", 8000), 6000.0)
+    assert at_least["met"] is False and at_least["of_target"] == 0.75
+    assert bench.judge(Metric("msg_s", "msg/s", 8000), 9000.0)["met"] is True
+    at_most = bench.judge(Metric("p99_ms", "ms", 5.0, "<="), 7.5)
+    assert at_most["met"] is False and at_most["of_target"] == 1.5
+    assert bench.judge(Metric("p99_ms", "ms", 5.0, "<="), 4.0)["met"] is True
+    assert bench.judge(Metric("single_msg_s", "msg/s"), 10.0)["met"] is None  # informational, no target
+
+
+def test_profile_summary_reads_py_spy_collapsed_stacks(tmp_path: Path) -> None:
+    f = tmp_path / "p.txt"
+    f.write_text(
+        'process 1:"python -m queen_pg.cli serve";<module> (queen_pg/cli.py:10);'
+        "push (queen_pg/api/routes_data.py:60);fetch (asyncpg/connection.py:2069) 3\n"
+        'process 1:"python -m queen_pg.cli serve";<module> (queen_pg/cli.py:10);'
+        "push (queen_pg/api/routes_data.py:60);pack (queen_pg/engine/codec.py:58) 1\n"
+    )
+    s = summarize(f)
+    assert s["samples"] == 4
+    cats = dict(s["self_by_category"])
+    assert cats["asyncpg (Cython protocol: encode arguments, send, decode rows; pool)"] == 75.0
+    assert cats["queen_pg engine/codec.py"] == 25.0
+    assert dict(s["inclusive"])["push (queen_pg/api/routes_data.py)"] == 100.0
