@@ -99,8 +99,8 @@ class Settings(BaseSettings):
         le=600_000,
         description="A push waits this long (jittered +-20 %) for admission or a limiter permit, then 429.",
     )
-    limiter_initial: int = Field(20, ge=1, description="Starting concurrency limit of each route family.")
-    limiter_min: int = Field(4, ge=1, description="Lowest concurrency limit the Vegas limiter may set.")
+    limiter_initial: int = Field(64, ge=1, description="Starting concurrency limit of each route family.")
+    limiter_min: int = Field(32, ge=1, description="Lowest concurrency limit the Vegas limiter may set.")
     limiter_max: int = Field(1000, ge=1, description="Highest concurrency limit the Vegas limiter may set.")
     limiter_queue: int = Field(
         10_000, ge=0, description="Requests waiting for a permit per route family; beyond it 429 at once."
