@@ -19,14 +19,28 @@ KV_SQL = "SELECT queen.kv_v1($1, $2::text::jsonb, $3)"
 KV_ONCE_SQL = "SELECT * FROM queen.kv_v2($1, $2::text::jsonb, $3, $4, $5, $6, $7)"
 
 
+async def run_ops(
+    db: Database,
+    sql: str,
+    once_sql: str,
+    tenant: str,
+    ops: list[dict[str, Any]],
+    now: datetime | None,
+    once: Once | None,
+) -> dict[str, Any]:
+    """One call of a jsonb-ops procedure (kv_v1 / locks_v1), or of its outcome-window wrapper (_v2)
+    when the request carries a key: a retry then answers the recorded result."""
+    if once is None:
+        raw = await db.fetchval(sql, tenant, orjson.dumps(ops).decode(), now)
+    else:
+        rows = await db.fetch(once_sql, tenant, orjson.dumps(ops).decode(), now, *once.args())
+        raw, once.replayed = rows[0]["result"], rows[0]["replayed"]
+    result: dict[str, Any] = orjson.loads(raw)
+    return result
+
+
 async def apply(
     db: Database, tenant: str, ops: list[dict[str, Any]], now: datetime | None = None, once: Once | None = None
 ) -> dict[str, Any]:
     """Apply validated ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op."""
-    if once is None:
-        raw = await db.fetchval(KV_SQL, tenant, orjson.dumps(ops).decode(), now)
-    else:  # the outcome window (queen_pg/engine/outcomes.py): a retry answers the recorded result
-        rows = await db.fetch(KV_ONCE_SQL, tenant, orjson.dumps(ops).decode(), now, *once.args())
-        raw, once.replayed = rows[0]["result"], rows[0]["replayed"]
-    result: dict[str, Any] = orjson.loads(raw)
-    return result
+    return await run_ops(db, KV_SQL, KV_ONCE_SQL, tenant, ops, now, once)

@@ -9,9 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import orjson
-
 from queen_pg.db.pool import Database
+from queen_pg.engine.kv import run_ops
 from queen_pg.engine.outcomes import Once
 
 LOCKS_SQL = "SELECT queen.locks_v1($1, $2::text::jsonb, $3)"
@@ -22,10 +21,4 @@ async def apply(
     db: Database, tenant: str, ops: list[dict[str, Any]], now: datetime | None = None, once: Once | None = None
 ) -> dict[str, Any]:
     """Run validated lock ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op."""
-    if once is None:
-        raw = await db.fetchval(LOCKS_SQL, tenant, orjson.dumps(ops).decode(), now)
-    else:  # the outcome window (queen_pg/engine/outcomes.py): a retry answers the recorded result
-        rows = await db.fetch(LOCKS_ONCE_SQL, tenant, orjson.dumps(ops).decode(), now, *once.args())
-        raw, once.replayed = rows[0]["result"], rows[0]["replayed"]
-    result: dict[str, Any] = orjson.loads(raw)
-    return result
+    return await run_ops(db, LOCKS_SQL, LOCKS_ONCE_SQL, tenant, ops, now, once)

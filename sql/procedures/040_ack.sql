@@ -62,8 +62,9 @@ DECLARE
     f_err       text;
 BEGIN
     FOR k IN
-        SELECT DISTINCT u.pid, u.grp
-          FROM unnest(p_partition_ids, p_groups) AS u(pid, grp)
+        SELECT u.pid, u.grp, array_agg(u.ord::integer ORDER BY u.ord) AS ords
+          FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, ord)
+         GROUP BY u.pid, u.grp
          ORDER BY u.pid, u.grp
     LOOP
         SELECT lc.* INTO c
@@ -72,9 +73,7 @@ BEGIN
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp AND p.tenant = p_tenant
            FOR UPDATE OF lc;
         IF NOT FOUND THEN
-            FOR it IN SELECT u.ord::integer AS ord
-                        FROM unnest(p_partition_ids, p_groups) WITH ORDINALITY AS u(pid, grp, ord)
-                       WHERE u.pid = k.pid AND u.grp = k.grp
+            FOR it IN SELECT o AS ord FROM unnest(k.ords) AS o
             LOOP
                 r_error[it.ord] := CASE WHEN k.grp = '__QUEUE_MODE__'
                     THEN format('partition %s has no queue-mode cursor (never popped, or deleted)', k.pid)
@@ -89,11 +88,9 @@ BEGIN
         f_off := NULL;
 
         FOR it IN
-            SELECT u.ord::integer AS ord, u.hash, u.txn, u.lease, u.status, u.err
-              FROM unnest(p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups, p_statuses, p_errors)
-                   WITH ORDINALITY AS u(pid, hash, txn, lease, grp, status, err, ord)
-             WHERE u.pid = k.pid AND u.grp = k.grp
-             ORDER BY u.ord
+            SELECT o AS ord, p_hashes[o] AS hash, p_txn_ids[o] AS txn, p_lease_ids[o] AS lease,
+                   p_statuses[o] AS status, p_errors[o] AS err
+              FROM unnest(k.ords) AS o
         LOOP
             v_last := it.ord;
             -- the oldest message of that transactionId this group has not settled; else the newest

@@ -272,7 +272,7 @@ CREATE OR REPLACE FUNCTION queen.kv_v1(p_tenant text, p_ops jsonb, p_now timesta
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
+    v_now     timestamptz;
     v_ns      text[];
     v_keys    text[];
     v_op      jsonb;
@@ -287,6 +287,8 @@ BEGIN
     IF v_keys IS NOT NULL THEN
         PERFORM queen._kv_lock(p_tenant, v_ns, v_keys);
     END IF;
+    -- read the clock after the key locks: a TTL must not be granted already spent on the wait
+    v_now := coalesce(p_now, clock_timestamp());
 
     FOR v_op, v_index IN
         SELECT e.op, (e.ord - 1)::integer FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS e(op, ord) ORDER BY e.ord

@@ -164,7 +164,7 @@ CREATE OR REPLACE FUNCTION queen.locks_v1(p_tenant text, p_ops jsonb, p_now time
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_n       integer := jsonb_array_length(p_ops);
     v_slots   integer[] := array_fill(NULL::integer, ARRAY[greatest(v_n, 1)]);
     v_keys    text[] := ARRAY[]::text[];
@@ -194,6 +194,8 @@ BEGIN
     IF cardinality(v_keys) > 0 THEN
         PERFORM queen._kv_lock(p_tenant, array_fill('queen-locks'::text, ARRAY[cardinality(v_keys)]), v_keys);
     END IF;
+    -- read the clock again after the key locks: a permit must not be granted already expired
+    v_now := coalesce(p_now, clock_timestamp());
 
     -- 2. the ops, in order
     FOR v_i IN 0 .. v_n - 1 LOOP

@@ -120,6 +120,7 @@ BEGIN
         PERFORM queen._timer_lock(p_tenant, array_agg(o ->> 'queue'), array_agg(o ->> 'timerKey'))
            FROM jsonb_array_elements(p_timers) AS o;
     END IF;
+    v_now := coalesce(p_now, clock_timestamp());  -- after the key locks: leases are judged at this time
 
     -- 1. acks and required leases, pre-validated (planning order: their verdict comes first)
     FOR i IN 1 .. v_nacks LOOP
@@ -133,10 +134,12 @@ BEGIN
         END IF;
     END LOOP;
     FOREACH v_lease IN ARRAY coalesce(p_required_leases, '{}') LOOP
+        -- live anywhere (the partial lease_id index), or released by its own acks (their rows)
         IF NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
-                        WHERE lc.tenant = p_tenant
-                          AND ((lc.lease_id = v_lease AND lc.lease_expires_at > v_now)
-                               OR lc.released_lease_id = v_lease)) THEN
+                        WHERE lc.lease_id = v_lease AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant)
+           AND NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
+                            WHERE lc.partition_id = ANY (coalesce(p_ack_pids, '{}'))
+                              AND lc.released_lease_id = v_lease AND lc.tenant = p_tenant) THEN
             PERFORM queen._verdict('rejected_ack', jsonb_build_object(
                 'leaseId', v_lease::text,
                 'error', format('transaction rolled back: required lease %s is not held', v_lease)));
