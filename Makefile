@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
 	@touch $@
 
-$(TSTAMP): pyproject.toml | $(BIN)/python
+$(TSTAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/queen-mq-0.15 queen-mq==0.15.0  # the 0.x client (same package name as 2.6.0): tests/test_e2e_client_015.py
 	@touch $@ $(STAMP)
 
 install: $(TSTAMP) ## create .venv and install queen-pg with its test and dev extras
