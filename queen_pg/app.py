@@ -32,6 +32,7 @@ from queen_pg.api import (
 )
 from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
+from queen_pg.api.docs import install as install_docs
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
@@ -162,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def index() -> Response:
         return FileResponse(WEBAPP / "index.html", media_type="text/html")
 
+    install_docs(app)  # /openapi.json: the request bodies the routes parse themselves
     return app
 
 

@@ -31,13 +31,13 @@ class ErrorBody(BaseModel):
     detail: str | None = None
 
 
-def body(model: type[BaseModel], *, required: bool = True, parameters: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+def body(
+    model: type[BaseModel], *, required: bool = True, parameters: tuple[dict[str, Any], ...] = ()
+) -> dict[str, Any]:
     """``openapi_extra`` for a JSON request body validated by ``model`` (plus query/header ``parameters``)."""
     _MODELS[model.__name__] = model
     schema = {"$ref": _REF.format(model=model.__name__)}
-    extra: dict[str, Any] = {
-        "requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}
-    }
+    extra: dict[str, Any] = {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
     if parameters:
         extra["parameters"] = [dict(p) for p in parameters]
     return extra

@@ -7,14 +7,22 @@ from fastapi.responses import Response
 
 from queen_pg import __version__
 from queen_pg.api.common import check_name, json_response, parse_body, state, tenant
+from queen_pg.api.docs import answers, body
 from queen_pg.api.models import ConfigureBody
+from queen_pg.api.schemas_admin import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.engine import queues as queue_engine
 from queen_pg.errors import bad_request
 
 router = APIRouter()
 
 
-@router.post("/api/v1/configure", summary="Create or configure a queue (WIRE §2.9)")
+@router.post(
+    "/api/v1/configure",
+    summary="Create or configure a queue (WIRE §2.9)",
+    description="Known options are type-checked, unknown ones kept as given; encryptionEnabled=true is refused.",
+    openapi_extra=body(ConfigureBody),
+    responses=answers({200: ConfigureAnswer}, 400, 413),
+)
 async def configure(request: Request) -> Response:
     body = await parse_body(request, ConfigureBody)
     check_name("queue", body.queue)
@@ -30,7 +38,12 @@ async def configure(request: Request) -> Response:
     return json_response({"success": True, "queue": body.queue, **result, "configured": True})
 
 
-@router.delete("/api/v1/resources/queues/{queue}", summary="Delete a queue and all it holds")
+@router.delete(
+    "/api/v1/resources/queues/{queue}",
+    summary="Delete a queue and all it holds",
+    description="An unknown queue is 200 with `deleted: false`.",
+    responses=answers({200: DeleteQueueAnswer}, 400, 413),
+)
 async def delete_queue(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     st = state(request)
@@ -38,7 +51,12 @@ async def delete_queue(request: Request, queue: str) -> Response:
     return json_response({"success": True, "queue": queue, "deleted": deleted})
 
 
-@router.get("/health", summary="Liveness: 200 when the database answers, 503 when not")
+@router.get(
+    "/health",
+    summary="Liveness: 200 when the database answers, 503 when not",
+    description="The 503 body also carries `status: unhealthy`, `database: down` and `version`.",
+    responses=answers({200: HealthAnswer}),
+)
 async def health(request: Request) -> Response:
     st = state(request)
     ok = await st.db.ping()

@@ -20,10 +20,20 @@ from queen_pg.api.common import (
     state,
     tenant,
 )
+from queen_pg.api.docs import answers, body, params
 from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
 from queen_pg.api.routes_system import pop_in_maintenance, refuse_push_in_maintenance
+from queen_pg.api.schemas import (
+    POP_PARAMS,
+    POP_TAGGED_PARAMS,
+    REQUEST_KEY,
+    AckResult,
+    LeaseAnswer,
+    PopAnswer,
+    PushResult,
+)
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
@@ -35,6 +45,15 @@ router = APIRouter(prefix="/api/v1")
 AUTOPILOT_BATCH = 100  # autopilot: messages per pop across the claimed partitions
 AUTOPILOT_PARTITIONS = 4  # autopilot: partitions one pop may claim when the request names none
 MAX_TIMEOUT_MS = 600_000
+POP_DESCRIPTION = (
+    "Claims a batch under one lease (WIRE §2.2). No message: 204 (no body), at once or, with wait=true, when "
+    "the timeout passes; also 204 at once while pop maintenance is on. 429 `overloaded` when too many pops "
+    "are parked."
+)
+ACK_DESCRIPTION = (
+    "One result per acknowledgment, always HTTP 200: a refused item (unknown partition, lease not held) is "
+    "`success: false` with `error`. status: completed (or success), failed, retry, dlq."
+)
 
 
 def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
@@ -53,7 +72,16 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
     return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace)
 
 
-@router.post("/push", status_code=201, summary="Push messages (WIRE §2.1)")
+@router.post(
+    "/push",
+    status_code=201,
+    summary="Push messages (WIRE §2.1)",
+    description="One result per item, in the items' order. A transactionId already in the queue's dedup window "
+    "is `status: duplicate` (201 all the same). 503 `maintenance` while push maintenance is on, 507 "
+    "`storage_full` while storage is full, 429 `overloaded` when admission or the limiter is saturated.",
+    openapi_extra=body(PushBody, parameters=REQUEST_KEY),
+    responses=answers({201: list[PushResult]}, 400, 413, 422, 429, 507),
+)
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
     body = await parse_body(request, PushBody)
@@ -139,17 +167,35 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     return json_response(answer)
 
 
-@router.get("/pop", summary="Pop across the queues tagged with namespace/task (WIRE §2.2)")
+@router.get(
+    "/pop",
+    summary="Pop across the queues tagged with namespace/task (WIRE §2.2)",
+    description=POP_DESCRIPTION,
+    openapi_extra=params(*POP_TAGGED_PARAMS),
+    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+)
 async def pop_tagged(request: Request) -> Response:
     return await _pop(request, None, None)
 
 
-@router.get("/pop/queue/{queue}", summary="Pop from a queue (WIRE §2.2)")
+@router.get(
+    "/pop/queue/{queue}",
+    summary="Pop from a queue (WIRE §2.2)",
+    description=POP_DESCRIPTION,
+    openapi_extra=params(*POP_PARAMS),
+    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+)
 async def pop_queue(request: Request, queue: str) -> Response:
     return await _pop(request, queue, None)
 
 
-@router.get("/pop/queue/{queue}/partition/{partition}", summary="Pop from one partition (WIRE §2.2)")
+@router.get(
+    "/pop/queue/{queue}/partition/{partition}",
+    summary="Pop from one partition (WIRE §2.2)",
+    description=POP_DESCRIPTION,
+    openapi_extra=params(*POP_PARAMS),
+    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+)
 async def pop_partition(request: Request, queue: str, partition: str) -> Response:
     return await _pop(request, queue, partition)
 
@@ -180,14 +226,26 @@ async def _settle(request: Request, items: list[ack_engine.AckItem], route: str)
     return json_response(results, headers=replay_headers(once))
 
 
-@router.post("/ack", summary="Acknowledge one message (WIRE §2.3)")
+@router.post(
+    "/ack",
+    summary="Acknowledge one message (WIRE §2.3)",
+    description=ACK_DESCRIPTION,
+    openapi_extra=body(AckItem, parameters=REQUEST_KEY),
+    responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
+)
 async def ack(request: Request) -> Response:
     it = await parse_body(request, AckItem)
     item = _ack_item(it, None)
     return await _settle(request, [item], "ack")
 
 
-@router.post("/ack/batch", summary="Acknowledge messages (WIRE §2.3)")
+@router.post(
+    "/ack/batch",
+    summary="Acknowledge messages (WIRE §2.3)",
+    description=ACK_DESCRIPTION + " An empty `acknowledgments` answers [].",
+    openapi_extra=body(AckBatchBody, parameters=REQUEST_KEY),
+    responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
+)
 async def ack_batch(request: Request) -> Response:
     body = await parse_body(request, AckBatchBody)
     if body.consumerGroup is not None:
@@ -198,7 +256,13 @@ async def ack_batch(request: Request) -> Response:
     return await _settle(request, items, "ack/batch")
 
 
-@router.post("/lease/{lease_id}/extend", summary="Renew a lease (WIRE §2.4); no body")
+@router.post(
+    "/lease/{lease_id}/extend",
+    summary="Renew a lease (WIRE §2.4); no body",
+    description="Takes no body (the client sends `Content-Length: 0`); the lease is renewed by its queue's "
+    "leaseTime. A lease that is gone or unknown is a 200 `{success: false, renewed: 0, error}`.",
+    responses=answers({200: LeaseAnswer}, 429),
+)
 async def extend(request: Request, lease_id: str) -> Response:
     st = state(request)
     async with permit(request, "ack"):

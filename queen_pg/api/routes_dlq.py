@@ -6,6 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.common import check_name, json_response, parse_timestamp, q_int, state, tenant
+from queen_pg.api.docs import answers, params, query
+from queen_pg.api.schemas import ISO, page
+from queen_pg.api.schemas_browse import DlqPage, RetryAnswer
 from queen_pg.engine import dlq as dlq_engine
 from queen_pg.errors import NOT_FOUND, RETRY, QueenError, bad_request
 
@@ -14,7 +17,19 @@ router = APIRouter(prefix="/api/v1")
 MAX_PAGE = 1000
 
 
-@router.get("/dlq", summary="List dead letters, newest first, paged with limit/offset")
+@router.get(
+    "/dlq",
+    summary="List dead letters, newest first, paged with limit/offset",
+    openapi_extra=params(
+        query("queue", "only this queue"),
+        query("consumerGroup", "only this consumer group"),
+        query("partition", "only this partition (by name)"),
+        query("from", f"failed at or after, {ISO}", format="date-time"),
+        query("to", f"failed before, {ISO}", format="date-time"),
+        *page(),
+    ),
+    responses=answers({200: DlqPage}, 400, 413),
+)
 async def list_dlq(request: Request) -> Response:
     qp = request.query_params
     names = {}
@@ -41,6 +56,9 @@ async def list_dlq(request: Request) -> Response:
 @router.post(
     "/messages/{partition_id}/{transaction_id:path}/retry",
     summary="Put a dead letter back at the end of its partition (no body)",
+    description="Takes no body (the client sends `Content-Length: 0`). 404 when the partition holds no such "
+    "dead letter; 503 `retry` (with Retry-After) while its payload is still being copied out of its segment.",
+    responses=answers({200: RetryAnswer}, 400, 404),
 )
 async def retry_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     try:

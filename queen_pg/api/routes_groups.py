@@ -15,6 +15,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
 from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, q_bool, q_int, state, tenant
+from queen_pg.api.docs import answers, body, params, query
+from queen_pg.api.schemas import page
+from queen_pg.api.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
 from queen_pg.engine import groups as group_engine
 from queen_pg.errors import bad_request
 
@@ -44,11 +47,30 @@ class SubscriptionBody(BaseModel):
     subscriptionTimestamp: StrictStr | None = None
 
 
+DELETE_METADATA = query(
+    "deleteMetadata",
+    "true: forget the group's subscription too; false: keep it and recreate the cursors from it at once",
+    type="boolean",
+    default=True,
+)
+DELETE_DESCRIPTION = "Live leases on the deleted cursors are broken. 404 when the group (or the queue) is unknown."
+SEEK_DESCRIPTION = (
+    'Exactly one target: `{"toEnd": true}`, `{"toStart": true}` (the first retained message) or '
+    '`{"timestamp": "<ISO-8601 with zone>" | "now"}` (the first message written at or after it). Moved '
+    "cursors drop their leases and retry counts. An empty body reads as `{}` and is refused with 400."
+)
+
+
 def _timestamp(name: str, raw: str) -> datetime:
     return datetime.now(UTC) if raw == "now" else parse_timestamp(name, raw)
 
 
-@router.get("", summary="List consumer groups per queue, with lag and leases (paginated)")
+@router.get(
+    "",
+    summary="List consumer groups per queue, with lag and leases (paginated)",
+    openapi_extra=params(*page()),
+    responses=answers({200: GroupList}, 400),
+)
 async def list_groups(request: Request) -> Response:
     limit = q_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE) or DEFAULT_PAGE
     offset = q_int(request, "offset", 0, 0, 2**31 - 1) or 0
@@ -56,21 +78,37 @@ async def list_groups(request: Request) -> Response:
     return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
 
 
-@router.get("/{group}", summary="A consumer group's cursors, lag and leases per queue and partition")
+@router.get(
+    "/{group}",
+    summary="A consumer group's cursors, lag and leases per queue and partition",
+    responses=answers({200: GroupDetail}, 400, 404, 413),
+)
 async def get_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     st = state(request)
     return json_response(await group_engine.get_group(st.db, tenant(request), group))
 
 
-@router.delete("/{group}/queues/{queue}", summary="Delete a consumer group's cursors on one queue")
+@router.delete(
+    "/{group}/queues/{queue}",
+    summary="Delete a consumer group's cursors on one queue",
+    description=DELETE_DESCRIPTION,
+    openapi_extra=params(DELETE_METADATA),
+    responses=answers({200: GroupDeleted}, 400, 404, 413),
+)
 async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
     check_name("consumer group", group)
     check_name("queue", queue)
     return await _delete(request, group, queue)
 
 
-@router.delete("/{group}", summary="Delete a consumer group's cursors on every queue")
+@router.delete(
+    "/{group}",
+    summary="Delete a consumer group's cursors on every queue",
+    description=DELETE_DESCRIPTION,
+    openapi_extra=params(DELETE_METADATA),
+    responses=answers({200: GroupDeleted}, 400, 404, 413),
+)
 async def delete_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     return await _delete(request, group, None)
@@ -87,7 +125,13 @@ async def _delete(request: Request, group: str, queue: str | None) -> Response:
     return json_response(result)
 
 
-@router.post("/{group}/queues/{queue}/seek", summary="Move a group's cursors on a queue: end, start or time")
+@router.post(
+    "/{group}/queues/{queue}/seek",
+    summary="Move a group's cursors on a queue: end, start or time",
+    description=SEEK_DESCRIPTION,
+    openapi_extra=body(SeekBody),
+    responses=answers({200: SeekAnswer}, 400, 404, 413),
+)
 async def seek_queue(request: Request, group: str, queue: str) -> Response:
     return await _seek(request, group, queue, None)
 
@@ -95,6 +139,9 @@ async def seek_queue(request: Request, group: str, queue: str) -> Response:
 @router.post(
     "/{group}/queues/{queue}/partitions/{partition}/seek",
     summary="Move a group's cursor on one partition: end, start or time",
+    description=SEEK_DESCRIPTION,
+    openapi_extra=body(SeekBody),
+    responses=answers({200: SeekAnswer}, 400, 404, 413),
 )
 async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
     check_name("partition", partition)
@@ -123,7 +170,15 @@ async def _seek(request: Request, group: str, queue: str, partition: str | None)
     return json_response(result)
 
 
-@router.post("/{group}/subscription", summary="Set the group's subscription timestamp (cursors do not move)")
+@router.post(
+    "/{group}/subscription",
+    summary="Set the group's subscription timestamp (cursors do not move)",
+    description="Records the timestamp (ISO-8601 with a zone, or `now`) on every queue of the group; it is "
+    "used when the group's cursors are recreated (DELETE ...?deleteMetadata=false). An empty body reads as "
+    "`{}` and is refused (400: subscriptionTimestamp is required).",
+    openapi_extra=body(SubscriptionBody),
+    responses=answers({200: SubscriptionAnswer}, 400, 404, 413),
+)
 async def set_subscription(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     body = await parse_body(request, SubscriptionBody, empty_ok=True)

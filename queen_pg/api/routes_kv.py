@@ -16,8 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops, validate_lock_ops
 from queen_pg.api.request_key import replay_headers, request_once
+from queen_pg.api.schemas import REQUEST_KEY
+from queen_pg.api.schemas_ops import KvAnswer, KvRequest, KvVerdict, LocksAnswer, LocksRequest
 from queen_pg.engine import kv as kv_engine
 from queen_pg.engine import locks as locks_engine
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError, Verdict
@@ -49,7 +52,16 @@ async def _operations(request: Request, kind: ErrorKind) -> object:
     return body["operations"]
 
 
-@router.post("/api/v1/kv", summary="Key/value operations in one transaction (WIRE §2.6)")
+@router.post(
+    "/api/v1/kv",
+    summary="Key/value operations in one transaction (WIRE §2.6)",
+    description="One result per op, in order. Lost conditions are data (`applied: false` with `reason`), "
+    "except a `required` one: then nothing is written and the answer is the 200 verdict `{ok: false, reason: "
+    "kv_precondition, failedIndex, kvReason, version, value}` with no `results`. A malformed op is 400 "
+    "`kv_bad_request` naming the op index and field (`reason`: a stable id).",
+    openapi_extra=body(KvRequest, parameters=REQUEST_KEY),
+    responses=answers({200: KvAnswer | KvVerdict}, 400, 413, 422, 429),
+)
 async def kv(request: Request) -> Response:
     try:
         ops = validate_kv_ops(await _operations(request, KV_BAD_REQUEST), in_transaction=False)
@@ -63,7 +75,15 @@ async def kv(request: Request) -> Response:
     return json_response(result, headers=replay_headers(once))
 
 
-@router.post("/api/v1/locks", summary="Locks and semaphores: acquire, renew, release, get (WIRE §2.7)")
+@router.post(
+    "/api/v1/locks",
+    summary="Locks and semaphores: acquire, renew, release, get (WIRE §2.7)",
+    description="Exactly one result per op, in order. A held lock is data, not an error: `acquired: false` "
+    "with `reason` held/contended and the `holders`; a renew or release by a non-holder is `reason: lost`. "
+    "A malformed op is 400 `locks_bad_request`.",
+    openapi_extra=body(LocksRequest, parameters=REQUEST_KEY),
+    responses=answers({200: LocksAnswer}, 400, 413, 422, 429),
+)
 async def locks(request: Request) -> Response:
     try:
         ops = validate_lock_ops(await _operations(request, LOCKS_BAD_REQUEST))

@@ -11,7 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.common import json_response, parse_timestamp, q_int, state, tenant
+from queen_pg.api.docs import answers, params, query
 from queen_pg.api.routes_resources import name_param, page_params
+from queen_pg.api.schemas import ISO, page
+from queen_pg.api.schemas_browse import MessageDeleted, MessageDetail, MessagePage
 from queen_pg.engine import messages as message_engine
 from queen_pg.errors import bad_request
 
@@ -42,6 +45,18 @@ def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
     description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
     "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
     "status for that group: consumed, leased, pending or dead), limit (1-1000, default 100), offset.",
+    openapi_extra=params(
+        query("queue", "the queue to browse", required=True),
+        query("partition", "only this partition (by name)"),
+        query("fromOffset", "first log offset (inclusive)", type="integer", minimum=0),
+        query("toOffset", "last log offset (exclusive); above fromOffset", type="integer", minimum=0),
+        query("from", f"written at or after, {ISO}", format="date-time"),
+        query("to", f"written before, {ISO}", format="date-time"),
+        query("order", "desc: newest first", enum=["asc", "desc"], default="desc"),
+        query("consumerGroup", "add each message's status for this group (`__QUEUE_MODE__`: queue mode)"),
+        *page(),
+    ),
+    responses=answers({200: MessagePage}, 400, 404, 413),
 )
 async def list_messages(request: Request) -> Response:
     qp = request.query_params
@@ -81,6 +96,7 @@ async def list_messages(request: Request) -> Response:
 @router.get(
     "/messages/{partition_id}/{transaction_id:path}",
     summary="One message: decoded payload and its state in each consumer group",
+    responses=answers({200: MessageDetail}, 400, 404),
 )
 async def get_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
@@ -96,6 +112,7 @@ async def get_message(request: Request, partition_id: str, transaction_id: str) 
     "hash is dropped (it can no longer be acked, read or retried by transactionId; a new push with that "
     "transactionId is not a duplicate). Its bytes stay in their segment until retention deletes the "
     "segment: a group created later from the first retained message, or a seek back, still reads it.",
+    responses=answers({200: MessageDeleted}, 400, 404),
 )
 async def delete_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)

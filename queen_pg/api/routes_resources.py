@@ -14,6 +14,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.common import check_name, json_response, q_int, state, tenant
+from queen_pg.api.docs import answers, params, query
+from queen_pg.api.schemas import page
+from queen_pg.api.schemas_admin import (
+    LaggingGroups,
+    NamespaceList,
+    Overview,
+    PartitionList,
+    QueueDepth,
+    QueueDetail,
+    QueueList,
+    TaskList,
+)
 from queen_pg.engine import admin
 
 router = APIRouter(prefix="/api/v1")
@@ -36,13 +48,27 @@ def name_param(request: Request, name: str) -> str | None:
     return check_name(name, value) if value is not None else None
 
 
-@router.get("/resources/overview", summary="Counts over every queue: partitions, messages, backlog, DLQ, ...")
+@router.get(
+    "/resources/overview",
+    summary="Counts over every queue: partitions, messages, backlog, DLQ, ...",
+    responses=answers({200: Overview}),
+)
 async def overview(request: Request) -> Response:
     st = state(request)
     return json_response(await admin.overview(st.db, tenant(request)))
 
 
-@router.get("/resources/queues", summary="Queues with partitions, backlog, in flight, DLQ and per-group lag")
+@router.get(
+    "/resources/queues",
+    summary="Queues with partitions, backlog, in flight, DLQ and per-group lag",
+    openapi_extra=params(
+        query("search", "case-insensitive substring of the queue name"),
+        query("namespace", "only queues tagged with this namespace"),
+        query("task", "only queues tagged with this task"),
+        *page(),
+    ),
+    responses=answers({200: QueueList}, 400, 413),
+)
 async def list_queues(request: Request) -> Response:
     page = page_params(request)
     search = request.query_params.get("search") or None
@@ -52,7 +78,13 @@ async def list_queues(request: Request) -> Response:
     return json_response(await admin.list_queues(st.db, tenant(request), page, search, namespace, task))
 
 
-@router.get("/resources/queues/{queue}", summary="One queue: summary, config, groups, a page of partitions")
+@router.get(
+    "/resources/queues/{queue}",
+    summary="One queue: summary, config, groups, a page of partitions",
+    description="`limit`/`offset` page the partitions (by name); `partitionsTotal` counts them all.",
+    openapi_extra=params(*page()),
+    responses=answers({200: QueueDetail}, 400, 404, 413),
+)
 async def get_queue(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     page = page_params(request)
@@ -60,7 +92,15 @@ async def get_queue(request: Request, queue: str) -> Response:
     return json_response(await admin.get_queue(st.db, tenant(request), queue, page))
 
 
-@router.get("/resources/queues/{queue}/depth", summary="Pending messages per partition (a group's, or the worst)")
+@router.get(
+    "/resources/queues/{queue}/depth",
+    summary="Pending messages per partition (a group's, or the worst)",
+    openapi_extra=params(
+        query("group", "this consumer group's lag (`__QUEUE_MODE__`: queue mode); absent: each partition's backlog"),
+        *page(default=MAX_PAGE, most=10 * MAX_PAGE),
+    ),
+    responses=answers({200: QueueDepth}, 400, 404, 413),
+)
 async def queue_depth(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     group = name_param(request, "group")
@@ -69,7 +109,12 @@ async def queue_depth(request: Request, queue: str) -> Response:
     return json_response(await admin.queue_depth(st.db, tenant(request), queue, group, page))
 
 
-@router.get("/resources/partitions", summary="Partitions (of one queue, or all) with backlog and in flight")
+@router.get(
+    "/resources/partitions",
+    summary="Partitions (of one queue, or all) with backlog and in flight",
+    openapi_extra=params(query("queue", "only this queue's partitions"), *page()),
+    responses=answers({200: PartitionList}, 400, 404, 413),
+)
 async def list_partitions(request: Request) -> Response:
     queue = name_param(request, "queue")
     page = page_params(request)
@@ -77,14 +122,24 @@ async def list_partitions(request: Request) -> Response:
     return json_response(await admin.list_partitions(st.db, tenant(request), queue, page))
 
 
-@router.get("/resources/namespaces", summary="Namespaces with their queues, messages and backlog")
+@router.get(
+    "/resources/namespaces",
+    summary="Namespaces with their queues, messages and backlog",
+    openapi_extra=params(*page()),
+    responses=answers({200: NamespaceList}, 400),
+)
 async def namespaces(request: Request) -> Response:
     page = page_params(request)
     st = state(request)
     return json_response(await admin.list_tags(st.db, tenant(request), "namespace", page))
 
 
-@router.get("/resources/tasks", summary="Tasks with their queues, messages and backlog")
+@router.get(
+    "/resources/tasks",
+    summary="Tasks with their queues, messages and backlog",
+    openapi_extra=params(*page()),
+    responses=answers({200: TaskList}, 400),
+)
 async def tasks(request: Request) -> Response:
     page = page_params(request)
     st = state(request)
@@ -94,6 +149,11 @@ async def tasks(request: Request) -> Response:
 @router.get(
     "/consumer-groups/lagging",
     summary="Consumer groups whose oldest pending message is older than minLagSeconds (default 60)",
+    openapi_extra=params(
+        query("minLagSeconds", "age of the oldest pending message", type="integer", minimum=0, default=60),
+        *page(),
+    ),
+    responses=answers({200: LaggingGroups}, 400),
 )
 async def lagging(request: Request) -> Response:
     min_lag = q_int(request, "minLagSeconds", 60, 0, 10 * 365 * 86400)

@@ -22,7 +22,19 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from queen_pg import __version__
 from queen_pg.api.common import json_response, parse_body, parse_timestamp, state, tenant
+from queen_pg.api.docs import answers, body, params
 from queen_pg.api.routes_resources import name_param, page_params
+from queen_pg.api.schemas import page, window
+from queen_pg.api.schemas_admin import (
+    Analytics,
+    MaintenanceAnswer,
+    StatsRefreshAnswer,
+    StatusAnswer,
+    StatusQueueDetail,
+    StatusQueues,
+    SystemMetrics,
+    WorkerMetrics,
+)
 from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
 from queen_pg.errors import MAINTENANCE, QueenError, bad_request
@@ -51,6 +63,12 @@ class SwitchBody(BaseModel):
     enabled: StrictBool
 
 
+SWITCH_DESCRIPTION = (
+    "Stored in PostgreSQL: this replica applies it at once, every other within a second. The answer carries "
+    "both switches."
+)
+
+
 async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response:
     body = await parse_body(request, SwitchBody)
     st = state(request)
@@ -64,27 +82,54 @@ async def _read(request: Request) -> Response:
     return json_response(st.maintenance.answer())
 
 
-@router.get("/system/maintenance", summary="The maintenance switches (maintenanceMode = push maintenance)")
+@router.get(
+    "/system/maintenance",
+    summary="The maintenance switches (maintenanceMode = push maintenance)",
+    description="Read from PostgreSQL, not this process's cache.",
+    responses=answers({200: MaintenanceAnswer}),
+)
 async def get_maintenance(request: Request) -> Response:
     return await _read(request)
 
 
-@router.post("/system/maintenance", summary='Push maintenance on/off: {"enabled": bool}; pushes get 503')
+@router.post(
+    "/system/maintenance",
+    summary='Push maintenance on/off: {"enabled": bool}; pushes get 503',
+    description=SWITCH_DESCRIPTION + " While on, pushes (and transactions that push) get 503 `maintenance`.",
+    openapi_extra=body(SwitchBody),
+    responses=answers({200: MaintenanceAnswer}, 400, 413),
+)
 async def set_maintenance(request: Request) -> Response:
     return await _flip(request, "push")
 
 
-@router.get("/system/maintenance/pop", summary="The maintenance switches (popMaintenanceMode = pop maintenance)")
+@router.get(
+    "/system/maintenance/pop",
+    summary="The maintenance switches (popMaintenanceMode = pop maintenance)",
+    description="Read from PostgreSQL, not this process's cache.",
+    responses=answers({200: MaintenanceAnswer}),
+)
 async def get_pop_maintenance(request: Request) -> Response:
     return await _read(request)
 
 
-@router.post("/system/maintenance/pop", summary='Pop maintenance on/off: {"enabled": bool}; pops answer 204')
+@router.post(
+    "/system/maintenance/pop",
+    summary='Pop maintenance on/off: {"enabled": bool}; pops answer 204',
+    description=SWITCH_DESCRIPTION + " While on, pops answer 204 (no messages) at once.",
+    openapi_extra=body(SwitchBody),
+    responses=answers({200: MaintenanceAnswer}, 400, 413),
+)
 async def set_pop_maintenance(request: Request) -> Response:
     return await _flip(request, "pop")
 
 
-@router.post("/stats/refresh", summary="No-op kept for clients: statistics are computed on read (no body)")
+@router.post(
+    "/stats/refresh",
+    summary="No-op kept for clients: statistics are computed on read (no body)",
+    description="Takes no body (the client sends `Content-Length: 0`); a cheap 200.",
+    responses=answers({200: StatsRefreshAnswer}),
+)
 async def stats_refresh(request: Request) -> Response:
     return json_response({"success": True, "refreshed": False, "note": "statistics are computed on read"})
 
@@ -109,14 +154,23 @@ def window_params(request: Request) -> admin.Window:
     return admin.Window(since, until, bucket)
 
 
-@router.get("/status", summary="Broker status: overview counts, maintenance, recent throughput")
+@router.get(
+    "/status",
+    summary="Broker status: overview counts, maintenance, recent throughput",
+    responses=answers({200: StatusAnswer}),
+)
 async def status(request: Request) -> Response:
     st = state(request)
     body = await admin.status(st.db, tenant(request))
     return json_response({"status": "ok", "version": __version__, "database": "up", **body})
 
 
-@router.get("/status/queues", summary="Per-queue status with throughput over from..to (default: last hour)")
+@router.get(
+    "/status/queues",
+    summary="Per-queue status with throughput over from..to (default: last hour)",
+    openapi_extra=params(*window(), *page()),
+    responses=answers({200: StatusQueues}, 400),
+)
 async def status_queues(request: Request) -> Response:
     window = window_params(request)
     page = page_params(request)
@@ -124,7 +178,12 @@ async def status_queues(request: Request) -> Response:
     return json_response(await admin.status_queues(st.db, tenant(request), window, page))
 
 
-@router.get("/status/queues/{queue}", summary="One queue's status: groups, lag, throughput series")
+@router.get(
+    "/status/queues/{queue}",
+    summary="One queue's status: groups, lag, throughput series",
+    openapi_extra=params(*window()),
+    responses=answers({200: StatusQueueDetail}, 400, 404),
+)
 async def status_queue(request: Request, queue: str) -> Response:
     window = window_params(request)
     st = state(request)
@@ -134,6 +193,10 @@ async def status_queue(request: Request, queue: str) -> Response:
 @router.get(
     "/status/analytics",
     summary="Time series per minute/hour/day: pushed, acked, backlog, lag (queue, from, to, interval)",
+    description="Buckets come from the per-minute samples of the stats job, so they trail live counters by a "
+    "few seconds; a bucket with no sample reads pushed 0, acked 0, backlog and lagSeconds null.",
+    openapi_extra=params(*window(queue=True)),
+    responses=answers({200: Analytics}, 400, 404, 413),
 )
 async def analytics(request: Request) -> Response:
     queue = name_param(request, "queue")
@@ -171,7 +234,12 @@ PROCESS_NOTE = (
 )
 
 
-@router.get("/analytics/system-metrics", summary="This process: CPU, memory, pool, long-poll waiters")
+@router.get(
+    "/analytics/system-metrics",
+    summary="This process: CPU, memory, pool, long-poll waiters",
+    description=PROCESS_NOTE,
+    responses=answers({200: SystemMetrics}),
+)
 async def system_metrics(request: Request) -> Response:
     proc = _process(request)
     return json_response(
@@ -179,7 +247,12 @@ async def system_metrics(request: Request) -> Response:
     )
 
 
-@router.get("/analytics/worker-metrics", summary="The worker answering (this process), as a one-entry list")
+@router.get(
+    "/analytics/worker-metrics",
+    summary="The worker answering (this process), as a one-entry list",
+    description=PROCESS_NOTE,
+    responses=answers({200: WorkerMetrics}),
+)
 async def worker_metrics(request: Request) -> Response:
     return json_response(
         {"timestamp": datetime.now(UTC).isoformat(), "workers": [_process(request)], "note": PROCESS_NOTE}

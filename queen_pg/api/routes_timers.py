@@ -23,6 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.docs import answers, body, params, query
+from queen_pg.api.schemas_timers import TimerPage, TimerPeek, TimerResult, TimersAnswer, TimersRequest
 from queen_pg.api.timer_ops import check_queue_name, check_timer_key, prepare_timer_ops, refuse
 from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import QueenError
@@ -86,7 +88,15 @@ def _limit(request: Request) -> int:
     return min(max(value, 1), LIST_MAX)  # clamped, never refused (the client's list() contract)
 
 
-@router.post("/timers", summary="Schedule, reschedule (or cancel) timers in one transaction (WIRE §2.8)")
+@router.post(
+    "/timers",
+    summary="Schedule, reschedule (or cancel) timers in one transaction (WIRE §2.8)",
+    description="One result per op, in order; `ok: false` (status absent or too_late) is data, HTTP 200. A fired "
+    "timer becomes a message in its queue with transactionId = txn and data = the payload. A malformed op "
+    "is 400 `timers_bad_request` naming the op index and field.",
+    openapi_extra=body(TimersRequest),
+    responses=answers({200: TimersAnswer}, 400, 413, 429),
+)
 async def schedule(request: Request) -> Response:
     try:
         prepared = prepare_timer_ops(await _operations(request), in_transaction=False)
@@ -100,7 +110,14 @@ async def schedule(request: Request) -> Response:
     return json_response({"results": results})
 
 
-@router.delete("/timers/{target:path}", summary="Cancel a pending timer: /timers/{queue}/{timerKey...}[?txn=]")
+@router.delete(
+    "/timers/{target:path}",
+    summary="Cancel a pending timer: /timers/{queue}/{timerKey...}[?txn=]",
+    description="`target` is the queue (percent-encoded, `/` as %2F), a `/`, then the timer key (raw `/` "
+    "allowed). A timer that is not pending is 200 `{ok: false, status: absent}`; `too_late` when it is firing.",
+    openapi_extra=params(query("txn", "cancel only if the pending timer has this txn")),
+    responses=answers({200: TimerResult}, 400, 429),
+)
 async def cancel(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
@@ -118,6 +135,14 @@ async def cancel(request: Request, target: str) -> Response:
 @router.get(
     "/timers/{target:path}",
     summary="Peek one timer (/timers/{queue}/{timerKey...}) or list a queue's pending timers (/timers/{queue})",
+    description="`target` = the queue (percent-encoded) alone: a keyset page of its pending timers by timerKey "
+    "(`TimerPage`; follow `nextAfter` while `truncated`); the queue, `/`, a timer key: that timer, or 200 "
+    "`{found: false}` (`TimerPeek`).",
+    openapi_extra=params(
+        query("after", "list: the page after this timerKey (exclusive)"),
+        query("limit", "list: rows per page, clamped to 1-1000", type="integer", default=100),
+    ),
+    responses=answers({200: TimerPeek | TimerPage}, 400, 429),
 )
 async def read(request: Request, target: str) -> Response:
     try:

@@ -15,9 +15,12 @@ from fastapi.responses import Response
 from pydantic import Field, StrictInt, StrictStr
 
 from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, state, tenant
+from queen_pg.api.docs import answers, body, params, query
 from queen_pg.api.models import _Body
 from queen_pg.api.routes_messages import message_key, partition_id_param
 from queen_pg.api.routes_resources import page_params
+from queen_pg.api.schemas import ISO, page
+from queen_pg.api.schemas_browse import MessageTraces, TraceNames, TraceRecorded, TracesByName
 from queen_pg.engine import traces as trace_engine
 from queen_pg.engine.pop import QUEUE_MODE
 from queen_pg.errors import bad_request
@@ -37,7 +40,16 @@ class TraceBody(_Body):
     data: Any
 
 
-@router.post("", status_code=201, summary="Record a trace event about a message")
+@router.post(
+    "",
+    status_code=201,
+    summary="Record a trace event about a message",
+    description="The message is named as a pop delivered it (partitionId, transactionId); it need not be "
+    "retained any more, but its partition must exist (404). consumerGroup defaults to queue mode; at most 32 "
+    "traceNames (`traceName`, a string or a list, is accepted too).",
+    openapi_extra=body(TraceBody),
+    responses=answers({201: TraceRecorded}, 400, 404, 413),
+)
 async def record(request: Request) -> Response:
     body = await parse_body(request, TraceBody)
     pid = partition_id_param(str(body.partitionId))
@@ -56,7 +68,12 @@ async def record(request: Request) -> Response:
     return json_response({"success": True, "id": result["id"], "createdAt": result["createdAt"]}, 201)
 
 
-@router.get("/names", summary="Trace names in use, with counts (search, limit, offset)")
+@router.get(
+    "/names",
+    summary="Trace names in use, with counts (search, limit, offset)",
+    openapi_extra=params(query("search", "case-insensitive substring of the name"), *page()),
+    responses=answers({200: TraceNames}, 400),
+)
 async def names(request: Request) -> Response:
     search = request.query_params.get("search") or None
     page = page_params(request)
@@ -64,7 +81,16 @@ async def names(request: Request) -> Response:
     return json_response(await trace_engine.names(st.db, tenant(request), search, page))
 
 
-@router.get("/by-name/{name}", summary="Traces carrying a name, newest first (from, to, limit, offset)")
+@router.get(
+    "/by-name/{name}",
+    summary="Traces carrying a name, newest first (from, to, limit, offset)",
+    openapi_extra=params(
+        query("from", f"created at or after, {ISO}", format="date-time"),
+        query("to", f"created before, {ISO}", format="date-time"),
+        *page(),
+    ),
+    responses=answers({200: TracesByName}, 400, 413),
+)
 async def by_name(request: Request, name: str) -> Response:
     check_name("trace", name)
     qp = request.query_params
@@ -77,7 +103,13 @@ async def by_name(request: Request, name: str) -> Response:
     return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page))
 
 
-@router.get("/{partition_id}/{transaction_id:path}", summary="A message's trace timeline, oldest first")
+@router.get(
+    "/{partition_id}/{transaction_id:path}",
+    summary="A message's trace timeline, oldest first",
+    description="A message with no trace is an empty timeline; an unknown partition is 404.",
+    openapi_extra=params(*page()),
+    responses=answers({200: MessageTraces}, 400, 404),
+)
 async def for_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     page = page_params(request)

@@ -18,11 +18,15 @@ from queen_pg.api.common import (
     state,
     tenant,
 )
+from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops
 from queen_pg.api.models import PushItem, _Body
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_data import new_message
 from queen_pg.api.routes_system import refuse_push_in_maintenance
+from queen_pg.api.schemas import REQUEST_KEY
+from queen_pg.api.schemas_ops import TransactionDone, TransactionVerdict, TxKvOp
+from queen_pg.api.schemas_timers import TimerOp
 from queen_pg.api.timer_ops import prepare_timer_ops
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import transaction as tx_engine
@@ -54,6 +58,14 @@ class TransactionBody(_Body):
     requiredLeases: list[StrictStr] = Field(default_factory=list)
     kv: list[Any] | None = None
     timers: list[Any] | None = None
+
+
+class TransactionRequest(TransactionBody):
+    """The body as ``/docs`` shows it: ``kv`` and ``timers`` as ``validate_kv_ops`` and
+    ``prepare_timer_ops`` accept them (documentation only; ``TransactionBody`` validates)."""
+
+    kv: list[TxKvOp] | None = Field(None, description="KV ops, as POST /api/v1/kv takes them (no getPrefix)")
+    timers: list[TimerOp] | None = Field(None, description="timer ops, as POST /api/v1/timers takes them")
 
 
 def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
@@ -90,7 +102,17 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
             seen.add(key)
 
 
-@router.post("/transaction", summary="Commit acks, pushes, KV writes and timers as one transaction")
+@router.post(
+    "/transaction",
+    summary="Commit acks, pushes, KV writes and timers as one transaction",
+    description="All or nothing. A refusal decided under locks is a 200 verdict `{success: false, reason, error, "
+    "...}` with nothing written: `kv_precondition` (a lost `required` KV condition; `failedIndex` is the flat "
+    "index: operations (each ack and each push item one slot), then kv, then timers), `rejected_ack`, "
+    "`duplicate`, `too_large`. 503 `maintenance` when it pushes under push maintenance, 507 `storage_full` "
+    "when it pushes while storage is full.",
+    openapi_extra=body(TransactionRequest, parameters=REQUEST_KEY),
+    responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
+)
 async def transaction(request: Request) -> Response:
     await _refuse_misplaced_riders(request)
     body = await parse_body(request, TransactionBody)
