@@ -154,6 +154,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
             req,
             st.settings.pop_poll_interval_ms / 1000,
             permit=lambda: permit(request, "pop"),  # held around each claim, not while parked
+            paused=lambda: pop_in_maintenance(request),
         )
     except TooManyWaiters:
         return json_response(

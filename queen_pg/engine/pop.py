@@ -135,15 +135,20 @@ async def pop(
     poll_interval: float,
     clock: Callable[[], float] = time.monotonic,
     permit: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
+    paused: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any] | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
-    (the pop family's concurrency limiter) is held around each claim only, never while parked."""
+    (the pop family's concurrency limiter) is held around each claim only, never while parked;
+    ``paused()`` (pop maintenance) is asked before every claim, so a parked pop claims nothing once
+    it turned on."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
     while True:
         ev = waiters.subscribe(tenant, wake_key) if req.wait else None
         try:
+            if paused():
+                return None
             async with permit():
                 answer = await claim(db, tenant, req)
             if answer is not None or ev is None:
