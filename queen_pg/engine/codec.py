@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import xxhash
 import zstandard
 
+from queen_pg.db.types import fast_uuid
+
 FLAG_TRACE = 1
 _HEAD = struct.Struct("<IB")
 _U16 = struct.Struct("<H")
@@ -28,17 +30,15 @@ _decompressor = zstandard.ZstdDecompressor()
 
 def uuid7() -> uuid.UUID:
     """A time-ordered UUID (RFC 9562 version 7): 48-bit unix ms, then random bits."""
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | rand & ((1 << 80) - 1)
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant
-    return uuid.UUID(int=value)
+    raw = bytearray((time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF).to_bytes(6, "big") + os.urandom(10))
+    raw[6] = (raw[6] & 0x0F) | 0x70  # version 7
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return fast_uuid(bytes(raw))
 
 
 def txn_hash(transaction_id: str) -> uuid.UUID:
     """xxh3-128 of a transactionId, as the 16-byte uuid stored in log_txns."""
-    return uuid.UUID(bytes=xxhash.xxh3_128_digest(transaction_id.encode()))
+    return fast_uuid(xxhash.xxh3_128_digest(transaction_id.encode()))
 
 
 def encode_frame(message_id: uuid.UUID, transaction_id: str, payload: bytes, trace_id: uuid.UUID | None) -> bytes:
@@ -78,11 +78,11 @@ def unpack(blob: bytes, codec: int = CODEC_ZSTD) -> Iterator[Frame]:
         body_len, flags = _HEAD.unpack_from(raw, at)
         stop = at + 4 + body_len
         pos = at + 5
-        message_id = uuid.UUID(bytes=raw[pos : pos + 16])
+        message_id = fast_uuid(raw[pos : pos + 16])
         pos += 16
         trace_id = None
         if flags & FLAG_TRACE:
-            trace_id = uuid.UUID(bytes=raw[pos : pos + 16])
+            trace_id = fast_uuid(raw[pos : pos + 16])
             pos += 16
         (tlen,) = _U16.unpack_from(raw, pos)
         pos += 2
