@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from queen_pg.limiter import Limiter
 from queen_pg.settings import Settings
 
 MAX_NAME_BYTES = 255
+_CONTROL = re.compile(r"[\x00-\x1f]")  # checked per pushed item: a regex, not a per-character loop
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -98,7 +100,7 @@ def check_name(what: str, name: str) -> str:
     size = len(name.encode())
     if size > MAX_NAME_BYTES:
         raise QueenError(NAME_TOO_LONG, what=what, size=size, limit=MAX_NAME_BYTES)
-    if any(ord(ch) < 32 for ch in name):
+    if _CONTROL.search(name):
         raise bad_request(f"{what} name must not contain control characters")
     return name
 
