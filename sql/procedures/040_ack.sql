@@ -72,6 +72,7 @@ BEGIN
           JOIN queen.log_partitions p ON p.id = lc.partition_id
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp AND p.tenant = p_tenant
            FOR UPDATE OF lc;
+        v_now := coalesce(p_now, clock_timestamp());  -- after the row lock: the lease is judged now
         IF NOT FOUND THEN
             FOR it IN SELECT o AS ord FROM unnest(k.ords) AS o
             LOOP
