@@ -23,8 +23,10 @@ import uvicorn
 
 from queen_pg.app import create_app
 from queen_pg.db.apply import apply_sql
+from queen_pg.db.pool import Database
 from queen_pg.embedded_pg import EmbeddedPostgres
 from queen_pg.settings import Settings
+from tests.helpers import eventually
 
 TEMPLATE = "queen_template"
 _counter = itertools.count()
@@ -115,6 +117,15 @@ def db_url(pg_server: PgServer) -> str:
 
 
 @pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    """The broker's own pool class on the fresh database, for engine- and job-level tests."""
+    d = Database(db_url, 8)
+    await d.open(apply_schema=False)
+    yield d
+    await d.close()
+
+
+@pytest.fixture
 async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     c = await asyncpg.connect(db_url)
     try:
@@ -139,12 +150,15 @@ class Broker:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
+        task = self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+
+        def up() -> bool:
+            if task.done():
+                task.result()
                 raise RuntimeError("broker exited during start-up")
-            await asyncio.sleep(0.01)
+            return bool(self.server.started)
+
+        await eventually(up, "the broker to start", within=30)
 
     async def stop(self) -> None:
         self.server.should_exit = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -37,6 +37,17 @@ async def counts(conn: asyncpg.Connection) -> dict[str, int]:
 EMPTY = {
     t: 0 for t in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq")
 }
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str = "condition", within: float = 10.0) -> None:
+    """Like :func:`eventually` for a condition that must be asked for (a query, an HTTP probe): the
+    state lives in another process (PostgreSQL, a broker subprocess), so there is no event to await."""
+    try:
+        async with asyncio.timeout(within):
+            while not await check():  # noqa: ASYNC110 - the state lives in another process
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def eventually(predicate: Callable[[], bool], what: str = "condition", within: float = 10.0) -> None:

@@ -23,7 +23,7 @@ from queen import Queen
 from queen_pg.db.pool import Database
 from queen_pg.jobs.timers import TimersJob
 from tests.conftest import free_port
-from tests.helpers import eventually
+from tests.helpers import eventually, until
 
 INPUTS = 1000
 PARTITIONS = 10
@@ -55,16 +55,17 @@ class BrokerProcess:
     async def start(self) -> None:
         await asyncio.to_thread(self.spawn)
         self.starts += 1
+        proc = self.proc
         async with httpx.AsyncClient(timeout=1) as http:
-            async with asyncio.timeout(30):
-                while True:  # the process answers /health once it is up: poll the event
-                    assert self.proc.poll() is None, self.log.read_text()[-2000:]
-                    try:
-                        if (await http.get(f"{self.url}/health")).status_code == 200:
-                            return
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.02)
+
+            async def healthy() -> bool:
+                assert proc is not None and proc.poll() is None, self.log.read_text()[-2000:]
+                try:
+                    return (await http.get(f"{self.url}/health")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await until(healthy, "the restarted broker's /health", within=30)
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 from queen import Queen
 
 from tests.conftest import Broker
+from tests.helpers import until
 
 PARTITIONS = 10
 PER_PARTITION = 100
@@ -106,18 +106,16 @@ async def test_client_renew_lease_keeps_a_slow_handler_s_lease(broker: Broker, c
         await client.queue("slow").push([{"data": {"job": 1}, "transactionId": "job-1"}])
         first_expiry = []
 
-        async def renewed_twice() -> None:
-            # the handler's "work" lasts until the broker has seen the client renew its 1 s lease twice
-            while True:
-                expiry = await conn.fetchval("SELECT lease_expires_at FROM queen.log_consumers")
-                if expiry is not None:
-                    first_expiry.append(expiry)
-                    if (expiry - first_expiry[0]).total_seconds() >= 1.0:
-                        return
-                await asyncio.sleep(0.05)
+        async def renewed_twice() -> bool:
+            expiry = await conn.fetchval("SELECT lease_expires_at FROM queen.log_consumers")
+            if expiry is None:
+                return False
+            first_expiry.append(expiry)
+            return (expiry - first_expiry[0]).total_seconds() >= 1.0
 
         async def handle(message: Any) -> None:
-            await asyncio.wait_for(renewed_twice(), 20)
+            # the handler's "work" lasts until the broker has seen the client renew its 1 s lease twice
+            await until(renewed_twice, "two lease renewals", within=20)
 
         await client.queue("slow").group("g").batch(1).renew_lease(True, 300).limit(1).consume(handle)
         # the auto-ack after the handler was accepted: the lease was still ours, nothing comes back

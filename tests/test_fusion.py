@@ -6,7 +6,6 @@ go through a real broker."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -23,14 +22,6 @@ from tests.helpers import eventually, pop
 
 # A batch leaves only when full (inflight 0: nothing goes alone; the hold is far away).
 FULL_ONLY = dict(hold_us=60_000_000, inflight=0)
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 8)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 def msg(txn: str | None, partition: str = "p", queue: str = "q") -> NewMessage:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -25,7 +25,7 @@ from queen_pg.jobs.lease_expiry import LeaseExpiry
 from queen_pg.jobs.retention import Retention
 from queen_pg.jobs.supervisor import Job, JobConfig, Supervisor
 from tests.conftest import Broker
-from tests.helpers import pop, push
+from tests.helpers import pop, push, until
 
 DAY = timedelta(days=1)
 
@@ -35,14 +35,6 @@ async def broker(start_broker: Any) -> Broker:
     """The broker's own jobs are off: each test runs them by hand with its own clock."""
     b: Broker = await start_broker(jobs_enabled=False)
     return b
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 4)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 async def configure(http: httpx.AsyncClient, queue: str, **options: Any) -> None:
@@ -216,9 +208,7 @@ async def test_retention_decides_again_after_a_seek_it_waited_for(
 
 async def waiting_on_a_lock(conn: asyncpg.Connection) -> None:
     query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    async with asyncio.timeout(10):
-        while not await conn.fetchval(query):  # noqa: ASYNC110 - the state is in PostgreSQL; no event to await
-            await asyncio.sleep(0.01)
+    await until(lambda: conn.fetchval(query), "a session to wait on a lock")
 
 
 # --- lease expiry ---------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ with the official client queen-mq 2.6.0."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,14 +25,6 @@ from tests.conftest import Broker
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)
 US = timedelta(microseconds=1)
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 4)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 async def batch(db: Database, ops: list[dict[str, Any]], now: datetime = T0) -> list[dict[str, Any]]:

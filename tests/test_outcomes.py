@@ -6,7 +6,6 @@ database. Time moves through p_now (the engine's ``now``), never by sleeping."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,14 +26,6 @@ from tests.helpers import pop, push
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)
 INCR = {"operations": [{"op": "incr", "ns": "n", "key": "c", "delta": 1, "forever": True}]}
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 4)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 async def counter(conn: asyncpg.Connection, key: str = "c") -> Any:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
@@ -21,14 +19,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 3)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 def request(timeout_ms: int) -> pop_engine.PopRequest:

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +23,7 @@ from queen_pg.db import locks
 from queen_pg.db.pool import Database
 from queen_pg.jobs.timers import TimersJob
 from tests.conftest import Broker
-from tests.helpers import eventually, pop, push
+from tests.helpers import eventually, pop, push, until
 
 MS = timedelta(milliseconds=1)
 HOUR = timedelta(hours=1)
@@ -35,14 +34,6 @@ async def broker(start_broker: Any) -> Broker:
     """Jobs off: every test fires timers by hand with its own clock."""
     b: Broker = await start_broker(jobs_enabled=False)
     return b
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    d = Database(db_url, 4)
-    await d.open(apply_schema=False)
-    yield d
-    await d.close()
 
 
 def b64(value: Any) -> str:
@@ -270,9 +261,7 @@ async def test_cancel_waits_for_a_writer_holding_the_key_then_decides(
         # ... and a cancel waits for the writer instead of guessing
         cancel = asyncio.create_task(http.delete("/api/v1/timers/writer/k"))
         waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND NOT granted"
-        async with asyncio.timeout(10):
-            while not await conn.fetchval(waiting, locks.TIMER_KEY_CLASS):  # noqa: ASYNC110 - another process
-                await asyncio.sleep(0.005)
+        await until(lambda: conn.fetchval(waiting, locks.TIMER_KEY_CLASS), "the cancel to wait on the key")
         assert not cancel.done()
         await tx.rollback()
         r = (await cancel).json()
@@ -304,9 +293,7 @@ async def test_cancels_during_a_real_fire_are_too_late_and_the_fire_pushes_them(
         )
         firing = asyncio.create_task(fire_job().run_once(db, now=max(at(r) for r in results) + MS))
         blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%timers_fire%'"
-        async with asyncio.timeout(10):
-            while not await conn.fetchval(blocked):  # noqa: ASYNC110 - the fire waits in another process
-                await asyncio.sleep(0.005)
+        await until(lambda: conn.fetchval(blocked), "the fire to wait on the partition")
         answers = await asyncio.gather(*(http.delete(f"/api/v1/timers/inflight/{k}") for k in keys[4:]))
         assert [(a.json()["status"], a.json()["txn"]) for a in answers] == [("too_late", f"t-{k}") for k in keys[4:]]
         assert not firing.done()
