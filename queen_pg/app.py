@@ -33,6 +33,7 @@ from queen_pg.api import (
 from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
+from queen_pg.api.internal import InternalErrors
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
@@ -116,6 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
 
@@ -140,11 +142,6 @@ def create_app(settings: Settings) -> FastAPI:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        log.exception("event=unhandled_error path=%s", request.url.path)
-        return json_response({"error": f"internal error: {exc.__class__.__name__}", "code": "internal"}, 500)
 
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)
