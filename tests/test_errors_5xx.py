@@ -28,7 +28,8 @@ async def test_a_postgres_error_is_a_500_with_a_request_id_and_no_cause(
     broker: Broker, http: httpx.AsyncClient, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     await conn.execute(
-        "CREATE OR REPLACE FUNCTION queen.lease_extend_v1(p_tenant text, p_lease_id uuid, p_now timestamptz DEFAULT NULL)"
+        "CREATE OR REPLACE FUNCTION queen.lease_extend_v1(p_tenant text, p_lease_id uuid,"
+        " p_now timestamptz DEFAULT NULL)"
         " RETURNS TABLE (renewed integer, expires_at timestamptz) LANGUAGE plpgsql AS $$"
         f" BEGIN RAISE EXCEPTION '{SECRET}' USING ERRCODE = 'XX000'; END $$"
     )
