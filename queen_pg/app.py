@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,6 +48,7 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
+from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -69,7 +71,7 @@ def create_app(settings: Settings) -> FastAPI:
         raise ValueError("settings.database_url is required (the CLI sets it for the embedded database)")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         db = Database(settings.database_url or "", settings.db_pool_size)
         await db.open(apply_schema=settings.apply_schema)
         storage = StorageCheck(
@@ -99,10 +101,18 @@ def create_app(settings: Settings) -> FastAPI:
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
             jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs))
+        transport = Transport(
+            settings.header_timeout_s,
+            fit_connections(settings.max_connections),
+            app.state.queen.waiters.drain,
+        )
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
-            yield
+            yield {STATE_KEY: transport}  # the server's protocol reads it (queen_pg/server.py)
         finally:
+            if transport.drain_started is None:  # no connection was open: nothing parked to drain
+                transport.begin_drain(0)
+            log.info(transport.shutdown_line())
             await fuser.close()  # fused calls whose requests went away
             await jobs.stop()  # before the pool closes: a job may be inside a call
             await db.close()
