@@ -3,6 +3,7 @@ process (signals, memory, sockets), as an operator runs it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -37,12 +38,15 @@ class ServeProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    async def start(self) -> None:
+    def spawn(self) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "queen_pg.cli", "serve"], env=self.env, stdout=out, stderr=out
             )
-        proc = self.proc
+        return self.proc
+
+    async def start(self) -> None:
+        proc = await asyncio.to_thread(self.spawn)
         async with httpx.AsyncClient(timeout=1) as http:
 
             async def healthy() -> bool:
