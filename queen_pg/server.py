@@ -50,7 +50,7 @@ class Transport:
 
     header_timeout_s: float
     max_connections: int
-    drain_pops: Callable[[], int]  # wakes every parked pop; returns how many were parked
+    drain_pops: Callable[[], int]  # wakes every waiting long-poll pop; returns how many
     drained_pops: int | None = None  # set by the first begin_drain()
     in_flight: int = 0  # requests running when the drain began (parked pops included)
     drain_started: float | None = None

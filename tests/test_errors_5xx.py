@@ -5,6 +5,7 @@ route, never 500, and the broker serves again once PostgreSQL is back."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from queen_pg.embedded_pg import EmbeddedPostgres
 from tests.conftest import Broker, broker_settings, free_port
-from tests.helpers import push, until
+from tests.helpers import eventually, push, until
 
 SECRET = "s3cret-internal-detail"
 LEASE = "/api/v1/lease/00000000-0000-0000-0000-000000000001/extend"
@@ -140,3 +141,17 @@ async def test_killed_connections_are_503_never_500(
     assert set(statuses) <= {200, 204, 503}
     r = await http.get("/api/v1/pop/queue/killed", params={"consumerGroup": "g2"})
     assert r.status_code == 200
+
+
+async def test_a_client_gone_mid_body_is_not_an_internal_error(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="queen_pg"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+        writer.write(b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"items\"")
+        await writer.drain()
+        await eventually(lambda: bool(broker.server.server_state.tasks), "the push to start")
+        writer.close()
+        await eventually(lambda: not broker.server.server_state.tasks, "the push to end")
+    assert any("event=client_disconnect" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -27,7 +27,8 @@ async def parked(http: httpx.AsyncClient) -> int:
 async def test_sigterm_answers_parked_pops_at_once_lets_calls_finish_and_exits_fast(
     db_url: str, tmp_path: Path, conn: asyncpg.Connection
 ) -> None:
-    broker = ServeProcess(db_url, tmp_path / "broker.log")
+    # no re-poll while parked: every pop stays parked until the drain
+    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_POP_POLL_INTERVAL_MS="60000")
     await broker.start()
     watcher = await asyncpg.connect(db_url)
     limits = httpx.Limits(max_connections=PARKED + 20, max_keepalive_connections=PARKED + 20)

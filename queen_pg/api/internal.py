@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 import orjson
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queen_pg.errors import internal
@@ -38,6 +39,8 @@ class InternalErrors:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing broken
+            log.debug("event=client_disconnect path=%s", scope.get("path", "?"))
         except Exception as exc:
             err = internal(log, exc, path=scope.get("path", "?"))
             if started:

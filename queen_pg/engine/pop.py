@@ -4,7 +4,10 @@ A waiting pop parks on the queue's in-process event between attempts, holding no
 permit (the caller's ``permit`` is held only around each claim, and taken again on wake), and
 re-polls at least every ``poll_interval`` (pushes through other replicas, expired leases). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
-time left) so it never leases messages nobody will receive.
+time left) so it never leases messages nobody will receive. For the same reason a pop whose client
+went away (the route watches for the disconnect) claims nothing more, and a lease a claim took while
+it happened is given back at once (``queen.lease_release_v1``). Shutdown (``Waiters.drain``) ends
+every wait at once.
 """
 
 from __future__ import annotations

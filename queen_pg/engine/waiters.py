@@ -47,12 +47,15 @@ class Waiters:
             ev.set()
 
     def drain(self) -> int:
-        """Shutdown: wake every waiting pop; from now on none parks. Returns how many were parked."""
+        """Shutdown: wake every waiting pop; from now on none parks. Returns how many long-poll pops
+        were running (parked, or between two claims)."""
         self.draining = True
+        woken = 0
         for subs in self._subs.values():
             for ev in subs:
                 ev.set()
-        return self.parked
+            woken += len(subs)
+        return woken
 
     async def park(self, ev: asyncio.Event, seconds: float) -> bool:
         """Wait for ``ev`` up to ``seconds``; False when the time ran out."""
