@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +34,7 @@ from queen_pg.api import (
 from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
+from queen_pg.api.internal import InternalErrors
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
@@ -46,6 +48,7 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
+from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -68,7 +71,7 @@ def create_app(settings: Settings) -> FastAPI:
         raise ValueError("settings.database_url is required (the CLI sets it for the embedded database)")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         db = Database(settings.database_url or "", settings.db_pool_size)
         await db.open(apply_schema=settings.apply_schema)
         storage = StorageCheck(
@@ -98,10 +101,18 @@ def create_app(settings: Settings) -> FastAPI:
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
             jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs))
+        transport = Transport(
+            settings.header_timeout_s,
+            fit_connections(settings.max_connections),
+            app.state.queen.waiters.drain,
+        )
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
-            yield
+            yield {STATE_KEY: transport}  # the server's protocol reads it (queen_pg/server.py)
         finally:
+            if transport.drain_started is None:  # no connection was open: nothing parked to drain
+                transport.begin_drain(0)
+            log.info(transport.shutdown_line())
             await fuser.close()  # fused calls whose requests went away
             await jobs.stop()  # before the pool closes: a job may be inside a call
             await db.close()
@@ -116,6 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
 
@@ -140,11 +152,6 @@ def create_app(settings: Settings) -> FastAPI:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        log.exception("event=unhandled_error path=%s", request.url.path)
-        return json_response({"error": f"internal error: {exc.__class__.__name__}", "code": "internal"}, 500)
 
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)

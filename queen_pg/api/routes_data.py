@@ -21,6 +21,7 @@ from queen_pg.api.common import (
     tenant,
 )
 from queen_pg.api.docs import answers, body, params
+from queen_pg.api.longpoll import run_pop
 from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
@@ -145,17 +146,8 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     req = _pop_request(request, queue, partition)
     if pop_in_maintenance(request):
         return Response(status_code=204)
-    st = state(request)
     try:
-        answer = await pop_engine.pop(
-            st.db,
-            st.waiters,
-            tenant(request),
-            req,
-            st.settings.pop_poll_interval_ms / 1000,
-            permit=lambda: permit(request, "pop"),  # held around each claim, not while parked
-            paused=lambda: pop_in_maintenance(request),
-        )
+        answer = await run_pop(request, req)  # a client that goes away while it waits takes no lease
     except TooManyWaiters:
         return json_response(
             {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},

@@ -4,11 +4,15 @@ A waiting pop parks on the queue's in-process event between attempts, holding no
 permit (the caller's ``permit`` is held only around each claim, and taken again on wake), and
 re-polls at least every ``poll_interval`` (pushes through other replicas, expired leases). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
-time left) so it never leases messages nobody will receive.
+time left) so it never leases messages nobody will receive. For the same reason a pop whose client
+went away (the route watches for the disconnect) claims nothing more, and a lease a claim took while
+it happened is given back at once (``queen.lease_release_v1``). Shutdown (``Waiters.drain``) ends
+every wait at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +28,7 @@ from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -107,7 +112,34 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
     return answer
 
 
-async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one pop_v1 call leased, per partition: enough to give it back (:func:`release`)."""
+
+    lease_id: uuid.UUID
+    partition_ids: list[int]
+    lease_starts: list[int]
+    lease_ends: list[int]
+    redelivered_ends: list[int]
+    attempts: list[int]
+
+
+def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+    seen: dict[int, Record] = {}
+    for row in rows:
+        seen.setdefault(row["partition_id"], row)
+    firsts = sorted(seen.values(), key=lambda r: r["partition_id"])
+    return Claim(
+        lease_id,
+        [r["partition_id"] for r in firsts],
+        [r["lease_start"] for r in firsts],
+        [r["lease_end"] for r in firsts],
+        [r["redelivered_end"] for r in firsts],
+        [r["attempts"] for r in firsts],
+    )
+
+
+async def _claim(db: Database, tenant: str, req: PopRequest) -> tuple[dict[str, Any] | None, Claim | None]:
     lease_id = uuid.uuid4()
     rows = await db.fetch(
         POP_SQL,
@@ -124,7 +156,29 @@ async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | 
         req.subscription_mode,
         req.subscription_from,
     )
-    return render(req, lease_id, rows) if rows else None
+    if not rows:
+        return None, None
+    return render(req, lease_id, rows), (None if req.auto_ack else _claimed(lease_id, rows))
+
+
+async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | None:
+    return (await _claim(db, tenant, req))[0]
+
+
+async def release(db: Database, tenant: str, req: PopRequest, got: Claim) -> int:
+    """Give back a lease whose answer will not be delivered (``queen.lease_release_v1``)."""
+    released = await db.fetchval(
+        RELEASE_SQL,
+        tenant,
+        req.group or QUEUE_MODE,
+        got.lease_id,
+        got.partition_ids,
+        got.lease_starts,
+        got.lease_ends,
+        got.redelivered_ends,
+        got.attempts,
+    )
+    return int(released or 0)
 
 
 async def pop(
@@ -136,29 +190,39 @@ async def pop(
     clock: Callable[[], float] = time.monotonic,
     permit: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
     paused: Callable[[], bool] = lambda: False,
+    wake: asyncio.Event | None = None,
+    gone: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any] | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
     (the pop family's concurrency limiter) is held around each claim only, never while parked;
     ``paused()`` (pop maintenance) is asked before every claim, so a parked pop claims nothing once
-    it turned on."""
+    it turned on. ``gone()`` says the client went away (whoever knows sets ``wake`` too): no claim
+    after it, and a claim made while it happened is released at once. Shutdown
+    (``waiters.drain``) ends the wait: the pop answers what it has, or nothing."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
-    while True:
-        ev = waiters.subscribe(tenant, wake_key) if req.wait else None
-        try:
-            if paused():
+    ev = waiters.subscribe(tenant, wake_key, wake) if req.wait else None
+    try:
+        while True:
+            if paused() or gone():
                 return None
+            if ev is not None:
+                ev.clear()  # set again by a push that commits from now on
             async with permit():
-                answer = await claim(db, tenant, req)
+                answer, got = await _claim(db, tenant, req)
+            if gone():  # nobody to answer: the lease goes back at once instead of expiring
+                if got is not None:
+                    await release(db, tenant, req, got)
+                return None
             if answer is not None or ev is None:
                 return answer
             left = stop_claiming - clock()
-            if left <= 0:
+            if left <= 0 or waiters.draining:
                 return None
             await waiters.park(ev, min(left, poll_interval))
-        finally:
-            if ev is not None:
-                waiters.release(tenant, wake_key)
-        if clock() >= stop_claiming:
-            return None
+            if clock() >= stop_claiming or waiters.draining:
+                return None
+    finally:
+        if ev is not None:
+            waiters.release(tenant, wake_key, ev)
