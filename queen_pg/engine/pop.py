@@ -23,7 +23,7 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
 
-POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -44,6 +44,7 @@ class PopRequest:
     subscription_mode: str | None
     subscription_from: datetime | None
     autopilot: bool
+    lease_seconds: int | None = None  # None: the queue's leaseTime
 
 
 def iso_ms(ts: datetime) -> str:
@@ -123,6 +124,7 @@ async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | 
         req.auto_ack,
         req.subscription_mode,
         req.subscription_from,
+        req.lease_seconds,
     )
     return render(req, lease_id, rows) if rows else None
 
