@@ -103,7 +103,7 @@ async def test_status_goes_pending_processing_completed(broker: Broker) -> None:
 
 
 async def test_a_message_no_group_reads_yet_is_pending_with_no_groups(http: httpx.AsyncClient) -> None:
-    (res,) = await push(http, "ng", [{"payload": 1, "transactionId": "t"}])
+    await push(http, "ng", [{"payload": 1, "transactionId": "t"}])
     pid = await _partition_id(http, "ng")
     r = await http.get(f"/api/v1/messages/{pid}/t")
     assert r.status_code == 200 and r.json()["status"] == "pending" and r.json()["consumerGroups"] == []

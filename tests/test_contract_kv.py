@@ -58,10 +58,16 @@ async def test_queen_locks_is_readable_not_writable(http: httpx.AsyncClient, con
     got, many, prefix = r.json()["results"]
     assert got["found"] is True and [x["key"] for x in many["rows"]] == ["job#0"] and len(prefix["rows"]) == 1
     before = await conn.fetch("SELECT key, version FROM queen.kv ORDER BY key")
-    for op in (put("queen-locks"), {"op": "delete", "ns": "queen-locks", "key": "job#0"},
-               {"op": "incr", "ns": "queen-locks", "key": "job#0", "forever": True}):
+    for op in (
+        put("queen-locks"),
+        {"op": "delete", "ns": "queen-locks", "key": "job#0"},
+        {"op": "incr", "ns": "queen-locks", "key": "job#0", "forever": True},
+    ):
         r = await http.post("/api/v1/kv", json={"operations": [op]})
-        assert r.status_code == 400 and (r.json()["code"], r.json()["reason"]) == ("kv_bad_request", "reserved_namespace")
+        assert r.status_code == 400 and (r.json()["code"], r.json()["reason"]) == (
+            "kv_bad_request",
+            "reserved_namespace",
+        )
     assert await conn.fetch("SELECT key, version FROM queen.kv ORDER BY key") == before
 
 
@@ -70,7 +76,9 @@ async def test_the_transaction_rider_applies_the_same_rule(http: httpx.AsyncClie
     (m,) = (await pop(http, "tq"))["messages"]
     for ns, says in (("NOT A NAMESPACE", "is not a namespace"), ("queen-locks", "only through /api/v1/locks")):
         body = {
-            "operations": [{"type": "ack", "transactionId": "m", "partitionId": m["partitionId"], "leaseId": m["leaseId"]}],
+            "operations": [
+                {"type": "ack", "transactionId": "m", "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
+            ],
             "kv": [put(ns)],
         }
         r = await http.post("/api/v1/transaction", json=body)

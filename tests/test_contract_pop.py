@@ -38,8 +38,15 @@ async def test_every_other_mode_reads_from_the_first_retained_message(http: http
     assert [m["data"] for m in ans["messages"]] == ["old"]
 
 
-@pytest.mark.parametrize("params", [{"subscriptionMode": "new"}, {"subscriptionMode": "new-only"},
-                                    {"subscriptionFrom": "now"}, {"subscriptionMode": "all", "subscriptionFrom": "now"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"subscriptionMode": "new"},
+        {"subscriptionMode": "new-only"},
+        {"subscriptionFrom": "now"},
+        {"subscriptionMode": "all", "subscriptionFrom": "now"},
+    ],
+)
 async def test_new_new_only_and_from_now_skip_the_backlog(http: httpx.AsyncClient, params: dict[str, str]) -> None:
     await push(http, "sn", [{"payload": "before"}])
     assert await pop(http, "sn", consumerGroup="late", batch=10, **params) is None
@@ -83,7 +90,12 @@ async def test_2x_client_from_beginning_consumer_works_end_to_end(broker: Broker
             seen.append(message["data"]["i"])
 
         await asyncio.wait_for(
-            client.queue("fb").group("fresh").subscription_mode("from_beginning").batch(2).limit(5).each()
+            client.queue("fb")
+            .group("fresh")
+            .subscription_mode("from_beginning")
+            .batch(2)
+            .limit(5)
+            .each()
             .consume(handle),
             20,
         )

@@ -199,7 +199,11 @@ async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, con
     # §9.4: the acked message, completed in queue mode
     g = c["get_message"]
     assert (g["transactionId"], g["status"], g["payload"], g["queue"], g["partition"]) == (
-        "a-0", "completed", {"n": 0}, "admin015", "p1"
+        "a-0",
+        "completed",
+        {"n": 0},
+        "admin015",
+        "p1",
     )
     assert g["consumerGroups"] == [{"name": "__QUEUE_MODE__", "consumed": True, "leaseExpiresAt": None}]
     # §9.7: move_message_to_dlq posts no body (its {} is dropped): queue mode; the DLQ lists it and
@@ -213,7 +217,11 @@ async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, con
     clears = requests(wire, "DELETE", "/api/v1/queues/admin015/clear")
     assert [r["query"] for r in clears] == [{"partition": "p2"}, {}]
     assert (c["clear_p2"]["partition"], c["clear_p2"]["messagesDropped"]) == ("p2", 1)
-    assert (c["clear"]["partitions"], c["clear"]["messagesDropped"], c["clear"]["deadLettersDropped"]) == (2, 4, 1)  # a-0..a-3 retained
+    assert (c["clear"]["partitions"], c["clear"]["messagesDropped"], c["clear"]["deadLettersDropped"]) == (
+        2,
+        4,
+        1,
+    )  # a-0..a-3 retained
     assert c["pop_after_clear"] == [] and c["queue_after_clear"] == "admin015"
     assert await conn.fetchval("SELECT count(*) FROM queen.log_segments s JOIN queen.log_partitions p "
                                "ON p.id = s.partition_id JOIN queen.queues q ON q.id = p.queue_id "

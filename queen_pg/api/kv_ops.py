@@ -151,7 +151,9 @@ def _kv_op(c: _Checker, *, in_transaction: bool) -> dict[str, Any]:
         raise c.fail("not_in_transaction", "op", "getPrefix is not allowed in a transaction")
     out: dict[str, Any] = {"op": op, "ns": c.name("ns", MAX_NS_BYTES)}
     if not NAMESPACE_RE.fullmatch(out["ns"]):
-        raise c.fail("bad_namespace", "ns", f"{out['ns']!r} is not a namespace: {NAMESPACE_RULE}, at most {MAX_NS_BYTES} bytes")
+        raise c.fail(
+            "bad_namespace", "ns", f"{out['ns']!r} is not a namespace: {NAMESPACE_RULE}, at most {MAX_NS_BYTES} bytes"
+        )
     if op in WRITE_OPS and out["ns"] == LOCKS_NS:
         raise c.fail("reserved_namespace", "ns", f"{LOCKS_NS!r} is written only through /api/v1/locks")
 

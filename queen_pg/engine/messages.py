@@ -190,8 +190,9 @@ async def get_message(db: Database, tenant: str, partition_id: int, transaction_
         if at == row["msg_offset"]:
             if frame.transaction_id != transaction_id:
                 break  # a hash collision: not this message
-            return _detail(row, _message(row["queue_name"], row["partition_name"], partition_id, at, frame,
-                                         row["created_at"]))
+            return _detail(
+                row, _message(row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"])
+            )
         at += 1
     raise _missing(partition_id, transaction_id)
 

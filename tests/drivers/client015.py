@@ -174,9 +174,7 @@ async def contract(client: Queen) -> dict[str, Any]:
         for m in messages if isinstance(messages, list) else [messages]:
             seen.append(m["data"]["i"])
 
-    await client.queue(FROM_START).group("fresh").subscription_mode("from_beginning").batch(2).limit(3).consume(
-        handler
-    )
+    await client.queue(FROM_START).group("fresh").subscription_mode("from_beginning").batch(2).limit(3).consume(handler)
     out["from_beginning"] = seen
     out["new_pop"] = await client.queue(FROM_START).group("tail").subscription_mode("new").batch(5).wait(False).pop()
 
@@ -189,7 +187,9 @@ async def contract(client: Queen) -> dict[str, Any]:
     out["get_message"] = await client.admin.get_message(pid, "a-0")
     out["move_to_dlq"] = await client.admin.move_message_to_dlq(pid, "a-1")
     out["dlq"] = await client.queue(ADMIN).dlq().limit(10).get()
-    out["pop_after_move"] = [m["transactionId"] for m in await client.queue(ADMIN).partition("p1").batch(10).wait(False).pop()]
+    out["pop_after_move"] = [
+        m["transactionId"] for m in await client.queue(ADMIN).partition("p1").batch(10).wait(False).pop()
+    ]
     out["clear_p2"] = await client.admin.clear_queue(ADMIN, "p2")
     await client.queue(ADMIN).partition("p1").push([{"data": {"n": 3}, "transactionId": "a-3"}])
     out["clear"] = await client.admin.clear_queue(ADMIN)
