@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
 from queen_pg.api import (
+    admin_moves,
     routes_admin,
     routes_data,
     routes_dlq,
@@ -160,6 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_traces.router)
     app.include_router(routes_system.router)
     app.include_router(routes_dlq.router)
+    app.include_router(admin_moves.router)  # WIRE §9.7: POST …/{tid}/dlq, DELETE /queues/{q}/clear
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
     app.include_router(routes_timers.router)

@@ -24,6 +24,7 @@ BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
 NOT_FOUND = ErrorKind("not_found", 404, "{detail}")
+CONFLICT = ErrorKind("conflict", 409, "{detail}")
 RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
 DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail}")
 # The 500 answer never carries the cause (driver or PostgreSQL text): only a request id, which the one

@@ -27,7 +27,7 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
 
-POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
@@ -49,6 +49,7 @@ class PopRequest:
     subscription_mode: str | None
     subscription_from: datetime | None
     autopilot: bool
+    lease_seconds: int | None = None  # None: the queue's leaseTime
 
 
 def iso_ms(ts: datetime) -> str:
@@ -155,6 +156,7 @@ async def _claim(db: Database, tenant: str, req: PopRequest) -> tuple[dict[str, 
         req.auto_ack,
         req.subscription_mode,
         req.subscription_from,
+        req.lease_seconds,
     )
     if not rows:
         return None, None
