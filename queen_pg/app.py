@@ -111,6 +111,8 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         description="A message broker whose only durable state lives in PostgreSQL.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc with their assets served here, not from a CDN: api/docs.py
+        redoc_url=None,
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -163,7 +165,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def index() -> Response:
         return FileResponse(index_html, media_type="text/html")
 
-    install_docs(app)  # /openapi.json: the request bodies the routes parse themselves
+    install_docs(app)  # /openapi.json (the request bodies the routes parse themselves), /docs, /redoc
     return app
 
 

@@ -85,9 +85,7 @@ def test_the_wheel_lists_httpx_as_a_runtime_dependency(wheel: zipfile.ZipFile) -
 
 def test_every_subpackage_is_listed() -> None:
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    on_disk = {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "queen_pg").rglob("__init__.py")
-    }
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "queen_pg").rglob("__init__.py")}
     assert on_disk <= listed, on_disk - listed
     mapped = PYPROJECT["tool"]["setuptools"]["package-dir"]
     for name in SHIPPED:
