@@ -45,3 +45,14 @@ async def test_the_readme_snippet_runs_as_written(broker: Broker, http: httpx.As
         _out, err = await asyncio.wait_for(proc.communicate(), 15)
     # the client's own SIGINT handler flushes its buffers and exits: stopped because it was cancelled
     assert proc.returncode == 0, (proc.returncode, err.decode()[-2000:])
+
+
+def test_the_readme_names_no_file_outside_the_repository() -> None:
+    """The API reference lives in the repository (issue 11 §1): no `../` paths, and every repository path
+    the README names (`dir/file.ext`) exists."""
+    readme = (ROOT / "README.md").read_text()
+    assert "../" not in readme and "WIRE.md" not in readme
+    named = set(re.findall(r"`([A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+\.(?:py|sql|md|sh|ini|toml|json|html))`", readme))
+    assert "sql/schema.sql" in named
+    missing = sorted(p for p in named if not p.startswith("/") and not (ROOT / p).is_file())
+    assert not missing, f"the README names files that are not in the repository: {missing}"
