@@ -4,6 +4,9 @@ package finds them. The end-to-end proof (a runtime-only venv serving a real cli
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from queen_pg import resources
+from queen_pg.cli import build_parser
 from queen_pg.db.apply import sql_dir, sql_files
 from queen_pg.migrate import migrations_dir
 from tests.conftest import ROOT
@@ -114,3 +118,70 @@ def test_the_packaged_copy_wins_and_a_missing_one_says_where_it_looked(
     assert resources.data_dir("sql", "schema.sql") == checkout / "sql"
     with pytest.raises(FileNotFoundError, match=r"webapp/index.html is neither in the package"):
         resources.data_dir("webapp", "index.html")
+
+
+# --- the Dockerfile (no container engine on these machines: read and checked, not built) -----------
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile as stages of (INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        if word.upper() == "FROM":
+            stages.append([])
+        assert stages, "an instruction before the first FROM"
+        stages[-1].append((word.upper(), " ".join(rest.split())))
+    return stages
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.removeprefix("**/")) for pat in patterns for p in prefixes
+    )
+
+
+def test_the_image_default_command_starts_the_broker_from_the_installed_wheel() -> None:
+    *builders, final = dockerfile_stages()
+    assert builders, "a build stage makes the wheel"
+    assert any(i == "RUN" and "pip wheel" in a and "--no-deps" in a for i, a in builders[0])
+    (cmd,) = [a for i, a in final if i == "CMD"]
+    argv = json.loads(cmd)  # the exec form: the broker is PID 1 and gets docker stop's SIGTERM
+    assert argv[0] in PYPROJECT["project"]["scripts"], argv
+    assert PYPROJECT["project"]["scripts"][argv[0]] == "queen_pg.cli:main"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "serve"
+    runs = [a for i, a in final if i == "RUN"]
+    assert any(re.search(r"pip install \S*queen_pg-\*\.whl", a) for a in runs), runs
+    assert not any("-e " in a or "--editable" in a for a in runs)
+    # nothing of the source tree in the image: only the wheel comes from the build stage
+    copies = [a for i, a in final if i in ("COPY", "ADD")]
+    assert copies and all(a.startswith("--from=") for a in copies), copies
+    env = " ".join(a for i, a in final if i == "ENV")
+    assert "PYTHONPATH" not in env
+    # an unprivileged user whose working directory (the embedded PostgreSQL's data) it owns
+    (user,) = [a for i, a in final if i == "USER"]
+    assert user not in ("root", "0")
+    (workdir,) = [a for i, a in final if i == "WORKDIR"]
+    assert any(f"chown {user}:{user} {workdir}" in a for a in runs), (user, workdir)
+    data_dir = re.search(r"QUEEN_DATA_DIR=(\S+)", env)
+    assert data_dir and data_dir.group(1).startswith(workdir + "/")
+
+
+def test_the_dockerignore_keeps_the_checkout_out_and_the_wheel_sources_in() -> None:
+    patterns = [
+        p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")
+    ]
+    for junk in (".venv", ".queen", ".git", "build", "dist", ".pytest_cache", ".mypy_cache", ".ruff_cache"):
+        assert dockerignored(junk, patterns), f"{junk} would be sent to the docker build"
+    assert dockerignored("queen_pg/api/__pycache__/app.cpython-311.pyc", patterns)
+    needed = source_files("pyproject.toml", "README.md", "queen_pg", *SHIPPED)
+    assert "sql/schema.sql" in needed and "pyproject.toml" in needed
+    ignored = [f for f in needed if dockerignored(f, patterns)]
+    assert not ignored, f".dockerignore drops files the wheel is built from: {ignored}"
