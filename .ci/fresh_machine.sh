@@ -8,8 +8,9 @@
 #      the runtime venv must prove that the runtime dependencies alone run the broker);
 #   3. start `queen-pg serve` from a directory outside the source tree, on a free port, with an
 #      embedded PostgreSQL in a temporary data directory; wait for /health;
-#   4. push and pop (and ack) one message with the official client; fetch /docs and its assets;
-#   5. SIGTERM the broker; it must exit 0 within 20 s and leave no PostgreSQL running.
+#   4. `queen-pg migrate` with the packaged alembic revisions reaches head on that database;
+#   5. push and pop (and ack) one message with the official client; fetch /docs and its assets;
+#   6. SIGTERM the broker; it must exit 0 within 20 s and leave no PostgreSQL running.
 #
 # Every step prints one progress line; any failure prints the broker's log and exits non-zero.
 # Usage: .ci/fresh_machine.sh   (PYTHON=python3.12 to choose the interpreter; KEEP=1 keeps the temp dir)
@@ -61,9 +62,9 @@ say "built $(basename "$WHEEL")"
 #    else) and the client one (queen-mq 2.6.0, to talk to the broker)
 say "installing the wheel (runtime dependencies only) and, apart, queen-mq==2.6.0"
 "$PY" -m venv "$WORK/runtime" && "$PY" -m venv "$WORK/client"
-"$WORK/runtime/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" >"$WORK/runtime.log" 2>&1 &
+"$WORK/runtime/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$WHEEL" >"$WORK/runtime.log" 2>&1 &
 RT=$!
-"$WORK/client/bin/python" -m pip install -q --disable-pip-version-check "queen-mq==2.6.0" >"$WORK/client.log" 2>&1 &
+"$WORK/client/bin/python" -m pip install -q --no-compile --disable-pip-version-check "queen-mq==2.6.0" >"$WORK/client.log" 2>&1 &
 CL=$!
 wait $RT || { cat "$WORK/runtime.log" >&2; fail "installing the wheel into an empty venv failed"; }
 wait $CL || { cat "$WORK/client.log" >&2; fail "installing queen-mq==2.6.0 failed"; }
@@ -96,7 +97,14 @@ say "/health: $HEALTH"
 grep -q "open it with:" "$WORK/run/broker.log" || fail "serve did not print the psql line"
 say "psql line: $(grep -A1 'open it with:' "$WORK/run/broker.log" | tail -1 | sed 's/^ *//')"
 
-# 4. one message through the official client; the offline /docs
+# 4. the packaged migrations (no alembic.ini, no checkout): the database boot set up is at head
+DSN="postgresql://queen@/queen?host=$WORK/run/.queen/sock&port=$PG_PORT"
+MIGRATE="$(env -u PYTHONPATH "$WORK/runtime/bin/queen-pg" migrate --database-url "$DSN" 2>&1)" \
+    || { echo "$MIGRATE" >&2; fail "queen-pg migrate failed from the installed wheel"; }
+grep -q "migrate: at head" <<<"$MIGRATE" || { echo "$MIGRATE" >&2; fail "queen-pg migrate did not reach head"; }
+say "queen-pg migrate from the wheel: $(tail -1 <<<"$MIGRATE")"
+
+# 5. one message through the official client; the offline /docs
 "$WORK/client/bin/python" - "http://127.0.0.1:$PORT" <<'PY' || fail "push/pop/ack with queen-mq 2.6.0 failed"
 import asyncio
 import sys
@@ -124,7 +132,7 @@ for asset in $(grep -oE '(src|href)="/[^"]+"' <<<"$DOCS" | sed -E 's/^(src|href)
 done
 say "/docs and its assets served by the broker"
 
-# 5. a clean stop
+# 6. a clean stop
 kill -TERM "$BROKER_PID"
 for _ in $(seq 1 200); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$BROKER_PID" 2>/dev/null && fail "queen-pg serve still running 20 s after SIGTERM"
