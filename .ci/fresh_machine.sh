@@ -74,6 +74,19 @@ for extra in pytest queen jsonschema; do  # the test extras must not be there: t
     fi
 done
 say "runtime venv: $("$WORK/runtime/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | tail -n +3 | wc -l) packages, no test extras"
+# every module of the package imports with the runtime dependencies alone (the migrations are
+# alembic scripts, loaded by `queen-pg migrate` below)
+(cd "$WORK" && env -u PYTHONPATH "$WORK/runtime/bin/python" - <<'PY') || fail "a queen_pg module does not import with the runtime dependencies alone"
+import importlib
+import pkgutil
+
+import queen_pg
+
+names = [m.name for m in pkgutil.walk_packages(queen_pg.__path__, "queen_pg.") if not m.name.startswith("queen_pg.migrations")]
+for name in names:
+    importlib.import_module(name)
+print(f"fresh-machine: imported {len(names)} queen_pg modules")
+PY
 
 # 3. serve from outside the source tree
 mkdir -p "$WORK/run" && chmod 755 "$WORK/run"
@@ -125,6 +138,10 @@ async def main(url: str) -> None:
 
 asyncio.run(main(sys.argv[1]))
 PY
+QUEUES="$(env -u PYTHONPATH "$WORK/runtime/bin/queen-pg" queues --url "http://127.0.0.1:$PORT" 2>&1)" \
+    || { echo "$QUEUES" >&2; fail "queen-pg queues (the client commands, httpx) failed"; }
+grep -q "fresh-machine" <<<"$QUEUES" || { echo "$QUEUES" >&2; fail "queen-pg queues does not list the queue"; }
+say "queen-pg queues lists the queue (client commands work from the wheel)"
 DOCS="$(curl -fsS "http://127.0.0.1:$PORT/docs")" || fail "/docs did not answer 200"
 for asset in $(grep -oE '(src|href)="/[^"]+"' <<<"$DOCS" | sed -E 's/^(src|href)="//; s/"$//'); do
     size="$(curl -fsS "http://127.0.0.1:$PORT$asset" | wc -c)" || fail "/docs asset $asset did not answer 200"
