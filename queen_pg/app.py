@@ -9,7 +9,6 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,12 +48,11 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
+from queen_pg.resources import data_dir
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
-
-WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
 
 
 def _limiter_config(settings: Settings) -> LimiterConfig:
@@ -125,6 +123,8 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         description="A message broker whose only durable state lives in PostgreSQL.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc with their assets served here, not from a CDN: api/docs.py
+        redoc_url=None,
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -168,11 +168,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_tx.router)
     app.include_router(metrics_router)
 
+    index_html = data_dir("webapp", "index.html") / "index.html"
+
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
-        return FileResponse(WEBAPP / "index.html", media_type="text/html")
+        return FileResponse(index_html, media_type="text/html")
 
-    install_docs(app)  # /openapi.json: the request bodies the routes parse themselves
+    install_docs(app)  # /openapi.json (the request bodies the routes parse themselves), /docs, /redoc
     return app
 
 

@@ -57,6 +57,23 @@ def _env_name(field: str) -> str:
     return ENV_NAMES.get(field, "QUEEN_" + field.upper())
 
 
+def _add_other_settings(serve: argparse.ArgumentParser, covered: set[str]) -> None:
+    """Every other setting as ``--field-name`` (``--[no-]field-name`` for a switch), generated from
+    Settings, so that each setting is a serve option as the README says; pydantic validates the value."""
+    for field, info in Settings.model_fields.items():
+        if field in covered:
+            continue
+        flag = "--" + field.replace("_", "-")
+        text = (info.description or field).rstrip(".").replace("%", "%%")
+        where = f"[{_env_name(field)}; default {info.default}]"
+        if info.annotation is bool:
+            serve.add_argument(
+                flag, dest=field, action=argparse.BooleanOptionalAction, default=None, help=f"{text} {where}"
+            )
+        else:
+            serve.add_argument(flag, dest=field, default=None, metavar=field.upper(), help=f"{text} {where}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="queen-pg", description="queen-pg: a message broker on PostgreSQL.")
     parser.add_argument("--version", action="version", version=f"queen-pg {__version__}")
@@ -87,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="do not apply sql/ at boot [QUEEN_APPLY_SCHEMA=0; default: apply]",
     )
+    _add_other_settings(serve, covered={field for _f, field, _t, _h in SERVE_OPTIONS} | {"pg_tcp", "apply_schema"})
     mig = sub.add_parser(
         "migrate",
         help="upgrade a database's schema (alembic), with progress",

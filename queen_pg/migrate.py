@@ -25,6 +25,8 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import URL, create_engine, make_url, pool
 
+from queen_pg.resources import data_dir
+
 Printer = Callable[[str], None]
 
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -37,12 +39,8 @@ VERSION_TABLE_SCHEMA = "public"
 
 
 def migrations_dir() -> Path:
-    """The ``migrations/`` directory: beside the package in a checkout, or installed under it."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "migrations", here / "migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError(f"migrations/env.py not found near {here}")
+    """The ``migrations/`` directory: ``queen_pg/migrations`` in a wheel, the repository's in a checkout."""
+    return data_dir("migrations", "env.py")
 
 
 def sqlalchemy_url(url: str) -> URL:
@@ -62,9 +60,10 @@ def display_url(url: str) -> str:
 
 
 def alembic_config(url: str | None = None) -> Config:
-    """The alembic Config of this project: ``alembic.ini`` beside ``migrations/`` when present,
-    else one built with only the script location. The URL travels in ``attributes`` (not in the
-    ini options, which would interpolate ``%``); the application's logging is left alone."""
+    """The alembic Config of this project: ``alembic.ini`` beside ``migrations/`` when present (a
+    checkout), else one built with only the script location (a wheel carries no alembic.ini). The URL
+    travels in ``attributes`` (not in the ini options, which would interpolate ``%``); the
+    application's logging is left alone."""
     mdir = migrations_dir()
     ini = mdir.parent / "alembic.ini"
     cfg = Config(str(ini)) if ini.is_file() else Config()

@@ -7,13 +7,22 @@ can infer neither. ``body(Model)`` documents the request body in the route decor
 ``header(...)``), ``answers({200: Model}, 400, 404)`` the success models and the error statuses
 (``ErrorBody``), and ``install(app)`` adds every documented request model to ``components/schemas``.
 The request models are documentation only: validation stays where it is.
+
+``install`` also serves the two documentation pages, ``/docs`` (Swagger UI) and ``/redoc`` (ReDoc),
+with their scripts, stylesheet and icon from the broker itself (``/docs/assets/...``, the copies the
+``fastapi-offline`` wheel ships): they work with no internet, behind a firewall, in an air-gapped
+cluster. FastAPI's own pages would load them from a CDN.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -117,3 +126,56 @@ def install(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    _install_pages(app)
+
+
+ASSETS_URL = "/docs/assets"
+_MEDIA = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+
+
+def assets_dir() -> Path:
+    """Swagger UI and ReDoc as the ``fastapi-offline`` wheel ships them (located without importing it)."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the fastapi-offline package (the /docs assets) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
+
+
+def _install_pages(app: FastAPI) -> None:
+    """``/docs`` and ``/redoc``, every asset they reference served by this broker."""
+    folder = assets_dir()
+    assets = {p.name: p for p in folder.iterdir() if p.suffix in _MEDIA}
+    for needed in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png"):
+        if needed not in assets:
+            raise FileNotFoundError(f"{folder / needed} is missing: the /docs pages could not load")
+    openapi_url = app.openapi_url or "/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - API",
+            swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            swagger_ui_parameters=app.swagger_ui_parameters,
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=root + openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            with_google_fonts=False,
+        )
+
+    @app.get(ASSETS_URL + "/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        path = assets.get(name)
+        if path is None:
+            raise HTTPException(404, f"no documentation asset {name!r}")
+        return FileResponse(path, media_type=_MEDIA[path.suffix], headers={"Cache-Control": "public, max-age=86400"})

@@ -14,17 +14,14 @@ from pathlib import Path
 import asyncpg
 
 from queen_pg.db.locks import APPLY_LOCK
+from queen_pg.resources import data_dir
 
 log = logging.getLogger("queen_pg.db")
 
 
 def sql_dir() -> Path:
-    """The ``sql/`` directory: beside the package in a checkout, or installed under it."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "sql", here / "sql"):
-        if (candidate / "schema.sql").is_file():
-            return candidate
-    raise FileNotFoundError(f"sql/schema.sql not found near {here}")
+    """The ``sql/`` directory: ``queen_pg/sql`` in a wheel, the repository's ``sql/`` in a checkout."""
+    return data_dir("sql", "schema.sql")
 
 
 def sql_files(root: Path | None = None) -> list[Path]:
