@@ -9,15 +9,16 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
 from queen_pg.api import (
+    dashboard,
+    kv_browse,
     routes_admin,
     routes_data,
     routes_dlq,
@@ -49,8 +50,6 @@ from queen_pg.metrics import Metrics
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
-
-WEBAPP = Path(__file__).resolve().parent.parent / "webapp"
 
 
 def _limiter_config(settings: Settings) -> LimiterConfig:
@@ -155,14 +154,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_dlq.router)
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
+    app.include_router(kv_browse.router)
     app.include_router(routes_timers.router)
     app.include_router(routes_tx.router)
     app.include_router(metrics_router)
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> Response:
-        return FileResponse(WEBAPP / "index.html", media_type="text/html")
-
+    app.include_router(dashboard.router)  # / and /dashboard/<file>: the embedded UI (webapp/)
     install_docs(app)  # /openapi.json: the request bodies the routes parse themselves
     return app
 
