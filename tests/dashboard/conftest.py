@@ -38,12 +38,16 @@ def _apt(*args: str) -> subprocess.CompletedProcess[str]:
 def chromium() -> str:
     if not Path(CHROMIUM).exists():
         if shutil.which("apt-get") is None or os.geteuid() != 0:
-            pytest.fail(f"{CHROMIUM} is missing and cannot be installed here: run `apt-get install -y chromium` as root")
+            pytest.fail(
+                f"{CHROMIUM} is missing and cannot be installed here: run `apt-get install -y chromium` as root"
+            )
         got = _apt("install", "-y", "--no-install-recommends", "chromium")
         if got.returncode != 0:  # a clean machine has no package lists yet
             _apt("update")
             got = _apt("install", "-y", "--no-install-recommends", "chromium")
-        assert got.returncode == 0 and Path(CHROMIUM).exists(), f"apt-get install chromium failed:\n{got.stderr[-2000:]}"
+        assert got.returncode == 0 and Path(CHROMIUM).exists(), (
+            f"apt-get install chromium failed:\n{got.stderr[-2000:]}"
+        )
     return CHROMIUM
 
 

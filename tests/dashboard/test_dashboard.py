@@ -10,12 +10,15 @@ error or failed request the test did not provoke on purpose. Screenshots (1280×
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 from playwright.async_api import Request, Route, expect
 
+from queen_pg.jobs.dlq_fill import DlqFill
+from queen_pg.jobs.stats import Stats
 from tests.dashboard.conftest import Dash
 
 pytestmark = pytest.mark.timeout(300)  # the first test may install chromium (apt-get) in its setup
@@ -41,6 +44,9 @@ async def test_worker_story_shows_on_the_kv_and_timers_pages(dash: Dash) -> None
 
 async def test_requeue_from_the_dlq_page_then_the_message_is_consumed(dash: Dash) -> None:
     page = dash.page
+    # the dlq_fill job copies the payloads out of their segments (a retry answers 503 until then): run it
+    # now rather than wait for its tick
+    await DlqFill().run_once(dash.broker.app.state.queen.db)
     await dash.goto("/dlq")
     rows = page.get_by_test_id("dlq-row")
     await expect(rows).to_have_count(2)
@@ -58,11 +64,21 @@ async def test_requeue_from_the_dlq_page_then_the_message_is_consumed(dash: Dash
     await expect(page.get_by_text("No dead letters.")).to_be_visible()
 
     async with httpx.AsyncClient(base_url=dash.url) as http:  # the worker takes them again and succeeds
-        r = await http.get("/api/v1/pop/queue/payments", params={"batch": 10, "wait": "false", "consumerGroup": "ledger"})
+        r = await http.get(
+            "/api/v1/pop/queue/payments", params={"batch": 10, "wait": "false", "consumerGroup": "ledger"}
+        )
         got = r.json()["messages"]
         assert sorted(m["transactionId"] for m in got) == ["pay-1", "pay-2"]
-        acks = [{"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
-                 "status": "completed", "consumerGroup": "ledger"} for m in got]
+        acks = [
+            {
+                "transactionId": m["transactionId"],
+                "partitionId": m["partitionId"],
+                "leaseId": m["leaseId"],
+                "status": "completed",
+                "consumerGroup": "ledger",
+            }
+            for m in got
+        ]
         assert (await http.post("/api/v1/ack/batch", json={"acknowledgments": acks})).status_code == 200
     first = dash.seeded.dead[0]
     await dash.goto(f"/messages/{first['partitionId']}/{first['transactionId']}")
@@ -181,6 +197,15 @@ async def test_every_page_renders_with_no_console_error(dash: Dash) -> None:
     async with httpx.AsyncClient(base_url=dash.url) as http:
         r = await http.get("/api/v1/messages", params={"queue": "shipments"})
         pid = r.json()["messages"][0]["partitionId"]
+        # three minutes of history for the charts: the stats job's samples, time passed to it
+        db = dash.broker.app.state.queen.db
+        now = datetime.now(UTC)
+        for minutes_ago in (3, 2, 1, 0):
+            items = [{"queue": "orders", "partition": "c-9", "payload": {"i": i}} for i in range(4 * minutes_ago + 3)]
+            assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+            await Stats().run_once(db, now=now - timedelta(minutes=minutes_ago))
+        series = (await http.get("/api/v1/status/analytics")).json()["series"]
+        assert sum(1 for b in series if b["backlog"] is not None) >= 3
     pages: list[tuple[str, str, Any]] = [
         ("overview", "/", page.get_by_test_id("stat-dlq")),
         ("queues", "/queues", page.get_by_test_id("queue-row").filter(has_text="orders")),
@@ -197,6 +222,7 @@ async def test_every_page_renders_with_no_console_error(dash: Dash) -> None:
         await dash.shot(name)
     await dash.goto("/")
     await expect(page.get_by_test_id("stat-dlq")).to_contain_text("2")
+    await expect(page.get_by_test_id("stat-messages")).to_have_text("46Messages")  # 10 seeded + 36 pushed above
     await expect(page.get_by_test_id("chart-throughput").locator("canvas")).to_have_count(1)
     await expect(page.get_by_test_id("chart-backlog").locator("canvas")).to_have_count(1)
     await expect(page.locator("main")).to_contain_text("limiters")

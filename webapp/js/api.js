@@ -38,7 +38,13 @@ export async function api(method, path, body) {
   if (t) headers.Authorization = `Bearer ${t}`;
   const init = { method, headers };
   if (body !== undefined) { headers['Content-Type'] = 'application/json'; init.body = JSON.stringify(body); }
-  const res = await fetch(`api/v1/${path}`, init);
+  let res = await fetch(`api/v1/${path}`, init);
+  // 503 + Retry-After means "nothing was done, try again" (e.g. a dead letter still being copied out of
+  // its segment): an action retries a few times by itself before it reports the error
+  for (let i = 0; i < 3 && res.status === 503 && res.headers.get('Retry-After'); i++) {
+    await new Promise((ok) => setTimeout(ok, Math.min(Number(res.headers.get('Retry-After')) || 1, 2) * 1000));
+    res = await fetch(`api/v1/${path}`, init);
+  }
   const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = { error: text }; }

@@ -31,7 +31,8 @@ export function TimeChart({ series, data, height = 200, testid, right }) {
 }
 
 // /status/analytics series -> uPlot columns [[t...], [a...], [b...]]
+// (a negative value, from clock skew between replicas, is drawn as 0)
 export function columns(rows, keys) {
   const t = rows.map((r) => new Date(r.time).getTime() / 1000);
-  return [t, ...keys.map((k) => rows.map((r) => (r[k] === null || r[k] === undefined ? null : Number(r[k]))))];
+  return [t, ...keys.map((k) => rows.map((r) => (r[k] === null || r[k] === undefined ? null : Math.max(0, Number(r[k])))))];
 }

@@ -43,7 +43,7 @@ export function Overview() {
           <td class="num">${fmt.n(g.lag)}</td><td class="num">${fmt.secs(g.lagSeconds)}</td><td class="num">${g.partitionsBehind}/${g.partitions}</td></tr>`)}
         </tbody></table>`}
       </div>
-      <div class="panel side" style="flex: 0 0 300px"><${Maintenance} status=${s} reload=${status.reload} /></div>
+      <div class="panel side" style="flex: 0 0 380px"><${Maintenance} status=${s} reload=${status.reload} /></div>
     </div>
     <div class="panel"><h3>Broker process answering</h3>
       <${ErrorLine} error=${proc.error} />
@@ -57,7 +57,7 @@ function Maintenance({ status, reload }) {
   const sw = (which, label, path, help) => {
     const on = m && m[which];
     return html`<div class="switch" data-testid=${`maint-${which}`}>
-      <div><b>${label}</b> <span class=${`badge ${on ? 'bad' : 'ok'}`}>${on ? 'on' : 'off'}</span><div class="muted small">${help}</div></div>
+      <div><b style="white-space:nowrap">${label}</b> <span class=${`badge ${on ? 'bad' : 'ok'}`}>${on ? 'on' : 'off'}</span><div class="muted small">${help}</div></div>
       ${!a.readOnly && html`<button class=${on ? '' : 'danger'} disabled=${!m} data-testid=${`maint-${which}-toggle`} onClick=${() => act({
         confirm: [`${on ? 'End' : 'Start'} ${label.toLowerCase()}?`, on ? 'Clients go back to normal.' : help],
         run: () => post(path, { enabled: !on }), ok: `${label} ${on ? 'off' : 'on'}`, after: reload })}>${on ? 'Turn off' : 'Turn on'}</button>`}
