@@ -285,14 +285,19 @@ async def test_operations_from_the_pages(dash: Dash) -> None:
     await expect(page.get_by_test_id("timer-row")).to_have_count(0)
 
     await dash.goto("/")
+    state = page.get_by_test_id("maint-push-state")
+    await expect(state).to_have_text("off")
     await page.get_by_test_id("maint-push-toggle").click()
     await dash.confirm()
-    await expect(page.get_by_test_id("maint-push")).to_contain_text("on")
+    await expect(state).to_have_text("on")
+    one = {"items": [{"queue": "orders", "payload": 1}]}
     async with httpx.AsyncClient(base_url=dash.url) as http:
-        r = await http.post("/api/v1/push", json={"items": [{"queue": "orders", "payload": 1}]})
-        assert r.status_code == 503
+        # each process re-reads the switches every maintenance_refresh_ms: the gate follows within one
+        async def push_is(status: int) -> bool:
+            return (await http.post("/api/v1/push", json=one)).status_code == status
+
+        await until(lambda: push_is(503), "pushes refused in push maintenance")
         await page.get_by_test_id("maint-push-toggle").click()
         await dash.confirm()
-        await expect(page.get_by_test_id("maint-push")).to_contain_text("off")
-        r = await http.post("/api/v1/push", json={"items": [{"queue": "orders", "payload": 1}]})
-        assert r.status_code == 201
+        await expect(state).to_have_text("off")
+        await until(lambda: push_is(201), "pushes accepted again")

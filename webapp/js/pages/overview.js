@@ -57,7 +57,7 @@ function Maintenance({ status, reload }) {
   const sw = (which, label, path, help) => {
     const on = m && m[which];
     return html`<div class="switch" data-testid=${`maint-${which}`}>
-      <div><b style="white-space:nowrap">${label}</b> <span class=${`badge ${on ? 'bad' : 'ok'}`}>${on ? 'on' : 'off'}</span><div class="muted small">${help}</div></div>
+      <div><b style="white-space:nowrap">${label}</b> <span class=${`badge ${on ? 'bad' : 'ok'}`} data-testid=${`maint-${which}-state`}>${on ? 'on' : 'off'}</span><div class="muted small">${help}</div></div>
       ${!a.readOnly && html`<button class=${on ? '' : 'danger'} disabled=${!m} data-testid=${`maint-${which}-toggle`} onClick=${() => act({
         confirm: [`${on ? 'End' : 'Start'} ${label.toLowerCase()}?`, on ? 'Clients go back to normal.' : help],
         run: () => post(path, { enabled: !on }), ok: `${label} ${on ? 'off' : 'on'}`, after: reload })}>${on ? 'Turn off' : 'Turn on'}</button>`}
