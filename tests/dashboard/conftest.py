@@ -98,9 +98,14 @@ async def browser(chromium: str) -> AsyncIterator[Browser]:
         await b.close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "broker(**settings): settings of the dashboard test's broker")
+
+
 @pytest.fixture
-async def dash(browser: Browser, start_broker: Any) -> AsyncIterator[Dash]:
-    broker: Broker = await start_broker()
+async def dash(browser: Browser, start_broker: Any, request: pytest.FixtureRequest) -> AsyncIterator[Dash]:
+    marker = request.node.get_closest_marker("broker")
+    broker: Broker = await start_broker(**(marker.kwargs if marker else {}))
     seeded = await seed(broker.url)
     context = await browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
     page = await context.new_page()
