@@ -13,12 +13,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
 from queen_pg.api import (
     admin_moves,
+    dashboard,
+    kv_browse,
     routes_admin,
     routes_data,
     routes_dlq,
@@ -48,7 +50,6 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
-from queen_pg.resources import data_dir
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
@@ -164,16 +165,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(admin_moves.router)  # WIRE §9.7: POST …/{tid}/dlq, DELETE /queues/{q}/clear
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
+    app.include_router(kv_browse.router)
     app.include_router(routes_timers.router)
     app.include_router(routes_tx.router)
     app.include_router(metrics_router)
 
-    index_html = data_dir("webapp", "index.html") / "index.html"
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> Response:
-        return FileResponse(index_html, media_type="text/html")
-
+    app.include_router(dashboard.router)  # / and /dashboard/<file>: the embedded UI (webapp/)
     install_docs(app)  # /openapi.json (the request bodies the routes parse themselves), /docs, /redoc
     return app
 

@@ -222,6 +222,11 @@ def _process(request: Request) -> dict[str, Any]:
             "max": pool.get_max_size(),
         },
         "longPoll": {"parked": st.waiters.parked, "limit": st.waiters.limit},
+        # each route family's adaptive limiter (queen_pg/limiter.py): for the dashboard's overview
+        "limiters": {
+            name: {"limit": lim.limit, "inFlight": lim.in_flight, "queued": lim.queued}
+            for name, lim in sorted(st.limiters.items())
+        },
         "maintenance": {"push": st.maintenance.push, "pop": st.maintenance.pop},
         "jobs": list(request.app.state.jobs.names),
     }

@@ -44,3 +44,26 @@ async def apply(
 ) -> dict[str, Any]:
     """Apply validated ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op."""
     return await run_ops(db, KV_SQL, KV_ONCE_SQL, tenant, ops, now, once)
+
+
+NAMESPACES_SQL = "SELECT ns FROM queen.kv_namespaces_v1($1, $2, $3)"
+
+
+async def namespaces(db: Database, tenant: str, after: str | None, limit: int) -> dict[str, Any]:
+    """A keyset page of the tenant's KV namespaces (ascending); ``nextAfter`` when truncated."""
+    rows = await db.fetch(NAMESPACES_SQL, tenant, after, limit + 1)
+    names = [r["ns"] for r in rows[:limit]]
+    truncated = len(rows) > limit
+    return {"namespaces": names, "truncated": truncated, "nextAfter": names[-1] if truncated else None}
+
+
+KEYS_SQL = "SELECT queen.kv_keys_v1($1, $2, $3, $4, $5, $6, $7)"
+
+
+async def keys(
+    db: Database, tenant: str, ns: str, prefix: str, after: str | None, limit: int, keys_only: bool,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """A keyset page of a namespace's live keys starting with ``prefix`` (``""``: all), as getPrefix."""
+    page: dict[str, Any] = orjson.loads(await db.fetchval(KEYS_SQL, tenant, ns, prefix, after, limit, keys_only, now))
+    return page

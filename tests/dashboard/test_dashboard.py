@@ -1,0 +1,304 @@
+"""The dashboard in a real browser (Debian's chromium, Playwright) against a real broker with real data.
+
+Every test starts from tests/dashboard/seed.py: the seed's worker story (one transaction: ack + KV put
+of the order's state + push to ``shipments`` + a reminder timer one day later), a backlog, a lagging
+group, two dead letters and trace events. The ``dash`` fixture fails a test on any console error, page
+error or failed request the test did not provoke on purpose. Screenshots (1280×800) go to
+``.screenshots/dashboard/`` (git-ignored); docs/dashboard-*.png are copies of two of them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from playwright.async_api import Request, Route, expect
+
+from queen_pg.jobs.dlq_fill import DlqFill
+from queen_pg.jobs.stats import Stats
+from tests.dashboard.conftest import Dash
+from tests.helpers import until
+
+pytestmark = pytest.mark.timeout(300)  # the first test may install chromium (apt-get) in its setup
+
+
+async def test_worker_story_shows_on_the_kv_and_timers_pages(dash: Dash) -> None:
+    page = dash.page
+    await dash.goto("/kv")
+    await page.get_by_test_id("kv-namespaces").get_by_role("link", name="orders").click()
+    row = page.get_by_test_id("kv-row").filter(has_text=dash.seeded.kv_key)
+    await expect(row).to_contain_text('{"status":"paid"}')
+    await expect(row).to_contain_text("(in 7.0 d)")  # the worker's ttl: 7 days
+    await dash.shot("kv")
+
+    await dash.goto("/timers")
+    await page.get_by_test_id("timer-queue").fill("reminders")
+    await page.get_by_test_id("timer-queue").press("Enter")
+    timer = page.get_by_test_id("timer-row").filter(has_text=dash.seeded.timer_key)
+    await expect(timer).to_contain_text(re.compile(r"\(in (23\.9|24\.0) h\)"))  # one day after the commit
+    await expect(timer).to_contain_text('{"orderId":"o-1","customer":"c-42"}')
+    await dash.shot("timers")
+
+
+async def test_requeue_from_the_dlq_page_then_the_message_is_consumed(dash: Dash) -> None:
+    page = dash.page
+    # the dlq_fill job copies the payloads out of their segments (a retry answers 503 until then): run it
+    # now rather than wait for its tick (it decodes in one call and writes in the next; the broker's own
+    # job may lead a tick meanwhile)
+    db = dash.broker.app.state.queen.db
+    job = DlqFill()
+
+    async def copied() -> bool:
+        await job.run_once(db)
+        return await db.fetchval("SELECT count(*) FROM queen.log_dlq WHERE payload IS NULL") == 0
+
+    await until(copied, "the dead letters' payloads to be copied")
+    await dash.goto("/dlq")
+    rows = page.get_by_test_id("dlq-row")
+    await expect(rows).to_have_count(2)
+    await expect(rows.filter(has_text="pay-1")).to_contain_text('{"amount":10}')
+    await dash.shot("dlq")
+    # one by its own button ...
+    await rows.filter(has_text="pay-2").get_by_test_id("dlq-requeue").click()
+    await dash.confirm()
+    await expect(rows).to_have_count(1)
+    # ... the rest as a selection
+    await page.get_by_test_id("dlq-all").check()
+    await page.get_by_test_id("dlq-requeue-selected").click()
+    await dash.confirm()
+    await expect(rows).to_have_count(0)
+    await expect(page.get_by_text("No dead letters.")).to_be_visible()
+
+    async with httpx.AsyncClient(base_url=dash.url) as http:  # the worker takes them again and succeeds
+        r = await http.get(
+            "/api/v1/pop/queue/payments", params={"batch": 10, "wait": "false", "consumerGroup": "ledger"}
+        )
+        got = r.json()["messages"]
+        assert sorted(m["transactionId"] for m in got) == ["pay-1", "pay-2"]
+        acks = [
+            {
+                "transactionId": m["transactionId"],
+                "partitionId": m["partitionId"],
+                "leaseId": m["leaseId"],
+                "status": "completed",
+                "consumerGroup": "ledger",
+            }
+            for m in got
+        ]
+        assert (await http.post("/api/v1/ack/batch", json={"acknowledgments": acks})).status_code == 200
+    first = dash.seeded.dead[0]
+    await dash.goto(f"/messages/{first['partitionId']}/{first['transactionId']}")
+    state = page.get_by_test_id("message-group").filter(has_text="ledger")
+    await expect(state).to_contain_text("consumed")
+
+
+async def test_seek_a_group_from_its_page_changes_its_lag(dash: Dash) -> None:
+    page = dash.page
+    await dash.goto("/groups")
+    await expect(page.get_by_test_id("lagging-row").first).to_contain_text("billing")  # 7 behind: the most
+    await dash.shot("groups")
+    await page.get_by_test_id("lagging-row").first.get_by_role("link", name="billing").click()
+    lag = page.get_by_test_id("group-queue-lag")
+    await expect(lag).to_have_text("lag 7")
+    await dash.shot("group")
+    await page.get_by_test_id("seek-end").click()
+    await expect(page.get_by_test_id("confirm")).to_contain_text("Move billing on orders to the end?")
+    await dash.confirm()
+    await expect(lag).to_have_text("lag 0")
+    await page.get_by_test_id("seek-start").click()
+    await dash.confirm()
+    await expect(lag).to_have_text("lag 7")
+    # a cancelled confirmation moves nothing
+    await page.get_by_test_id("seek-end").click()
+    await page.get_by_role("button", name="Cancel").click()
+    await expect(page.get_by_test_id("confirm")).to_have_count(0)
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        assert (await http.get("/api/v1/consumer-groups/billing")).json()["totalLag"] == 7
+
+
+DESTRUCTIVE = re.compile(r"^(Delete.*|Requeue.*|Seek to .*|Turn (on|off)|Edit|Cancel|Put)$")
+
+
+async def _destructive_buttons(dash: Dash) -> list[str]:
+    """The labels of every write button on the pages where they live."""
+    page = dash.page
+    found: list[str] = []
+    for hash_, ready in (
+        ("/", "maint-push"),
+        ("/queues/orders", "queue-config"),
+        ("/dlq", "dlq-row"),
+        ("/groups/billing", "group-queue"),
+        ("/kv?ns=orders", "kv-row"),
+        ("/timers?queue=reminders", "timer-row"),
+        (f"/messages/{dash.seeded.dead[0]['partitionId']}/{dash.seeded.dead[0]['transactionId']}", "message-group"),
+    ):
+        await dash.goto(hash_)
+        await expect(page.get_by_test_id(ready).first).to_be_visible()
+        await page.wait_for_load_state("networkidle")  # the admin probe has answered
+        labels = await page.locator("main button").all_inner_texts()
+        found += [f"{hash_}: {t}" for t in labels if DESTRUCTIVE.match(t.strip())]
+    return found
+
+
+async def test_read_only_mode_hides_every_destructive_button(dash: Dash) -> None:
+    """Read-only is what a token without write rights sees: the dashboard's admin probe
+    (POST /api/v1/stats/refresh, a no-op) answers 403. JWT is not in the broker yet, so Playwright
+    answers that one probe with 403; every other call goes to the real broker."""
+    writable = await _destructive_buttons(dash)
+    for expected in ("Turn on", "Delete queue", "Requeue", "Seek to end", "Delete group", "Delete", "Cancel", "Edit"):
+        assert any(w.endswith(f": {expected}") for w in writable), (expected, writable)
+    assert not await dash.page.get_by_test_id("read-only").count()
+
+    async def forbid(route: Route) -> None:
+        await route.fulfill(status=403, json={"error": "forbidden: read-only token", "code": "forbidden"})
+
+    await dash.page.route("**/api/v1/stats/refresh", forbid)
+    dash.allowed.append("status of 403")  # the browser logs the refused probe
+    await dash.page.reload()  # the probe runs when the dashboard loads, as with a new token
+    assert await _destructive_buttons(dash) == []
+    await expect(dash.page.get_by_test_id("read-only")).to_be_visible()
+    await dash.goto("/dlq")
+    await expect(dash.page.get_by_test_id("dlq-row").first).to_be_visible()
+    assert await dash.page.get_by_test_id("dlq-requeue-selected").count() == 0
+    await expect(dash.page.locator("input[type=checkbox]")).to_have_count(0)
+    await dash.shot("read-only")
+
+
+async def test_a_401_asks_for_a_token_and_every_call_then_carries_it(dash: Dash) -> None:
+    """The JWT contract, with Playwright playing the checking proxy: a call without
+    ``Authorization: Bearer s3cret`` answers 401; the dashboard asks once, keeps the token in
+    sessionStorage and sends it on every call after."""
+    page = dash.page
+    seen: list[str | None] = []
+
+    async def gate(route: Route, request: Request) -> None:
+        auth = request.headers.get("authorization")
+        seen.append(auth)
+        if auth != "Bearer s3cret":
+            await route.fulfill(status=401, json={"error": "unauthorized", "code": "unauthorized"})
+        else:
+            await route.continue_()
+
+    await page.route("**/api/v1/**", gate)
+    dash.allowed.append("status of 401")
+    await dash.goto("/")
+    prompt = page.get_by_test_id("token-prompt")
+    await expect(prompt).to_be_visible()
+    await expect(page.get_by_test_id("stat-queues")).to_contain_text("–")
+    await page.get_by_test_id("token-input").fill("s3cret")
+    await page.get_by_role("button", name="Use token").click()
+    await expect(prompt).to_have_count(0)
+    await expect(page.get_by_test_id("stat-queues")).to_contain_text("3")
+    assert await page.evaluate("sessionStorage.getItem('queen.token')") == "s3cret"
+    before = len(seen)
+    await dash.goto("/queues")  # a new page keeps the token for the session
+    await expect(page.get_by_test_id("queue-row")).to_have_count(3)
+    assert seen[before:] and all(a == "Bearer s3cret" for a in seen[before:]), seen[before:]
+    await expect(prompt).to_have_count(0)
+
+
+@pytest.mark.broker(jobs_enabled=False)  # the test writes the stats history itself (a job's sample would skip it)
+async def test_every_page_renders_with_no_console_error(dash: Dash) -> None:
+    page = dash.page
+    ship = "ship-o-1"
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        r = await http.get("/api/v1/messages", params={"queue": "shipments"})
+        pid = r.json()["messages"][0]["partitionId"]
+        # three minutes of history for the charts: the stats job's samples, time passed to it
+        db = dash.broker.app.state.queen.db
+        now = datetime.now(UTC)
+        for minutes_ago in (3, 2, 1, 0):
+            items = [{"queue": "orders", "partition": "c-9", "payload": {"i": i}} for i in range(4 * minutes_ago + 3)]
+            assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+            await Stats().run_once(db, now=now - timedelta(minutes=minutes_ago))
+        series = (await http.get("/api/v1/status/analytics")).json()["series"]
+        assert sum(1 for b in series if b["backlog"] is not None) >= 3
+    pages: list[tuple[str, str, Any]] = [
+        ("overview", "/", page.get_by_test_id("stat-dlq")),
+        ("queues", "/queues", page.get_by_test_id("queue-row").filter(has_text="orders")),
+        ("queue", "/queues/orders", page.get_by_test_id("group-row").filter(has_text="fulfillment")),
+        ("messages", "/messages?queue=orders&consumerGroup=fulfillment", page.get_by_test_id("message-row").first),
+        ("message", f"/messages/{pid}/{ship}", page.get_by_test_id("timeline")),
+        ("traces", "/traces?name=order-o-1", page.get_by_test_id("timeline")),
+        ("traces-by-message", f"/traces?pid={pid}&txn={ship}", page.get_by_test_id("timeline")),
+    ]
+    for name, hash_, ready in pages:
+        await dash.goto(hash_)
+        await expect(ready.first).to_be_visible()
+        await page.wait_for_load_state("networkidle")
+        await dash.shot(name)
+    await dash.goto("/")
+    await expect(page.get_by_test_id("stat-dlq")).to_contain_text("2")
+    await expect(page.get_by_test_id("stat-messages")).to_have_text("46Messages")  # 10 seeded + 36 pushed above
+    await expect(page.get_by_test_id("chart-throughput").locator("canvas")).to_have_count(1)
+    await expect(page.get_by_test_id("chart-backlog").locator("canvas")).to_have_count(1)
+    await expect(page.locator("main")).to_contain_text("limiters")
+    await dash.goto("/messages/1/no-such-message")  # a 404 is shown on the page, not thrown
+    dash.allowed.append("status of 404")
+    await expect(page.get_by_role("alert")).to_contain_text("404")
+
+
+async def test_overview_refreshes_in_place(dash: Dash) -> None:
+    """A push shows on the open overview within a refresh, in the same DOM nodes (no flicker)."""
+    page = dash.page
+    await dash.goto("/")
+    stat = page.get_by_test_id("stat-messages")
+    await expect(stat).to_contain_text("10")
+    await stat.evaluate("el => { el.dataset.mark = 'kept' }")
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        items = [{"queue": "orders", "partition": "c-9", "payload": {"i": i}} for i in range(5)]
+        assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+    await expect(stat).to_contain_text("15")
+    assert await stat.get_attribute("data-mark") == "kept"
+
+
+async def test_operations_from_the_pages(dash: Dash) -> None:
+    """Configure a queue, put and delete a KV key, cancel a timer, switch maintenance on and off."""
+    page = dash.page
+    await dash.goto("/queues/orders")
+    await page.get_by_test_id("config-edit").click()
+    await page.get_by_test_id("opt-leaseTime").fill("120")
+    await page.get_by_test_id("config-save").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("val-leaseTime")).to_have_text("120")
+
+    await dash.goto("/kv?ns=orders")
+    await expect(page.get_by_test_id("kv-row")).to_have_count(1)
+    await page.get_by_test_id("kv-key").fill("order-o-2")
+    await page.get_by_test_id("kv-value").fill('{"status": "new"}')
+    await page.get_by_test_id("kv-put").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("kv-got")).to_contain_text('"status": "new"')
+    await expect(page.get_by_test_id("kv-row")).to_have_count(2)
+    await page.get_by_test_id("kv-row").filter(has_text="order-o-2").get_by_test_id("kv-delete").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("kv-row")).to_have_count(1)
+    await page.get_by_test_id("kv-value").fill("not json")
+    await page.get_by_test_id("kv-put").click()  # refused in the page, nothing sent
+    await expect(page.get_by_test_id("kv-tool")).to_contain_text("The value must be JSON")
+
+    await dash.goto("/timers?queue=reminders")
+    await page.get_by_test_id("timer-row").get_by_test_id("timer-cancel").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("timer-row")).to_have_count(0)
+
+    await dash.goto("/")
+    state = page.get_by_test_id("maint-push-state")
+    await expect(state).to_have_text("off")
+    await page.get_by_test_id("maint-push-toggle").click()
+    await dash.confirm()
+    await expect(state).to_have_text("on")
+    one = {"items": [{"queue": "orders", "payload": 1}]}
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        # each process re-reads the switches every maintenance_refresh_ms: the gate follows within one
+        async def push_is(status: int) -> bool:
+            return (await http.post("/api/v1/push", json=one)).status_code == status
+
+        await until(lambda: push_is(503), "pushes refused in push maintenance")
+        await page.get_by_test_id("maint-push-toggle").click()
+        await dash.confirm()
+        await expect(state).to_have_text("off")
+        await until(lambda: push_is(201), "pushes accepted again")
