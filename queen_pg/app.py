@@ -46,6 +46,7 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
+from queen_pg.security import install as install_security
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -116,6 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
 

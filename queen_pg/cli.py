@@ -112,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError as one line (``field: message; ...``), anything else as its text."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    parts = []
+    for e in errors():
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     return Settings(**overrides)
@@ -214,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     try:
         settings = _settings(args)
-    except Exception as exc:  # pydantic ValidationError: a clear message, no traceback
-        print(f"queen-pg: invalid settings: {exc}", file=sys.stderr)
+    except Exception as exc:  # pydantic ValidationError: one clear line per error, no traceback
+        print(f"queen-pg: invalid settings: {_one_line(exc)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
