@@ -93,7 +93,7 @@ class Jwks:
 
     def _fetch(self) -> dict[str | None, jwt.PyJWK]:
         req = urllib.request.Request(self.url, headers={"Accept": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - scheme checked at boot
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             doc = json.loads(resp.read())
         keys: dict[str | None, jwt.PyJWK] = {}
         for raw in doc.get("keys", []):
@@ -154,7 +154,7 @@ class Verifier:
             Jwks(s.jwt_jwks_url, s.jwt_jwks_refresh_interval, s.jwt_jwks_timeout_ms / 1000) if s.jwt_jwks_url else None
         )
         if s.jwt_algorithm != "auto":
-            algs = {s.jwt_algorithm}
+            algs: set[str] = {s.jwt_algorithm}
         else:
             algs = set()
             if s.jwt_secret:
