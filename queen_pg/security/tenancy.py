@@ -55,3 +55,27 @@ def resolve(settings: Settings, header: str | None, claims: dict[str, Any] | Non
     if problem:
         raise TenantError(400, f"{HEADER}: {problem}")
     return header
+
+
+def enabled(settings: Settings) -> bool:
+    """Requests can act in more than one tenant."""
+    return settings.tenancy_header or bool(settings.jwt_enabled and settings.jwt_tenant_claim)
+
+
+_TENANT_LABEL = re.compile(rb'[{,]tenant="((?:[^"\\]|\\.)*)"')
+
+
+def _escape(value: str) -> bytes:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"').encode()
+
+
+def only_tenant(exposition: bytes, tenant: str) -> bytes:
+    """A Prometheus text exposition without the samples labelled with another tenant (metrics
+    without a tenant label, e.g. HTTP and pool metrics, stay)."""
+    own = _escape(tenant)
+    kept = []
+    for line in exposition.split(b"\n"):
+        m = _TENANT_LABEL.search(line) if not line.startswith(b"#") else None
+        if m is None or m.group(1) == own:
+            kept.append(line)
+    return b"\n".join(kept)
