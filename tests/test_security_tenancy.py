@@ -74,7 +74,7 @@ async def seed(http: httpx.AsyncClient, mark: str, data: str) -> Seeded:
             "op": "schedule",
             "queue": "shared",
             "timerKey": "tk",
-            "payload": PAYLOAD_B64,
+            "payload": timer_payload,
             "delayMs": 600_000,
             "txn": data,
         },
