@@ -38,4 +38,6 @@ RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/s
 USER queen
 
 EXPOSE 6632
+# the broker binds loopback by default; in a container the published port is the boundary
+ENV QUEEN_HOST=0.0.0.0
 CMD ["queen-pg", "serve"]

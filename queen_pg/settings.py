@@ -20,7 +20,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="QUEEN_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("0.0.0.0", description="Address the HTTP server binds to.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the HTTP server binds to; loopback by default (set 0.0.0.0 behind a proxy or in "
+        "a container, with JWT or a network boundary in front).",
+    )
     port: int = Field(
         6632,
         ge=0,
