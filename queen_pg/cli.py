@@ -54,7 +54,8 @@ ENV_NAMES = {
 
 
 def _env_name(field: str) -> str:
-    return ENV_NAMES.get(field, "QUEEN_" + field.upper())
+    alias = Settings.model_fields[field].validation_alias  # the JWT_* names of the 0.x reference
+    return ENV_NAMES.get(field, alias if isinstance(alias, str) else "QUEEN_" + field.upper())
 
 
 def build_parser() -> argparse.ArgumentParser:
