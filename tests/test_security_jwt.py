@@ -339,3 +339,15 @@ def test_cli_refuses_to_start_with_one_line() -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "JWT_ENABLED=1 with JWT_ALGORITHM=HS256 needs JWT_SECRET" in lines[0]
+
+
+async def test_dlq_shows_the_producer_sub_while_the_payload_is_in_its_segment(start_broker: Any) -> None:
+    b: Broker = await start_broker(jobs_enabled=False, **JWT_ON)  # no dlq_fill: the payload stays in the segment
+    async with httpx.AsyncClient(base_url=b.url, headers=bearer(token("admin", sub="dlq-svc"))) as http:
+        assert (await http.post("/api/v1/push", json={"items": [{"queue": "dq", "payload": 1}]})).status_code == 201
+        m = (await http.get("/api/v1/pop/queue/dq", params={"batch": 1})).json()["messages"][0]
+        ack = {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
+        r = await http.post("/api/v1/ack/batch", json={"acknowledgments": [{**ack, "status": "dlq", "error": "x"}]})
+        assert r.status_code == 200 and r.json()[0]["dlq"] is True
+        dead = (await http.get("/api/v1/dlq", params={"queue": "dq"})).json()["messages"]
+        assert [d["producerSub"] for d in dead] == ["dlq-svc"]

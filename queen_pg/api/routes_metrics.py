@@ -92,6 +92,6 @@ async def metrics(request: Request) -> Response:
     if db is not None:
         await m.refresh(db)
     text = m.render()
-    if tenancy.enabled(st.settings) if st is not None else False:  # a tenant sees only its own labels
+    if st is not None and tenancy.enabled(st.settings):  # a tenant sees only its own labels
         text = tenancy.only_tenant(text, tenant(request))
     return Response(text, media_type=CONTENT_TYPE)
