@@ -25,6 +25,7 @@ from queen import Queen
 
 from queen_pg.settings import Settings
 from tests.conftest import Broker
+from tests.helpers import until
 
 SECRET = "s3cret-for-tests-0123456789-abcdefghij"  # >= 32 bytes
 ISS, AUD = "https://idp.test", "queen"
@@ -351,3 +352,18 @@ async def test_dlq_shows_the_producer_sub_while_the_payload_is_in_its_segment(st
         assert r.status_code == 200 and r.json()[0]["dlq"] is True
         dead = (await http.get("/api/v1/dlq", params={"queue": "dq"})).json()["messages"]
         assert [d["producerSub"] for d in dead] == ["dlq-svc"]
+
+
+async def test_a_verified_token_is_remembered_only_until_it_expires(start_broker: Any) -> None:
+    b: Broker = await start_broker(**{**JWT_ON, "jwt_clock_skew": 0})
+    short = token("read-only", exp=int(time.time()) + 2)
+    async with httpx.AsyncClient(base_url=b.url, headers=bearer(short)) as http:
+        assert (await http.get("/api/v1/resources/queues")).status_code == 200
+        assert (await http.get("/api/v1/resources/queues")).status_code == 200  # from the cache
+
+        async def refused() -> bool:
+            return (await http.get("/api/v1/resources/queues")).status_code == 401
+
+        await until(refused, "the cached token to expire", within=6)
+        r = await http.get("/api/v1/resources/queues")
+        assert r.status_code == 401 and r.json()["error"] == "token expired"

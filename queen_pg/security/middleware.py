@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queen_pg.errors import BAD_HOST, BAD_REQUEST, FORBIDDEN, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, ErrorKind
 from queen_pg.security.roles import Level, RouteTable, granted
 from queen_pg.security.tenancy import HEADER, TenantError, resolve
+from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
 from queen_pg.settings import Settings
 
@@ -67,6 +67,20 @@ def _host_allowed(host: str, allowed: list[str]) -> bool:
     return False
 
 
+_WANTED = frozenset(
+    {b"host", b"authorization", b"content-type", b"content-length", b"transfer-encoding", HEADER.encode()}
+)
+
+
+def _headers(scope: Scope) -> dict[bytes, str]:
+    """The few headers this middleware reads, in one pass (the first of each; ASGI names are lowercase)."""
+    found: dict[bytes, str] = {}
+    for key, value in scope["headers"]:
+        if key in _WANTED and key not in found:
+            found[key] = value.decode("latin-1")
+    return found
+
+
 class Security:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -75,35 +89,52 @@ class Security:
         self.skip = frozenset(_split(settings.jwt_skip_paths))
         self.allowed_hosts = [h.lower() for h in _split(settings.allowed_hosts)]
         self.verifier = Verifier.build(settings) if settings.jwt_enabled else None
+        # nothing to resolve (no JWT, one tenant): every request is the same principal
+        self.fixed = (
+            None if settings.jwt_enabled or tenancy_enabled(settings)
+            else Principal(None, Level.ADMIN, settings.default_tenant, False)
+        )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        if self.allowed_hosts and not _host_allowed(headers.get("host", ""), self.allowed_hosts):
+        headers = _headers(scope)
+        if self.allowed_hosts and not _host_allowed(headers.get(b"host", ""), self.allowed_hosts):
             await _error(send, BAD_HOST, "Host header not allowed (QUEEN_ALLOWED_HOSTS)")
             return
         method: str = scope["method"]
+        principal = self.fixed or await self._resolve(scope, method, headers, send)
+        if principal is None:
+            return  # refused: the answer is sent
+        if method in STATE_CHANGING:
+            ctype = headers.get(b"content-type")
+            has_body = headers.get(b"content-length", "0") not in ("0", "") or b"transfer-encoding" in headers
+            if (ctype is not None and not json_type(ctype)) or (ctype is None and has_body):
+                await _error(send, UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be application/json or {BINARY_PUSH}")
+                return
+        scope.setdefault("state", {})[STATE_KEY] = principal
+        await self.app(scope, receive, send)
+
+    async def _resolve(self, scope: Scope, method: str, headers: dict[bytes, str], send: Send) -> Principal | None:
+        """Token, level and tenant; None when the request was refused (401/403/400 sent)."""
         path: str = scope["path"]
         claims: dict[str, Any] | None = None
         level = Level.ADMIN  # JWT off: everyone may do everything
         if self.verifier is not None:
             level = Level.NONE
-            token = _bearer(headers.get("authorization"))
+            token = _bearer(headers.get(b"authorization"))
             skipped = path in self.skip
             if token is None and not skipped:
                 await _error(send, UNAUTHORIZED, "missing bearer token", {"WWW-Authenticate": "Bearer"})
-                return
+                return None
             if token is not None:
                 try:
                     claims = await self.verifier.verify(token)
                 except TokenError as exc:
                     if not skipped:
-                        await _error(
-                            send, UNAUTHORIZED, str(exc), {"WWW-Authenticate": 'Bearer error="invalid_token"'}
-                        )
-                        return
+                        await _error(send, UNAUTHORIZED, str(exc), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+                        return None
                 else:
                     level = granted(self.settings, claims)
             if not skipped:
@@ -111,24 +142,14 @@ class Security:
                 if level < need:
                     detail = f"this route needs the {need.label} level; the token grants {level.label}"
                     await _error(send, FORBIDDEN, detail)
-                    return
+                    return None
         try:
-            tenant = resolve(self.settings, headers.get(HEADER), claims)
+            tenant = resolve(self.settings, headers.get(HEADER.encode()), claims)
         except TenantError as exc:
             await _error(send, FORBIDDEN if exc.status == 403 else BAD_REQUEST, str(exc))
-            return
-        if method in STATE_CHANGING:
-            ctype = headers.get("content-type")
-            has_body = headers.get("content-length", "0") not in ("0", "") or "transfer-encoding" in headers
-            if (ctype is not None and not json_type(ctype)) or (ctype is None and has_body):
-                await _error(
-                    send, UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be application/json or {BINARY_PUSH}"
-                )
-                return
+            return None
         sub = claims.get("sub") if claims is not None else None
-        principal = Principal(sub if isinstance(sub, str) else None, level, tenant, claims is not None)
-        scope.setdefault("state", {})[STATE_KEY] = principal
-        await self.app(scope, receive, send)
+        return Principal(sub if isinstance(sub, str) else None, level, tenant, claims is not None)
 
 
 def _bearer(value: str | None) -> str | None:
@@ -137,4 +158,3 @@ def _bearer(value: str | None) -> str | None:
     scheme, _, token = value.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
-

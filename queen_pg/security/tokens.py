@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -90,6 +90,7 @@ class Jwks:
         self._miss_at = 0.0
         self._lock = asyncio.Lock()
         self.fetches = 0
+        self.generation = 0  # bumped when the key set changes: cached verdicts made with old keys lapse
 
     def _fetch(self) -> dict[str | None, jwt.PyJWK]:
         req = urllib.request.Request(self.url, headers={"Accept": "application/json"})
@@ -117,8 +118,11 @@ class Jwks:
             if miss:
                 self._miss_at = now
             try:
-                self.keys = await asyncio.to_thread(self._fetch)
+                keys = await asyncio.to_thread(self._fetch)
                 self.fetches += 1
+                if {k: v.key for k, v in keys.items()} != {k: v.key for k, v in self.keys.items()}:
+                    self.generation += 1
+                self.keys = keys
             except Exception as exc:  # unreachable, bad JSON: keep the keys we have
                 log.warning(
                     "event=jwks_fetch_failed host=%s error=%s", urlsplit(self.url).hostname, exc.__class__.__name__
@@ -140,12 +144,20 @@ class Jwks:
         return next(iter(self.keys.values())) if len(self.keys) == 1 else None
 
 
+CACHE_MAX = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Verifier:
+    """Verifies tokens; a token that verified is remembered (by its exact text) until its ``exp`` (plus
+    the skew) or a JWKS key change, so a client's steady stream of calls costs one signature check.
+    Only verified tokens enter the cache, and it is emptied when full."""
+
     settings: Settings
     algorithms: frozenset[str]
     public_key: Any
     jwks: Jwks | None
+    cache: dict[str, tuple[dict[str, Any], float, int]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, s: Settings) -> Verifier:
@@ -181,6 +193,22 @@ class Verifier:
 
     async def verify(self, token: str) -> dict[str, Any]:
         """The token's claims, or TokenError naming what is wrong (never the token itself)."""
+        generation = self.jwks.generation if self.jwks is not None else 0
+        hit = self.cache.get(token)
+        if hit is not None:
+            claims, until, gen = hit
+            if time.time() <= until and gen == generation:
+                return claims
+            del self.cache[token]
+        claims = await self._verify(token)
+        exp = claims.get("exp")
+        until = float(exp) + self.settings.jwt_clock_skew if isinstance(exp, int | float) else time.time() + 300
+        if len(self.cache) >= CACHE_MAX:
+            self.cache.clear()
+        self.cache[token] = (claims, until, generation)
+        return claims
+
+    async def _verify(self, token: str) -> dict[str, Any]:
         s = self.settings
         try:
             header = jwt.get_unverified_header(token)
