@@ -99,6 +99,7 @@ async def test_no_secret_in_logs_errors_or_metrics(db_url: str, tmp_path: Path) 
             proc.wait(30)
     logs = out_path.read_text()
     assert "event=broker_ready" in logs  # the log captured the run at debug level
+    assert logs.count("event=request_refused status=401") >= len(bad)  # ... the refusals included
     secrets = {"jwt secret": JWT_SECRET, "db password": DB_PASSWORD, "good token": good}
     secrets |= {f"bad token {i}": t for i, t in enumerate(bad)}
     for name, secret in secrets.items():

@@ -11,6 +11,7 @@ binary push type), or that has a body but no Content-Type, is 415. What was reso
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from queen_pg.security.tenancy import HEADER, TenantError, resolve
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
 from queen_pg.settings import Settings
+
+log = logging.getLogger("queen_pg.security")
 
 STATE_KEY = "queen_principal"
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -49,6 +52,8 @@ def json_type(content_type: str) -> bool:
 
 
 async def _error(send: Send, kind: ErrorKind, detail: str, headers: dict[str, str] | None = None) -> None:
+    # an audit line per refusal: the reason and the status, never the token or a header value
+    log.info("event=request_refused status=%d code=%s detail=%s", kind.status, kind.code, detail)
     body = orjson.dumps({"error": detail, "code": kind.code})
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
