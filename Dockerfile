@@ -38,4 +38,6 @@ WORKDIR /data
 VOLUME /data
 
 EXPOSE 6632
+# the broker binds loopback by default; in a container the published port is the boundary
+ENV QUEEN_HOST=0.0.0.0
 CMD ["queen-pg", "serve"]

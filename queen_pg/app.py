@@ -50,6 +50,7 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.metrics import Metrics
+from queen_pg.security import install as install_security
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
@@ -129,6 +130,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
     app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included

@@ -54,7 +54,8 @@ ENV_NAMES = {
 
 
 def _env_name(field: str) -> str:
-    return ENV_NAMES.get(field, "QUEEN_" + field.upper())
+    alias = Settings.model_fields[field].validation_alias  # the JWT_* names of the 0.x reference
+    return ENV_NAMES.get(field, alias if isinstance(alias, str) else "QUEEN_" + field.upper())
 
 
 def _add_other_settings(serve: argparse.ArgumentParser, covered: set[str]) -> None:
@@ -128,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
     return parser
+
+
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError as one line (``field: message; ...``), anything else as its text."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    parts = []
+    for e in errors():
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -227,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     try:
         settings = _settings(args)
-    except Exception as exc:  # pydantic ValidationError: a clear message, no traceback
-        print(f"queen-pg: invalid settings: {exc}", file=sys.stderr)
+    except Exception as exc:  # pydantic ValidationError: one clear line per error, no traceback
+        print(f"queen-pg: invalid settings: {_one_line(exc)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -1,5 +1,13 @@
 """Run a private PostgreSQL server as a child process of the broker.
 
+Roles and authentication: ``user`` (``queen``) is the bootstrap superuser; it is used only at start-up,
+over the Unix socket, to create and hand over ``app_user`` (``queen_app``: LOGIN, no SUPERUSER,
+CREATEDB or CREATEROLE), which owns the ``queen`` database and every object of the broker's schema.
+``dsn()`` is the broker's: ``app_user``. The Unix socket (in a 0700 directory only the server's
+account and root can enter) trusts; TCP (``tcp=True``, 127.0.0.1 only) accepts ``app_user`` alone,
+with scram-sha-256 and a generated password kept in ``data_dir/pg_password`` (mode 0600), never
+trust and never the superuser. ``pg_hba.conf`` is rewritten at every start.
+
 PostgreSQL refuses to run as root, so as root the server runs as the unprivileged ``postgres``
 account. It gets ``PR_SET_PDEATHSIG=SIGINT`` (fast shutdown), so it stops when the *thread* that
 started it dies, even after ``kill -9`` of the broker: start it from the main thread, before any other
@@ -15,6 +23,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import signal
@@ -36,6 +45,43 @@ _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
 Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
+
+
+# Everything in the broker's database that the bootstrap superuser owns goes to the app role: the
+# schemas (public included: PostgreSQL 15+ lets only its owner create there) and their tables,
+# sequences, views and functions. Idempotent; nothing to do on a data dir made by this version.
+HAND_OVER = """
+DO $$
+DECLARE
+    app text := {app};
+    su text := {su};
+    r record;
+BEGIN
+    FOR r IN SELECT n.nspname FROM pg_namespace n
+              WHERE pg_get_userbyid(n.nspowner) = su AND n.nspname IN ('public', 'queen') LOOP
+        EXECUTE format('ALTER SCHEMA %I OWNER TO %I', r.nspname, app);
+    END LOOP;
+    FOR r IN SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname IN ('public', 'queen') AND pg_get_userbyid(c.relowner) = su
+                AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') LOOP
+        EXECUTE format(CASE r.relkind WHEN 'S' THEN 'ALTER SEQUENCE %I.%I OWNER TO %I'
+                                      WHEN 'v' THEN 'ALTER VIEW %I.%I OWNER TO %I'
+                                      WHEN 'm' THEN 'ALTER MATERIALIZED VIEW %I.%I OWNER TO %I'
+                                      ELSE 'ALTER TABLE %I.%I OWNER TO %I' END,
+                       r.nspname, r.relname, app);
+    END LOOP;
+    FOR r IN SELECT p.oid::regprocedure AS sig, p.prokind FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname IN ('public', 'queen') AND pg_get_userbyid(p.proowner) = su LOOP
+        EXECUTE format(CASE r.prokind WHEN 'p' THEN 'ALTER PROCEDURE %s OWNER TO %I'
+                                      ELSE 'ALTER FUNCTION %s OWNER TO %I' END, r.sig, app);
+    END LOOP;
+    FOR r IN SELECT t.oid::regtype AS typ FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+              WHERE n.nspname IN ('public', 'queen') AND pg_get_userbyid(t.typowner) = su
+                AND t.typtype IN ('e', 'c', 'd') AND t.typrelid = 0 LOOP
+        EXECUTE format('ALTER TYPE %s OWNER TO %I', r.typ, app);
+    END LOOP;
+END $$;
+"""
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -154,8 +200,9 @@ class EmbeddedPostgres:
     tcp: bool = False
     bin_dir: Path | None = None
     fast: bool = False
-    user: str = "queen"
+    user: str = "queen"  # bootstrap superuser: start-up only
     database: str = "queen"
+    app_user: str = "queen_app"  # the broker's role: owns the database, not a superuser
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,13 +230,56 @@ class EmbeddedPostgres:
         """Postmaster pid while it runs."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
+    @property
+    def password_path(self) -> Path:
+        return self.data_dir / "pg_password"
+
     def dsn(self, database: str | None = None) -> str:
+        """The broker's DSN: ``app_user`` over the Unix socket (no password needed there)."""
+        return self._dsn(self.app_user, database)
+
+    def admin_dsn(self, database: str | None = None) -> str:
+        """The bootstrap superuser over the Unix socket (start-up, tests, maintenance by hand)."""
+        return self._dsn(self.user, database)
+
+    def _dsn(self, user: str, database: str | None) -> str:
         db, host = quote(database or self.database, safe=""), quote(str(self.socket_dir), safe="")
-        return f"postgresql://{quote(self.user, safe='')}@/{db}?host={host}&port={self.port}"
+        return f"postgresql://{quote(user, safe='')}@/{db}?host={host}&port={self.port}"
+
+    def tcp_password(self) -> str:
+        """``app_user``'s password for TCP connections (created on first start, mode 0600)."""
+        return self.password_path.read_text().strip()
 
     def psql_command(self, database: str | None = None) -> str:
         sock, db = str(self.socket_dir), database or self.database
-        return shlex.join(["psql", "-h", sock, "-p", str(self.port), "-U", self.user, db])
+        return shlex.join(["psql", "-h", sock, "-p", str(self.port), "-U", self.app_user, db])
+
+    def _ensure_password(self) -> str:
+        try:
+            fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            os.chmod(self.password_path, 0o600)
+            return self.tcp_password()
+        password = secrets.token_urlsafe(32)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        return password
+
+    def _write_hba(self, acct: Account) -> None:
+        """Socket: trust (the 0700 socket dir is the gate). TCP: app_user with scram only."""
+        lines = [
+            "# written by queen-pg at every start (queen_pg/embedded_pg.py); edits are replaced",
+            "local   all   all                          trust",
+            f"host    all   {self.app_user}   127.0.0.1/32   scram-sha-256",
+            f"host    all   {self.app_user}   ::1/128        scram-sha-256",
+            "host    all   all          0.0.0.0/0      reject",
+            "host    all   all          ::/0           reject",
+        ]
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text("\n".join(lines) + "\n")
+        os.chmod(hba, 0o600)
+        if acct is not None:
+            os.chown(hba, *acct)
 
     def _account(self) -> Account:
         if os.geteuid() != 0:
@@ -238,6 +328,8 @@ class EmbeddedPostgres:
         if not (self.pgdata / "PG_VERSION").is_file():
             self._initdb(bin_dir, acct, deadline)
             log.info("event=pg_initdb dir=%s seconds=%.3f", self.pgdata, time.monotonic() - t0)
+        self._write_hba(acct)
+        password = self._ensure_password()
         t1 = time.monotonic()
         args = [
             str(bin_dir / "postgres"),
@@ -264,7 +356,7 @@ class EmbeddedPostgres:
                         f"postgres exited during startup (rc={self._proc.returncode}):\n{out[-3000:]}"
                     )
                 time.sleep(0.1)  # the previous server is still shutting down
-            self._ensure_database(deadline)
+            self._ensure_database(deadline, password)
         except BaseException:
             self.stop(timeout=5.0)
             raise
@@ -283,7 +375,8 @@ class EmbeddedPostgres:
             str(self.pgdata),
             "-U",
             self.user,
-            "--auth=trust",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
             "--encoding=UTF8",
             "--locale=C",
             "--no-instructions",
@@ -317,16 +410,29 @@ class EmbeddedPostgres:
             time.sleep(0.01)
         return False
 
-    def _ensure_database(self, deadline: float) -> None:
+    def _ensure_database(self, deadline: float, password: str) -> None:
+        """As the superuser: the app role (password set every start), the database it owns, and the
+        ownership of everything in it (data dirs made before the app role existed held it all as the
+        superuser)."""
         import psycopg
         from psycopg import sql
 
         timeout = max(int(deadline - time.monotonic()), 2)
-        with psycopg.connect(self.dsn("postgres"), autocommit=True, connect_timeout=timeout) as conn:
+        app = sql.Identifier(self.app_user)
+        with psycopg.connect(self.admin_dsn("postgres"), autocommit=True, connect_timeout=timeout) as conn:
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.app_user,)).fetchone():
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(app))
+            conn.execute(
+                sql.SQL("ALTER ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS "
+                        "PASSWORD {}").format(app, sql.Literal(password))
+            )  # fmt: skip
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone():
-                return
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
-            log.info("event=pg_created_database database=%s", self.database)
+                conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(self.database), app))
+            else:
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(self.database), app))
+                log.info("event=pg_created_database database=%s owner=%s", self.database, self.app_user)
+        with psycopg.connect(self.admin_dsn(), autocommit=True, connect_timeout=timeout) as conn:
+            conn.execute(sql.SQL(HAND_OVER).format(app=sql.Literal(self.app_user), su=sql.Literal(self.user)))
 
     def stop(self, timeout: float = 15.0) -> None:
         """Fast shutdown (SIGINT) and wait; immediate shutdown, then SIGKILL, past the timeout."""

@@ -63,6 +63,13 @@ IDEMPOTENCY_KEY_REUSED = ErrorKind("idempotency_key_reused", 422, "{detail}")
 CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 
 
+# Security (queen_pg/security/): answered by its middleware before any route runs.
+UNAUTHORIZED = ErrorKind("unauthorized", 401, "{detail}")  # + WWW-Authenticate: Bearer
+FORBIDDEN = ErrorKind("forbidden", 403, "{detail}")
+UNSUPPORTED_MEDIA_TYPE = ErrorKind("unsupported_media_type", 415, "{detail}")
+BAD_HOST = ErrorKind("bad_host", 400, "{detail}")
+CATALOG.update({k.code: k for k in (UNAUTHORIZED, FORBIDDEN, UNSUPPORTED_MEDIA_TYPE, BAD_HOST)})
+
 class QueenError(Exception):
     """A failure with a catalog code; rendered as JSON by the API's single handler."""
 

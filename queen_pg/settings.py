@@ -20,7 +20,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="QUEEN_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("0.0.0.0", description="Address the HTTP server binds to.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the HTTP server binds to; loopback by default (set 0.0.0.0 behind a proxy or in "
+        "a container, with JWT or a network boundary in front).",
+    )
     port: int = Field(
         6632,
         ge=0,
@@ -175,6 +179,91 @@ class Settings(BaseSettings):
         "gets the recorded outcome again instead of being applied twice.",
     )
 
+    # security (queen_pg/security/): the 0.x reference's JWT names, read exactly as written
+    jwt_enabled: bool = Field(
+        False, validation_alias="JWT_ENABLED", description="Require a JWT on every route."
+    )
+    jwt_algorithm: Literal["HS256", "RS256", "EdDSA", "auto"] = Field(
+        "HS256",
+        validation_alias="JWT_ALGORITHM",
+        description="HS256, RS256, EdDSA, or auto (by the token's header among the keys configured); never none.",
+    )
+    jwt_secret: str = Field(
+        "", validation_alias="JWT_SECRET", description="HS256 shared secret."
+    )
+    jwt_public_key: str = Field(
+        "",
+        validation_alias="JWT_PUBLIC_KEY",
+        description="PEM public key for RS256 / EdDSA.",
+    )
+    jwt_jwks_url: str = Field(
+        "",
+        validation_alias="JWT_JWKS_URL",
+        description="JWKS document URL (RS256 / EdDSA keys by kid); cached, refreshed, a kid miss refreshes once.",
+    )
+    jwt_jwks_refresh_interval: int = Field(
+        3600,
+        ge=1,
+        validation_alias="JWT_JWKS_REFRESH_INTERVAL",
+        description="Seconds between JWKS refreshes.",
+    )
+    jwt_jwks_timeout_ms: int = Field(
+        5000,
+        ge=1,
+        validation_alias="JWT_JWKS_TIMEOUT_MS",
+        description="Timeout of one JWKS fetch (ms).",
+    )
+    jwt_issuer: str = Field(
+        "", validation_alias="JWT_ISSUER", description="Required `iss` (empty: any)."
+    )
+    jwt_audience: str = Field(
+        "", validation_alias="JWT_AUDIENCE", description="Required `aud` (empty: any)."
+    )
+    jwt_clock_skew: int = Field(
+        30,
+        ge=0,
+        validation_alias="JWT_CLOCK_SKEW",
+        description="Seconds of leeway on exp / nbf / iat.",
+    )
+    jwt_skip_paths: str = Field(
+        "/health,/metrics/prometheus,/metrics,/",
+        validation_alias="JWT_SKIP_PATHS",
+        description="Comma-separated exact paths answered without a token.",
+    )
+    jwt_roles_claim: str = Field(
+        "role", validation_alias="JWT_ROLES_CLAIM", description="Claim with one role."
+    )
+    jwt_roles_array_claim: str = Field(
+        "roles",
+        validation_alias="JWT_ROLES_ARRAY_CLAIM",
+        description="Claim with a list of roles.",
+    )
+    jwt_role_admin: str = Field(
+        "admin", validation_alias="JWT_ROLE_ADMIN", description="Role name: admin."
+    )
+    jwt_role_read_write: str = Field(
+        "read-write",
+        validation_alias="JWT_ROLE_READ_WRITE",
+        description="Role name: read-write.",
+    )
+    jwt_role_read_only: str = Field(
+        "read-only",
+        validation_alias="JWT_ROLE_READ_ONLY",
+        description="Role name: read-only.",
+    )
+    jwt_tenant_claim: str = Field(
+        "",
+        validation_alias="JWT_TENANT_CLAIM",
+        description="With tenancy_header and JWT on: the claim naming the tenant (wins over x-queen-tenant).",
+    )
+    tenancy_header: bool = Field(
+        False, description="Tenant from the x-queen-tenant header (or JWT_TENANT_CLAIM); off: default_tenant."
+    )
+    allowed_hosts: str = Field(
+        "", description="Comma-separated Host names (host or host:port) accepted; others 400. Empty: any."
+    )
+    cors_origins: str = Field("", description="Comma-separated origins allowed by CORS (* = any); empty: no CORS.")
+
     @model_validator(mode="after")
     def _overload(self) -> Settings:
         if self.limiter_min > self.limiter_max:
@@ -184,6 +273,17 @@ class Settings(BaseSettings):
                 f"admit_max_mb ({self.admit_max_mb} MiB) must hold two of the largest bodies: "
                 f"at least 2 x max_body_bytes = {-(-2 * self.max_body_bytes // MIB)} MiB"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _jwt(self) -> Settings:
+        """JWT on without a usable key refuses to start (queen_pg/security/tokens.py says which)."""
+        if self.jwt_enabled:
+            from queen_pg.security.tokens import key_problem
+
+            problem = key_problem(self)
+            if problem:
+                raise ValueError(problem)
         return self
 
     @field_validator("log_level", mode="before")

@@ -78,7 +78,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     pg = EmbeddedPostgres(data_dir=searchable(tmp_path_factory.mktemp("pg")), port=free_port(), fast=True)
     pg.start()
     try:
-        server = PgServer(admin_url=pg.dsn("postgres"), embedded=pg)
+        server = PgServer(admin_url=pg.admin_dsn("postgres"), embedded=pg)
         _make_template(server)
         yield server
     finally:

@@ -33,7 +33,11 @@ class SlowBody:
         head = f'{{"items":[{{"queue":"{queue}","payload":1}}]}}'.encode()
         self.head, self.pad = head, b" " * (BODY - len(head))
         self.task = asyncio.create_task(
-            http.post("/api/v1/push", content=self._chunks(), headers={"content-length": str(BODY)})
+            http.post(
+                "/api/v1/push",
+                content=self._chunks(),
+                headers={"content-length": str(BODY), "content-type": "application/json"},
+            )
         )
 
     async def _chunks(self) -> AsyncIterator[bytes]:

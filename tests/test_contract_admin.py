@@ -131,7 +131,7 @@ async def test_move_to_dlq_defaults_to_queue_mode_and_leaves_other_groups(
     assert await pop(http, "mv", consumerGroup="other", batch=1, autoAck=True)  # other: t0 done
     assert (await http.post(f"/api/v1/messages/{pid}/t0/dlq")).status_code == 404  # queue mode has no cursor yet
     qm = await pop(http, "mv", batch=1)  # queue mode: t0 leased
-    r = await http.post(f"/api/v1/messages/{pid}/t1/dlq", content=b"{}")
+    r = await http.post(f"/api/v1/messages/{pid}/t1/dlq", json={})
     assert r.status_code == 200, r.text
     moved = r.json()
     assert (moved["status"], moved["consumerGroup"], moved["queueMode"], moved["offset"]) == ("moved", None, True, 1)

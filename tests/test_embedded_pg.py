@@ -62,7 +62,7 @@ def test_start_restart_keeps_data(
     assert pid is not None
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
-        assert conn.execute("SELECT current_database(), current_user").fetchone() == ("queen", "queen")
+        assert conn.execute("SELECT current_database(), current_user").fetchone() == ("queen", "queen_app")
         assert conn.execute("SHOW fsync").fetchone() == ("on",)
         conn.execute("CREATE TABLE kept (v text)")
         conn.execute("INSERT INTO kept VALUES ('before restart')")

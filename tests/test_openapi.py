@@ -280,10 +280,22 @@ async def test_data_plane_answers_match_their_schemas(http: httpx.AsyncClient, d
     assert cancelled["status"] == "cancelled"
 
     # error answers are ErrorBody, the family envelopes included
-    await call("post", "/api/v1/push", 400, content=b"{")
-    bad = await call("post", "/api/v1/kv", 400, content=b'{"operations": [{"op": "nope"}]}')
+    await call("post", "/api/v1/push", 400, content=b"{", headers={"content-type": "application/json"})
+    bad = await call(
+        "post",
+        "/api/v1/kv",
+        400,
+        content=b'{"operations": [{"op": "nope"}]}',
+        headers={"content-type": "application/json"},
+    )
     assert bad["error"] == "kv_bad_request" and bad["reason"] == "unknown_op"
-    await call("post", "/api/v1/timers", 400, content=b'{"operations": [{"op": "schedule", "delay_ms": 1}]}')
+    await call(
+        "post",
+        "/api/v1/timers",
+        400,
+        content=b'{"operations": [{"op": "schedule", "delay_ms": 1}]}',
+        headers={"content-type": "application/json"},
+    )
     # a wrong answer does not validate: the schemas constrain something
     with pytest.raises(jsonschema.ValidationError):
         answer_validator(doc, "/api/v1/push", "post", 201).validate([{"index": 0, "status": "queued"}])

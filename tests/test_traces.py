@@ -112,7 +112,9 @@ async def test_record_errors(http: httpx.AsyncClient, body: dict[str, Any], stat
 
 
 async def test_read_errors(http: httpx.AsyncClient) -> None:
-    assert_error(await http.post(T, content=b"{not json"), 400, "bad_json")
+    assert_error(
+        await http.post(T, content=b"{not json", headers={"content-type": "application/json"}), 400, "bad_json"
+    )
     assert_error(await http.get(f"{T}/999999/m"), 404, "not_found")
     assert_error(await http.get(f"{T}/abc/m"), 400, "bad_request")
     assert_error(await http.get(f"{T}/names", params={"limit": -1}), 400, "bad_request")

@@ -22,6 +22,7 @@ from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import BAD_JSON, NAME_TOO_LONG, STORAGE_FULL, QueenError, bad_request
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.limiter import Limiter
+from queen_pg.security import principal
 from queen_pg.settings import Settings
 
 MAX_NAME_BYTES = 255
@@ -65,8 +66,15 @@ def refuse_when_storage_full(request: Request) -> None:
 
 
 def tenant(request: Request) -> str:
-    """The request's tenant: the fixed default until tenant resolution arrives."""
-    return state(request).settings.default_tenant
+    """The request's tenant as the security middleware resolved it (queen_pg/security/tenancy.py)."""
+    p = principal(request)
+    return p.tenant if p is not None else state(request).settings.default_tenant
+
+
+def producer_sub(request: Request) -> str | None:
+    """The verified token's ``sub`` (JWT on), stamped on pushed messages; None without JWT."""
+    p = principal(request)
+    return p.sub if p is not None else None
 
 
 def json_response(data: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -15,6 +15,7 @@ from queen_pg.api.common import (
     parse_body,
     parse_timestamp,
     permit,
+    producer_sub,
     q_bool,
     q_int,
     state,
@@ -59,8 +60,9 @@ ACK_DESCRIPTION = (
 )
 
 
-def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
-    """A validated push item (also used by the transaction route)."""
+def new_message(it: PushItem, where: str, producer: str | None = None) -> push_engine.NewMessage:
+    """A validated push item (also used by the transaction route); ``producer`` = the token's sub
+    (``producer_sub(request)``), a body ``producerSub`` is never read."""
     check_name("queue", it.queue)
     check_name("partition", it.partition)
     payload = it.payload if "payload" in it.model_fields_set else it.data
@@ -72,7 +74,7 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
             raise bad_request(f"{where}.traceId: must be a UUID, got {it.traceId!r}") from None
     if it.transactionId == "":
         raise bad_request(f"{where}.transactionId: must be a non-empty string when given")
-    return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace)
+    return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace, producer)
 
 
 @router.post(
@@ -88,7 +90,8 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
     body = await parse_body(request, PushBody)
-    items = [new_message(it, f"items.{i}") for i, it in enumerate(body.items)]
+    sub = producer_sub(request)
+    items = [new_message(it, f"items.{i}", sub) for i, it in enumerate(body.items)]
     st = state(request)
     ten = tenant(request)
     once = await request_once(request, "push")  # a keyed push is applied once, and never fused

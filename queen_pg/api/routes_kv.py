@@ -17,13 +17,14 @@ from fastapi.responses import Response
 
 from queen_pg.api.common import json_response, permit, state, tenant
 from queen_pg.api.docs import answers, body
-from queen_pg.api.kv_ops import validate_kv_ops, validate_lock_ops
+from queen_pg.api.kv_ops import WRITE_OPS, validate_kv_ops, validate_lock_ops
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.schemas import REQUEST_KEY
 from queen_pg.api.schemas_ops import KvAnswer, KvRequest, KvVerdict, LocksAnswer, LocksRequest
 from queen_pg.engine import kv as kv_engine
 from queen_pg.engine import locks as locks_engine
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError, Verdict
+from queen_pg.security import Level, need
 
 router = APIRouter()
 
@@ -65,6 +66,8 @@ async def _operations(request: Request, kind: ErrorKind) -> object:
 async def kv(request: Request) -> Response:
     try:
         ops = validate_kv_ops(await _operations(request, KV_BAD_REQUEST), in_transaction=False)
+        if any(op["op"] in WRITE_OPS for op in ops):  # the route table lets read-only in for gets
+            need(request, Level.READ_WRITE)
         once = await request_once(request, "kv")  # a keyed batch is applied once (outcome window)
         async with permit(request, "kv"):
             result = await kv_engine.apply(state(request).db, tenant(request), ops, once=once)

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from queen_pg.api.common import tenant
 from queen_pg.engine.ack import AckItem
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
+from queen_pg.security import tenancy
 
 router = APIRouter()
 
@@ -90,4 +91,7 @@ async def metrics(request: Request) -> Response:
     m.sample(db, getattr(st, "waiters", None), getattr(st, "limiters", None), getattr(request.app.state, "jobs", None))
     if db is not None:
         await m.refresh(db)
-    return Response(m.render(), media_type=CONTENT_TYPE)
+    text = m.render()
+    if st is not None and tenancy.enabled(st.settings):  # a tenant sees only its own labels
+        text = tenancy.only_tenant(text, tenant(request))
+    return Response(text, media_type=CONTENT_TYPE)

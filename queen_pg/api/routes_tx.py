@@ -14,6 +14,7 @@ from queen_pg.api.common import (
     json_response,
     parse_body,
     permit,
+    producer_sub,
     refuse_when_storage_full,
     state,
     tenant,
@@ -132,7 +133,8 @@ async def transaction(request: Request) -> Response:
             slot += 1
         else:
             for i, item in enumerate(op.items):
-                pushes.append(tx_engine.TxPush(slot, new_message(item, f"operations.{n}.items.{i}")))
+                msg = new_message(item, f"operations.{n}.items.{i}", producer_sub(request))
+                pushes.append(tx_engine.TxPush(slot, msg))
                 slot += 1
     kv_raw = body.kv or []
     timers_raw = body.timers or []

@@ -2,8 +2,9 @@
 
 A segment blob is one zstd frame holding the appended messages as QPF1 frames (WIRE.md §3.3):
 ``u32 body_len | u8 flags | u8[16] message id | [u8[16] trace id, flag 1] | u16 len, transactionId
-| payload JSON`` (little-endian). Storing the wire format means a framed pop can later ship stored
-blobs as they are.
+| [u16 len, producerSub, flag 2] | payload JSON`` (little-endian). The producerSub is the pushing
+token's ``sub`` (JWT on, queen_pg/security/); frames without flag 2 have none. Storing the wire
+format means a framed pop can later ship stored blobs as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import zstandard
 from queen_pg.db.types import fast_uuid
 
 FLAG_TRACE = 1
+FLAG_SUB = 2
 _HEAD = struct.Struct("<IB")
 _U16 = struct.Struct("<H")
 
@@ -41,7 +43,13 @@ def txn_hash(transaction_id: str) -> uuid.UUID:
     return fast_uuid(xxhash.xxh3_128_digest(transaction_id.encode()))
 
 
-def encode_frame(message_id: uuid.UUID, transaction_id: str, payload: bytes, trace_id: uuid.UUID | None) -> bytes:
+def encode_frame(
+    message_id: uuid.UUID,
+    transaction_id: str,
+    payload: bytes,
+    trace_id: uuid.UUID | None,
+    producer_sub: str | None = None,
+) -> bytes:
     txn = transaction_id.encode()
     flags = FLAG_TRACE if trace_id is not None else 0
     parts = [message_id.bytes]
@@ -49,6 +57,11 @@ def encode_frame(message_id: uuid.UUID, transaction_id: str, payload: bytes, tra
         parts.append(trace_id.bytes)
     parts.append(_U16.pack(len(txn)))
     parts.append(txn)
+    if producer_sub is not None:
+        sub = producer_sub.encode()[:0xFFFF]
+        flags |= FLAG_SUB
+        parts.append(_U16.pack(len(sub)))
+        parts.append(sub)
     parts.append(payload)
     body = b"".join(parts)
     return _HEAD.pack(len(body) + 1, flags) + body
@@ -64,6 +77,7 @@ class Frame:
     trace_id: uuid.UUID | None
     transaction_id: str
     payload: bytes
+    producer_sub: str | None = None
 
 
 CODEC_RAW = 0
@@ -88,5 +102,11 @@ def unpack(blob: bytes, codec: int = CODEC_ZSTD) -> Iterator[Frame]:
         pos += 2
         transaction_id = raw[pos : pos + tlen].decode()
         pos += tlen
-        yield Frame(message_id, trace_id, transaction_id, raw[pos:stop])
+        producer_sub = None
+        if flags & FLAG_SUB:
+            (slen,) = _U16.unpack_from(raw, pos)
+            pos += 2
+            producer_sub = raw[pos : pos + slen].decode(errors="replace")
+            pos += slen
+        yield Frame(message_id, trace_id, transaction_id, raw[pos:stop], producer_sub)
         at = stop

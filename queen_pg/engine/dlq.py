@@ -27,49 +27,58 @@ class DlqQuery:
     offset: int
 
 
-def frame_at(blob: bytes, codec_id: int, base_offset: int, dropped: list[int] | None, offset: int) -> bytes | None:
-    """The payload JSON of the message at ``offset`` in a segment, or None when it is not there."""
+def frame_at(
+    blob: bytes, codec_id: int, base_offset: int, dropped: list[int] | None, offset: int
+) -> codec.Frame | None:
+    """The frame of the message at ``offset`` in a segment, or None when it is not there."""
     skip = set(dropped or ())
     at = base_offset
     for i, frame in enumerate(codec.unpack(blob, codec_id)):
         if i in skip:
             continue
         if at == offset:
-            return frame.payload
+            return frame
         at += 1
     return None
 
 
-def _payload(row: Record) -> Any:
-    if row["payload_json"] is not None:
-        return orjson.Fragment(row["payload_json"])
+def _frame(row: Record) -> codec.Frame | None:
     if row["seg_blob"] is None:
         return None
-    raw = frame_at(row["seg_blob"], row["seg_codec"], row["seg_base"], row["seg_dropped"], row["msg_offset"])
-    return orjson.Fragment(raw) if raw is not None else None
+    return frame_at(row["seg_blob"], row["seg_codec"], row["seg_base"], row["seg_dropped"], row["msg_offset"])
+
+
+def _payload(row: Record, frame: codec.Frame | None) -> Any:
+    if row["payload_json"] is not None:
+        return orjson.Fragment(row["payload_json"])
+    return orjson.Fragment(frame.payload) if frame is not None else None
+
+
+def _dead(r: Record) -> dict[str, Any]:
+    # producerSub lives in the segment's frame; once the fill job copied the payload into log_dlq and
+    # retention dropped the segment it is gone (log_dlq has no producer column yet): null then
+    frame = _frame(r)
+    return {
+        "id": str(r["message_id"]) if r["message_id"] else None,
+        "dlqId": r["id"],
+        "transactionId": r["transaction_id"],
+        "queue": r["queue_name"],
+        "partition": r["partition_name"],
+        "partitionId": str(r["partition_id"]),
+        "consumerGroup": None if r["consumer_group"] == QUEUE_MODE else r["consumer_group"],
+        "offset": r["msg_offset"],
+        "data": _payload(r, frame),
+        "producerSub": frame.producer_sub if frame is not None else None,
+        "errorMessage": r["error"],
+        "retryCount": r["attempts"],
+        "createdAt": iso_ms(r["created_at"]) if r["created_at"] else None,
+        "failedAt": iso_ms(r["failed_at"]),
+    }
 
 
 async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
     rows = await db.fetch(LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset)
-    messages = [
-        {
-            "id": str(r["message_id"]) if r["message_id"] else None,
-            "dlqId": r["id"],
-            "transactionId": r["transaction_id"],
-            "queue": r["queue_name"],
-            "partition": r["partition_name"],
-            "partitionId": str(r["partition_id"]),
-            "consumerGroup": None if r["consumer_group"] == QUEUE_MODE else r["consumer_group"],
-            "offset": r["msg_offset"],
-            "data": _payload(r),
-            "errorMessage": r["error"],
-            "retryCount": r["attempts"],
-            "createdAt": iso_ms(r["created_at"]) if r["created_at"] else None,
-            "failedAt": iso_ms(r["failed_at"]),
-        }
-        for r in rows
-        if r["id"] is not None
-    ]
+    messages = [_dead(r) for r in rows if r["id"] is not None]
     total = rows[0]["total"] if rows else 0
     return {"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}
 

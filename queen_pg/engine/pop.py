@@ -89,7 +89,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
                         "data": orjson.Fragment(frame.payload),
                         "createdAt": created,
                         "traceId": str(frame.trace_id) if frame.trace_id else None,
-                        "producerSub": None,
+                        "producerSub": frame.producer_sub,
                         "deliveryAttempt": attempt,
                         "retryCount": attempt - 1,
                         "offset": off,

@@ -23,6 +23,7 @@ class NewMessage:
     payload: bytes  # the payload as JSON text
     transaction_id: str | None
     trace_id: uuid.UUID | None
+    producer_sub: str | None = None  # the pushing token's sub (JWT on); never taken from the body
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ def prepare(items: list[NewMessage]) -> PreparedPush:
             frames.append([])
         mid = codec.uuid7()
         txn = item.transaction_id or str(mid)
-        frames[g].append(codec.encode_frame(mid, txn, item.payload, item.trace_id))
+        frames[g].append(codec.encode_frame(mid, txn, item.payload, item.trace_id, item.producer_sub))
         prepared.item_group.append(g + 1)
         prepared.hashes.append(codec.txn_hash(txn))
         prepared.msgids.append(mid)

@@ -1,0 +1,53 @@
+"""Security: JWT verification and keys, the route-to-level table, tenant resolution, web hygiene.
+
+Invariants:
+* Everything here runs as pure-ASGI middleware before any route; a route never reads a token. Routes
+  get the caller from ``scope["state"]["queen_principal"]`` (``principal()``, ``need()``,
+  ``queen_pg.api.common.tenant()``).
+* Every route of the app has a level in ``roles.ROUTES`` (a test enforces it).
+* With everything off (the defaults) the middleware changes nothing but the 415 on non-JSON
+  state-changing requests: the fixed default tenant, every level.
+* Secrets (JWT_SECRET, keys, tokens, database passwords) never reach a log line, an error body or
+  /metrics.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.middleware.cors import CORSMiddleware
+
+from queen_pg.errors import FORBIDDEN, QueenError
+from queen_pg.security.middleware import STATE_KEY, Principal, Security
+from queen_pg.security.roles import Level
+from queen_pg.settings import Settings
+
+__all__ = ["Level", "Principal", "install", "need", "principal"]
+
+CORS_HEADERS = ["Authorization", "Content-Type", "x-queen-tenant", "Idempotency-Key", "X-Request-Id"]
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Add the security middleware (inside it: the app's own; outside: CORS when configured)."""
+    app.add_middleware(Security, settings=settings)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
+            allow_headers=CORS_HEADERS,
+            allow_credentials=False,
+            max_age=600,
+        )
+
+
+def principal(request: Request) -> Principal | None:
+    p: Principal | None = request.scope.get("state", {}).get(STATE_KEY)
+    return p
+
+
+def need(request: Request, level: Level) -> None:
+    """403 unless the caller's level reaches ``level`` (for a route whose body decides, e.g. KV writes)."""
+    p = principal(request)
+    if p is not None and p.level < level:
+        raise QueenError(FORBIDDEN, detail=f"this operation needs the {level.label} level")

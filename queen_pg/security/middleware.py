@@ -1,0 +1,165 @@
+"""Pure-ASGI middleware that runs before every route: Host check, JWT, tenant, Content-Type.
+
+Order inside one request: a foreign ``Host`` is 400; then (JWT on, path not skipped) a missing,
+invalid or expired token is 401 with ``WWW-Authenticate: Bearer`` and a valid token below the
+route's level (queen_pg/security/roles.py) is 403; then the tenant is resolved (400/403,
+queen_pg/security/tenancy.py); then a state-changing request whose Content-Type is not JSON (or the
+binary push type), or that has a body but no Content-Type, is 415. What was resolved goes into
+``scope["state"]`` (``queen_principal``), where ``queen_pg.api.common.tenant()`` and
+``security.need()`` read it. Errors are JSON ``{"error", "code"}`` and never echo the token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from queen_pg.errors import BAD_HOST, BAD_REQUEST, FORBIDDEN, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, ErrorKind
+from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteTable, granted
+from queen_pg.security.tenancy import HEADER, TenantError, resolve
+from queen_pg.security.tenancy import enabled as tenancy_enabled
+from queen_pg.security.tokens import TokenError, Verifier
+from queen_pg.settings import Settings
+
+log = logging.getLogger("queen_pg.security")
+
+STATE_KEY = "queen_principal"
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+BINARY_PUSH = "application/x-queen-push"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the token's ``sub`` (None without JWT), its level, and the tenant."""
+
+    sub: str | None
+    level: Level
+    tenant: str
+    authenticated: bool
+
+
+def _split(raw: str) -> list[str]:
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def json_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("application/json", BINARY_PUSH) or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def _error(send: Send, kind: ErrorKind, detail: str, headers: dict[str, str] | None = None) -> None:
+    # an audit line per refusal: the reason and the status, never the token or a header value
+    log.info("event=request_refused status=%d code=%s detail=%s", kind.status, kind.code, detail)
+    body = orjson.dumps({"error": detail, "code": kind.code})
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": kind.status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _host_allowed(host: str, allowed: list[str]) -> bool:
+    host = host.lower()
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    for entry in allowed:
+        if entry == "*" or entry == host or entry == name:
+            return True
+        if entry.startswith("*.") and (name.endswith(entry[1:])):
+            return True
+    return False
+
+
+_WANTED = frozenset(
+    {b"host", b"authorization", b"content-type", b"content-length", b"transfer-encoding", HEADER.encode()}
+)
+
+
+def _headers(scope: Scope) -> dict[bytes, str]:
+    """The few headers this middleware reads, in one pass (the first of each; ASGI names are lowercase)."""
+    found: dict[bytes, str] = {}
+    for key, value in scope["headers"]:
+        if key in _WANTED and key not in found:
+            found[key] = value.decode("latin-1")
+    return found
+
+
+class Security:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.table = RouteTable()
+        self.skip = frozenset(_split(settings.jwt_skip_paths))
+        self.allowed_hosts = [h.lower() for h in _split(settings.allowed_hosts)]
+        self.verifier = Verifier.build(settings) if settings.jwt_enabled else None
+        # nothing to resolve (no JWT, one tenant): every request is the same principal
+        self.fixed = (
+            None if settings.jwt_enabled or tenancy_enabled(settings)
+            else Principal(None, Level.ADMIN, settings.default_tenant, False)
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        if self.allowed_hosts and not _host_allowed(headers.get(b"host", ""), self.allowed_hosts):
+            await _error(send, BAD_HOST, "Host header not allowed (QUEEN_ALLOWED_HOSTS)")
+            return
+        method: str = scope["method"]
+        principal = self.fixed or await self._resolve(scope, method, headers, send)
+        if principal is None:
+            return  # refused: the answer is sent
+        if method in STATE_CHANGING:
+            ctype = headers.get(b"content-type")
+            has_body = headers.get(b"content-length", "0") not in ("0", "") or b"transfer-encoding" in headers
+            if (ctype is not None and not json_type(ctype)) or (ctype is None and has_body):
+                await _error(send, UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be application/json or {BINARY_PUSH}")
+                return
+        scope.setdefault("state", {})[STATE_KEY] = principal
+        await self.app(scope, receive, send)
+
+    async def _resolve(self, scope: Scope, method: str, headers: dict[bytes, str], send: Send) -> Principal | None:
+        """Token, level and tenant; None when the request was refused (401/403/400 sent)."""
+        path: str = scope["path"]
+        claims: dict[str, Any] | None = None
+        level = Level.ADMIN  # JWT off: everyone may do everything
+        if self.verifier is not None:
+            level = Level.NONE
+            token = _bearer(headers.get(b"authorization"))
+            skipped = path in self.skip or path.startswith(PUBLIC_PREFIXES)
+            if token is None and not skipped:
+                await _error(send, UNAUTHORIZED, "missing bearer token", {"WWW-Authenticate": "Bearer"})
+                return None
+            if token is not None:
+                try:
+                    claims = await self.verifier.verify(token)
+                except TokenError as exc:
+                    if not skipped:
+                        await _error(send, UNAUTHORIZED, str(exc), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+                        return None
+                else:
+                    level = granted(self.settings, claims)
+            if not skipped:
+                need = self.table.level(method, path) or Level.READ_ONLY
+                if level < need:
+                    detail = f"this route needs the {need.label} level; the token grants {level.label}"
+                    await _error(send, FORBIDDEN, detail)
+                    return None
+        try:
+            tenant = resolve(self.settings, headers.get(HEADER.encode()), claims)
+        except TenantError as exc:
+            await _error(send, FORBIDDEN if exc.status == 403 else BAD_REQUEST, str(exc))
+            return None
+        sub = claims.get("sub") if claims is not None else None
+        return Principal(sub if isinstance(sub, str) else None, level, tenant, claims is not None)
+
+
+def _bearer(value: str | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None

@@ -1,0 +1,369 @@
+"""JWT with the official client (queen-mq 2.6.0): tokens, roles, producerSub, JWKS and rotation,
+and the settings that refuse to start. Real broker, real HTTP, real tokens (PyJWT)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from pydantic import ValidationError
+from queen import Queen
+
+from queen_pg.settings import Settings
+from tests.conftest import Broker
+from tests.helpers import until
+
+SECRET = "s3cret-for-tests-0123456789-abcdefghij"  # >= 32 bytes
+ISS, AUD = "https://idp.test", "queen"
+JWT_ON = {"jwt_enabled": True, "jwt_secret": SECRET, "jwt_issuer": ISS, "jwt_audience": AUD}
+
+
+def token(
+    role: str | None = "read-write", sub: str = "svc-a", key: Any = SECRET, alg: str = "HS256", **claims: Any
+) -> str:
+    now = int(time.time())
+    body: dict[str, Any] = {"sub": sub, "iss": ISS, "aud": AUD, "iat": now, "exp": now + 300, **claims}
+    if role is not None:
+        body["role"] = role
+    headers = {"kid": claims.pop("_kid")} if "_kid" in claims else None
+    return jwt.encode({k: v for k, v in body.items() if k != "_kid"}, key, algorithm=alg, headers=headers)
+
+
+def none_token() -> str:
+    return jwt.encode({"sub": "x", "role": "admin", "iss": ISS, "aud": AUD}, None, algorithm="none")
+
+
+def hs256_with_raw_key(claims: dict[str, Any], key: bytes, kid: str) -> str:
+    """HS256 by hand: PyJWT refuses a PEM as an HMAC secret, an attacker's code does not."""
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": kid}).encode())
+    body = b64(json.dumps(claims).encode())
+    sig = hmac.new(key, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
+
+
+def client(url: str, tok: str | None = None) -> Queen:
+    return Queen(url, bearer_token=tok, retry_attempts=1) if tok else Queen(url, retry_attempts=1)
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a client error (QueenHttpError.status or httpx's response)."""
+    response = getattr(exc, "response", None)
+    return getattr(exc, "status", None) or (response.status_code if response is not None else None)
+
+
+def bearer(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+@pytest.fixture
+async def jwt_broker(start_broker: Any) -> Broker:
+    b: Broker = await start_broker(**JWT_ON)
+    return b
+
+
+async def test_client_with_token_pushes_and_consumes_and_messages_carry_the_sub(jwt_broker: Broker) -> None:
+    rw = token("read-write", sub="svc-orders")
+    async with client(jwt_broker.url, rw) as q:
+        await q.queue("jq").create()
+        res = await q.queue("jq").push([{"data": {"n": 1}, "transactionId": "t1", "producerSub": "forged"}])
+        assert res[0]["status"] == "queued"
+        msgs = await q.queue("jq").batch(5).wait(False).pop()
+    assert [m["data"] for m in msgs] == [{"n": 1}]
+    assert msgs[0]["producerSub"] == "svc-orders"  # the token's sub; the body's "forged" is ignored
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token("read-only"))) as http:
+        pid = msgs[0]["partitionId"]
+        detail = await http.get(f"/api/v1/messages/{pid}/t1")
+        assert detail.status_code == 200, detail.text
+        assert detail.json()["producerSub"] == "svc-orders"
+
+
+async def test_transaction_push_carries_the_sub(jwt_broker: Broker) -> None:
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token("read-write", sub="tx-svc"))) as http:
+        body = {"operations": [{"type": "push", "items": [{"queue": "tq", "payload": 1, "producerSub": "forged"}]}]}
+        r = await http.post("/api/v1/transaction", json=body)
+        assert r.status_code == 200, r.text
+        r = await http.get("/api/v1/pop/queue/tq", params={"batch": 5})
+        assert r.status_code == 200, r.text
+        assert r.json()["messages"][0]["producerSub"] == "tx-svc"
+
+
+async def test_without_jwt_producer_sub_is_null_and_the_body_is_ignored(broker: Broker) -> None:
+    async with client(broker.url) as q:
+        await q.queue("nq").push([{"data": 1, "producerSub": "forged"}])
+        msgs = await q.queue("nq").batch(5).wait(False).pop()
+    assert msgs[0]["producerSub"] is None
+
+
+async def test_no_token_is_401_with_bearer_challenge(jwt_broker: Broker) -> None:
+    async with client(jwt_broker.url) as q:
+        with pytest.raises(Exception) as err:
+            await q.queue("jq").push([{"data": 1}])
+    assert status_of(err.value) == 401
+    async with httpx.AsyncClient(base_url=jwt_broker.url) as http:
+        r = await http.get("/api/v1/resources/queues")
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["code"] == "unauthorized"
+        r = await http.get("/api/v1/resources/queues", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+        assert r.status_code == 401
+        # skip paths answer without a token
+        assert (await http.get("/health")).status_code == 200
+        assert (await http.get("/metrics")).status_code == 200
+        # an unknown path needs a token too (no route discovery without one)
+        assert (await http.get("/api/v1/nope")).status_code == 401
+        assert (await http.get("/api/v1/nope", headers=bearer(token("read-only")))).status_code == 404
+
+
+async def test_read_only_token_cannot_push_but_can_read(jwt_broker: Broker) -> None:
+    ro = token("read-only")
+    async with client(jwt_broker.url, ro) as q:
+        with pytest.raises(Exception) as err:
+            await q.queue("jq").push([{"data": 1}])
+        assert status_of(err.value) == 403
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(ro)) as http:
+        r = await http.post("/api/v1/push", json={"items": [{"queue": "jq", "payload": 1}]})
+        assert r.status_code == 403 and r.json()["code"] == "forbidden"
+        assert (await http.get("/api/v1/resources/queues")).status_code == 200
+        # KV: a get is a read, a put needs read-write
+        get = {"operations": [{"op": "get", "ns": "n", "key": "k"}]}
+        put = {"operations": [{"op": "put", "ns": "n", "key": "k", "value": 1, "forever": True}]}
+        assert (await http.post("/api/v1/kv", json=get)).status_code == 200
+        r = await http.post("/api/v1/kv", json=put)
+        assert r.status_code == 403, r.text
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token("read-write"))) as http:
+        assert (await http.post("/api/v1/kv", json=put)).status_code == 200
+
+
+async def test_admin_routes_need_admin(jwt_broker: Broker) -> None:
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token("read-write"))) as http:
+        assert (await http.post("/api/v1/push", json={"items": [{"queue": "aq", "payload": 1}]})).status_code == 201
+        r = await http.delete("/api/v1/resources/queues/aq")
+        assert r.status_code == 403
+        r = await http.post("/api/v1/system/maintenance", json={"enabled": True})
+        assert r.status_code == 403
+        assert (await http.get("/api/v1/resources/queues/aq")).status_code == 200  # still there
+    # the array claim, and a role list mixing unknown names
+    admin = token(None, roles=["auditor", "admin"])
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(admin)) as http:
+        assert (await http.delete("/api/v1/resources/queues/aq")).status_code == 200
+    # a valid token with no known role: authenticated, allowed nothing
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token("guest"))) as http:
+        r = await http.get("/api/v1/resources/queues")
+        assert r.status_code == 403
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda: token(exp=int(time.time()) - 120), id="expired"),  # beyond the 30 s skew
+        pytest.param(lambda: token(key="another-secret-0123456789-abcdefghijkl"), id="wrong-signature"),
+        pytest.param(none_token, id="alg-none"),
+        pytest.param(lambda: token(iss="https://evil.test"), id="wrong-issuer"),
+        pytest.param(lambda: token(aud="other"), id="wrong-audience"),
+        pytest.param(lambda: token(nbf=int(time.time()) + 600), id="not-yet-valid"),
+        pytest.param(lambda: "not.a.jwt", id="garbage"),
+    ],
+)
+async def test_bad_tokens_are_401(jwt_broker: Broker, bad: Any) -> None:
+    tok = bad()
+    async with client(jwt_broker.url, tok) as q:
+        with pytest.raises(Exception) as err:
+            await q.queue("jq").push([{"data": 1}])
+        assert status_of(err.value) == 401
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(tok)) as http:
+        r = await http.get("/api/v1/resources/queues")
+        assert r.status_code == 401
+        assert tok not in r.text
+        assert r.json()["code"] == "unauthorized"
+
+
+async def test_clock_skew_accepts_a_just_expired_token(jwt_broker: Broker) -> None:
+    async with httpx.AsyncClient(base_url=jwt_broker.url) as http:
+        r = await http.get("/api/v1/resources/queues", headers=bearer(token("read-only", exp=int(time.time()) - 5)))
+        assert r.status_code == 200
+
+
+# ---- RS256 through a JWKS document served by a local HTTP server; rotation ----
+
+
+def rsa_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def jwk(key: rsa.RSAPrivateKey, kid: str) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    return {**d, "kid": kid, "alg": "RS256", "use": "sig"}
+
+
+class Jwks:
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] = {"keys": []}
+        self.hits = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.hits += 1
+                raw = json.dumps(outer.doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/.well-known/jwks.json"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def jwks() -> Iterator[Jwks]:
+    j = Jwks()
+    yield j
+    j.close()
+
+
+async def test_rs256_via_jwks_and_key_rotation(start_broker: Any, jwks: Jwks) -> None:
+    k1, k2 = rsa_key(), rsa_key()
+    jwks.doc = {"keys": [jwk(k1, "k1")]}
+    b: Broker = await start_broker(
+        jwt_enabled=True, jwt_algorithm="RS256", jwt_jwks_url=jwks.url, jwt_issuer=ISS, jwt_audience=AUD
+    )
+    t1 = token("read-write", key=k1, alg="RS256", _kid="k1")
+    async with client(b.url, t1) as q:
+        assert (await q.queue("rq").push([{"data": 1}]))[0]["status"] == "queued"
+        assert len(await q.queue("rq").batch(5).wait(False).pop()) == 1
+    fetched = jwks.hits
+    assert fetched == 1  # cached: one fetch for two calls
+    # rotation: the IdP now signs with k2 and publishes only k2; a token with the new kid makes the
+    # broker refresh once and accept it; the retired key's tokens are then refused
+    jwks.doc = {"keys": [jwk(k2, "k2")]}
+    t2 = token("read-write", key=k2, alg="RS256", _kid="k2")
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        r = await http.get("/api/v1/resources/queues", headers=bearer(t2))
+        assert r.status_code == 200, r.text
+        assert jwks.hits == fetched + 1
+        r = await http.get("/api/v1/resources/queues", headers=bearer(t1))
+        assert r.status_code == 401
+        # an HS256 token whose HMAC key is the RSA public key PEM (key confusion) is refused
+        pem = k2.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        forged = hs256_with_raw_key({"sub": "x", "role": "admin", "iss": ISS, "aud": AUD}, pem, "k2")
+        assert (await http.get("/api/v1/resources/queues", headers=bearer(forged))).status_code == 401
+        # a token of a kid the JWKS does not know: 401 (and at most one refresh per second)
+        bogus = token("read-write", key=rsa_key(), alg="RS256", _kid="nope")
+        assert (await http.get("/api/v1/resources/queues", headers=bearer(bogus))).status_code == 401
+
+
+async def test_eddsa_public_key_pem_and_auto(start_broker: Any) -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    b: Broker = await start_broker(
+        jwt_enabled=True, jwt_algorithm="auto", jwt_public_key=pem.decode(), jwt_secret=SECRET
+    )
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        ed = token("read-only", key=key, alg="EdDSA")
+        assert (await http.get("/api/v1/resources/queues", headers=bearer(ed))).status_code == 200
+        hs = token("read-only")
+        assert (await http.get("/api/v1/resources/queues", headers=bearer(hs))).status_code == 200
+        # RS256 is not served by any configured key: refused before any signature work
+        rs = token("read-only", key=rsa_key(), alg="RS256")
+        r = await http.get("/api/v1/resources/queues", headers=bearer(rs))
+        assert r.status_code == 401 and "algorithm" in r.json()["error"]
+
+
+# ---- settings ----
+
+
+def test_settings_read_the_reference_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JWT_ENABLED", "1")
+    monkeypatch.setenv("JWT_SECRET", SECRET)
+    monkeypatch.setenv("JWT_ROLES_CLAIM", "scope")
+    monkeypatch.setenv("JWT_CLOCK_SKEW", "5")
+    monkeypatch.setenv("JWT_SKIP_PATHS", "/health")
+    monkeypatch.setenv("QUEEN_TENANCY_HEADER", "1")
+    s = Settings()
+    assert (s.jwt_enabled, s.jwt_roles_claim, s.jwt_clock_skew, s.jwt_skip_paths) == (True, "scope", 5, "/health")
+    assert s.tenancy_header is True
+    defaults = Settings(_env_file=None, **{"jwt_enabled": False})
+    assert defaults.jwt_roles_array_claim == "roles"
+
+
+@pytest.mark.parametrize(
+    ("over", "says"),
+    [
+        ({}, "needs JWT_SECRET"),
+        ({"jwt_algorithm": "RS256"}, "needs JWT_PUBLIC_KEY or JWT_JWKS_URL"),
+        ({"jwt_algorithm": "RS256", "jwt_public_key": "not a pem"}, "not a PEM public key"),
+        ({"jwt_algorithm": "none"}, "jwt_algorithm"),
+        ({"jwt_algorithm": "auto"}, "needs JWT_SECRET, JWT_PUBLIC_KEY or JWT_JWKS_URL"),
+        ({"jwt_algorithm": "RS256", "jwt_jwks_url": "file:///etc/passwd"}, "http(s)"),
+    ],
+)
+def test_enabled_without_a_usable_key_refuses(over: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        Settings(database_url="postgresql://x/y", jwt_enabled=True, **over)
+    assert says in str(err.value)
+
+
+def test_cli_refuses_to_start_with_one_line() -> None:
+    env = {"JWT_ENABLED": "1", "PATH": "/usr/bin:/bin", "QUEEN_DATABASE_URL": "postgresql://127.0.0.1:1/x"}
+    out = subprocess.run(
+        [sys.executable, "-m", "queen_pg.cli", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "JWT_ENABLED=1 with JWT_ALGORITHM=HS256 needs JWT_SECRET" in lines[0]
+
+
+async def test_dlq_shows_the_producer_sub_while_the_payload_is_in_its_segment(start_broker: Any) -> None:
+    b: Broker = await start_broker(jobs_enabled=False, **JWT_ON)  # no dlq_fill: the payload stays in the segment
+    async with httpx.AsyncClient(base_url=b.url, headers=bearer(token("admin", sub="dlq-svc"))) as http:
+        assert (await http.post("/api/v1/push", json={"items": [{"queue": "dq", "payload": 1}]})).status_code == 201
+        m = (await http.get("/api/v1/pop/queue/dq", params={"batch": 1})).json()["messages"][0]
+        ack = {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
+        r = await http.post("/api/v1/ack/batch", json={"acknowledgments": [{**ack, "status": "dlq", "error": "x"}]})
+        assert r.status_code == 200 and r.json()[0]["dlq"] is True
+        dead = (await http.get("/api/v1/dlq", params={"queue": "dq"})).json()["messages"]
+        assert [d["producerSub"] for d in dead] == ["dlq-svc"]
+
+
+async def test_a_verified_token_is_remembered_only_until_it_expires(start_broker: Any) -> None:
+    b: Broker = await start_broker(**{**JWT_ON, "jwt_clock_skew": 0})
+    short = token("read-only", exp=int(time.time()) + 2)
+    async with httpx.AsyncClient(base_url=b.url, headers=bearer(short)) as http:
+        assert (await http.get("/api/v1/resources/queues")).status_code == 200
+        assert (await http.get("/api/v1/resources/queues")).status_code == 200  # from the cache
+
+        async def refused() -> bool:
+            return (await http.get("/api/v1/resources/queues")).status_code == 401
+
+        await until(refused, "the cached token to expire", within=6)
+        r = await http.get("/api/v1/resources/queues")
+        assert r.status_code == 401 and r.json()["error"] == "token expired"
