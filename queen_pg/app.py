@@ -45,6 +45,7 @@ from queen_pg.jobs.maintenance import start_refresher
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
+from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.settings import MIB, Settings
 
@@ -77,7 +78,9 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.queen = AppState(
             settings=settings,
             db=db,
-            waiters=Waiters(settings.max_waiters),
+            waiters=Waiters(
+                settings.max_waiters, settings.pop_poll_interval_ms / 1000, settings.pop_poll_max_ms / 1000
+            ),
             limiters=build_limiters(_limiter_config(settings)),
             admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
             storage=storage,
@@ -91,19 +94,26 @@ def create_app(settings: Settings) -> FastAPI:
                 jobs, db, app.state.queen.waiters.notify, settings.stats_retention_hours, settings.trace_retention_hours
             )
         # in every process, jobs or not: it gates this process's pushes and pops
-        await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
+        refresher = await start_refresher(
+            jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000
+        )
+        mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
+        if mesh is not None:  # binds now (a port in use fails the boot); dials under the supervisor
+            await mesh.start()
+            jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
             await storage.refresh(db)
             jobs.start_job(storage, db)
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
-            jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs))
+            jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs, q.mesh))
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
             yield
         finally:
             await fuser.close()  # fused calls whose requests went away
-            await jobs.stop()  # before the pool closes: a job may be inside a call
+            await jobs.stop()  # before the pool closes: a job may be inside a call (and the mesh closes)
+            app.state.queen.waiters.close()
             await db.close()
             metrics.close()
             log.info("event=broker_stopped")

@@ -1,8 +1,11 @@
 """Pop: claim and lease through ``queen.pop_v1``; long-poll without holding a connection.
 
 A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
-permit (the caller's ``permit`` is held only around each claim, and taken again on wake), and
-re-polls at least every ``poll_interval`` (pushes through other replicas, expired leases). It stops
+permit (the caller's ``permit`` is held only around each claim, and taken again on wake). Wakes come
+from pushes (here, or from a peer through the mesh), from the jobs, and from the lease this process
+handed out expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
+net, shared by the pops parked on the same queue/group/partition and backed off from
+``poll_interval`` to the waiters' ``poll_max`` (``queen_pg/engine/probes.py``). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
 time left) so it never leases messages nobody will receive.
 """
@@ -107,7 +110,24 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
     return answer
 
 
-async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | None:
+def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> None:
+    """Wake this process's pops parked on a claimed queue when the lease expires (unless acked by
+    then, the partition is claimable again at that moment)."""
+    soonest: dict[str, datetime] = {}
+    for row in rows:
+        at = row["lease_expires_at"]
+        if at is not None and (row["queue_name"] not in soonest or at < soonest[row["queue_name"]]):
+            soonest[row["queue_name"]] = at
+    if not soonest:
+        return
+    now = datetime.now(UTC)
+    for queue, at in soonest.items():
+        seconds = (at - now).total_seconds()
+        waiters.wake_after(tenant, queue, seconds)
+        waiters.wake_after(tenant, ANY_QUEUE, seconds)
+
+
+async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
     lease_id = uuid.uuid4()
     rows = await db.fetch(
         POP_SQL,
@@ -124,7 +144,11 @@ async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | 
         req.subscription_mode,
         req.subscription_from,
     )
-    return render(req, lease_id, rows) if rows else None
+    if not rows:
+        return None
+    if waiters is not None and not req.auto_ack:
+        schedule_lease_wakes(waiters, tenant, rows)
+    return render(req, lease_id, rows)
 
 
 async def pop(
@@ -144,21 +168,42 @@ async def pop(
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
-    while True:
-        ev = waiters.subscribe(tenant, wake_key) if req.wait else None
-        try:
-            if paused():
-                return None
-            async with permit():
-                answer = await claim(db, tenant, req)
-            if answer is not None or ev is None:
-                return answer
-            left = stop_claiming - clock()
-            if left <= 0:
-                return None
-            await waiters.park(ev, min(left, poll_interval))
-        finally:
-            if ev is not None:
-                waiters.release(tenant, wake_key)
-        if clock() >= stop_claiming:
+    if not req.wait:
+        if paused():
             return None
+        async with permit():
+            return await claim(db, tenant, req, waiters)
+    scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
+    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval)
+    try:
+        while True:
+            ev = waiters.subscribe(tenant, wake_key)
+            try:
+                if paused():
+                    return None
+                action = probe.begin(ev, clock())
+                answer = None
+                if action is None:
+                    waiters.skipped += 1
+                else:
+                    probing = action == "probe"
+                    waiters.probes += probing
+                    try:
+                        async with permit():
+                            answer = await claim(db, tenant, req, waiters)
+                    finally:
+                        probe.end(ev, answer is not None, probing, clock())
+                    if answer is not None:
+                        if probing:  # found without a wake: the other pops parked here may have work too
+                            waiters.wake(tenant, wake_key)
+                        return answer
+                left = stop_claiming - clock()
+                if left <= 0:
+                    return None
+                await waiters.park(ev, min(left, probe.park_for(clock())))
+            finally:
+                waiters.release(tenant, wake_key)
+            if clock() >= stop_claiming:
+                return None
+    finally:
+        waiters.leave(probe)

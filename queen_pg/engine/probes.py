@@ -1,0 +1,74 @@
+"""Shared probes: one database re-check for all the pops parked on the same thing.
+
+A parked pop is woken by a push (this process's, or a mesh frame from another replica), by a
+scheduled wake (a lease it handed out expires), or by the lease-expiry and timer jobs. Its own
+database re-check is only the safety net for a wake that got lost. So the pops parked on the same
+(tenant, queue, group, partition) share one :class:`Probe`: after a claim by any of them found
+nothing, the group's state is "empty as of wake-generation E" until ``due``; pops that start or wake
+in that window skip the database entirely (they park at once), and at ``due`` exactly one of them
+probes while the others keep waiting. Each empty probe doubles the delay (``poll_min`` up to
+``poll_max``, jittered); a wake of the queue (a new generation) starts it over.
+
+Being wrong costs latency, never a message: ``due`` is never more than ``poll_max`` away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+JITTER = 0.2
+
+
+class Probe:
+    __slots__ = ("busy", "delay", "due", "event", "poll_max", "poll_min", "rng", "users")
+
+    def __init__(self, poll_min: float, poll_max: float, rng: random.Random) -> None:
+        self.poll_min = poll_min
+        self.poll_max = max(poll_max, poll_min)
+        self.rng = rng
+        self.event: asyncio.Event | None = None  # the wake generation in which the group saw nothing
+        self.due = 0.0  # monotonic time of the next database probe
+        self.delay = poll_min
+        self.busy = False  # one member is probing right now
+        self.users = 0
+
+    def _jittered(self, delay: float) -> float:
+        return delay * self.rng.uniform(1 - JITTER, 1 + JITTER)
+
+    def known_empty(self, ev: asyncio.Event) -> bool:
+        """Nothing happened to the queue since the group last found it empty."""
+        return ev is self.event and not ev.is_set()
+
+    def begin(self, ev: asyncio.Event, now: float) -> str | None:
+        """What a pop about to claim should do: ``"claim"`` (something happened since the last empty
+        look, or the group never looked), ``"probe"`` (the safety-net re-check is due and this pop makes
+        it for the group), or None (skip the database and park)."""
+        if not self.known_empty(ev):
+            return "claim"
+        if self.busy or now < self.due:
+            return None
+        self.busy = True
+        return "probe"
+
+    def end(self, ev: asyncio.Event, found: bool, probing: bool, now: float) -> None:
+        if probing:
+            self.busy = False
+        if found:  # messages came without a wake (lost frame, expired lease): look often again
+            self.event = None
+            self.delay = self.poll_min
+            return
+        if ev is not self.event:  # the first empty look in this wake generation
+            self.event = ev
+            self.delay = self.poll_min
+        elif probing:
+            self.delay = min(self.delay * 2, self.poll_max)
+        else:
+            return
+        self.due = now + self._jittered(self.delay)
+
+    def park_for(self, now: float) -> float:
+        """How long a member may wait before it must look at the group again."""
+        if self.busy:
+            return 0.05  # a member is probing: see its verdict soon
+        return max(self.due - now, 0.0)
