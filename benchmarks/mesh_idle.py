@@ -45,7 +45,7 @@ def cpu_seconds(pid: int) -> float:
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 async def xacts(dsn: str) -> int:
@@ -60,12 +60,27 @@ async def xacts(dsn: str) -> int:
         await c.close()
 
 
-async def consumer(url: str, queue: str, stop: asyncio.Event, got: list[float]) -> None:
+LONG_POLL: dict[str, str | int] = {"wait": "true", "timeout": 30_000, "autoAck": "true"}
+
+
+class Got:
+    """Times at which consumers received a message; ``arrived`` is set at each."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.arrived = asyncio.Event()
+
+    def add(self) -> None:
+        self.times.append(time.perf_counter())
+        self.arrived.set()
+
+
+async def consumer(url: str, queue: str, stop: asyncio.Event, got: Got) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         while not stop.is_set():
-            r = await http.get(f"/api/v1/pop/queue/{queue}", params={"wait": "true", "timeout": 30_000, "autoAck": "true"})
+            r = await http.get(f"/api/v1/pop/queue/{queue}", params=LONG_POLL)
             if r.status_code == 200:
-                got.append(time.perf_counter())
+                got.add()
 
 
 async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -75,12 +90,8 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
             await http.post(f"{a_url}/api/v1/configure", json={"queue": f"idle{i}"})
         await http.post(f"{a_url}/api/v1/configure", json={"queue": "wake"})
     stop = asyncio.Event()
-    got: list[float] = []
-    limits = httpx.Limits(max_connections=args.pops + 10, max_keepalive_connections=args.pops + 10)
-    tasks = [
-        asyncio.create_task(consumer(b_url, f"idle{i % args.queues}", stop, got)) for i in range(args.pops)
-    ]
-    del limits
+    got = Got()
+    consumers = [asyncio.create_task(consumer(b_url, f"idle{i % args.queues}", stop, got)) for i in range(args.pops)]
     async with httpx.AsyncClient(timeout=10) as http:
         while True:
             parked = (await http.get(f"{b_url}/api/v1/analytics/system-metrics")).json()["longPoll"]["parked"]
@@ -105,21 +116,22 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
         local: list[float] = []
         for i in range(args.local_trials):
             await asyncio.sleep(0.2)
-            n = len(got)
+            n = len(got.times)
+            got.arrived.clear()
             t = time.perf_counter()
             r = await http.post(f"{b_url}/api/v1/push", json={"items": [{"queue": f"idle{i}", "payload": i}]})
             assert r.status_code == 201, r.text
-            while len(got) == n:
-                await asyncio.sleep(0.0005)
-            local.append((got[n] - t) * 1000)
+            await asyncio.wait_for(got.arrived.wait(), 30)
+            local.append((got.times[n] - t) * 1000)
         out["local_delivery_ms"] = {"p50": round(statistics.median(local), 2), "p99": round(pct(local, 99), 2)}
         print("local delivery:", out["local_delivery_ms"], flush=True)
     # cross-replica wake: one pop on B, the push through A
     delivery: list[float] = []
     wake: list[float] = []
+    one: dict[str, str | int] = {"wait": "true", "timeout": 10_000, "autoAck": "true"}
     async with httpx.AsyncClient(base_url=b_url, timeout=30) as pb, httpx.AsyncClient(base_url=a_url, timeout=30) as pa:
         for i in range(args.trials):
-            pop = asyncio.create_task(pb.get("/api/v1/pop/queue/wake", params={"wait": "true", "timeout": 10_000, "autoAck": "true"}))
+            pop = asyncio.create_task(pb.get("/api/v1/pop/queue/wake", params=one))
             await asyncio.sleep(0.02)  # parked by then (a bench, not a test)
             t = time.perf_counter()
             r = await pa.post("/api/v1/push", json={"items": [{"queue": "wake", "payload": i}]})
@@ -133,13 +145,17 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
     out["cross_replica"] = {
         "trials": args.trials,
         "delivery_ms": {"p50": round(statistics.median(delivery), 2), "p99": round(pct(delivery, 99), 2)},
-        "wake_ms": {"p50": round(statistics.median(wake), 2), "p99": round(pct(wake, 99), 2), "max": round(max(wake), 2)},
+        "wake_ms": {
+            "p50": round(statistics.median(wake), 2),
+            "p99": round(pct(wake, 99), 2),
+            "max": round(max(wake), 2),
+        },
     }
     print("cross replica:", out["cross_replica"], flush=True)
     stop.set()
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in consumers:
+        c.cancel()
+    await asyncio.gather(*consumers, return_exceptions=True)
     return out
 
 
@@ -161,11 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     b_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")} | mesh
     env |= {"QUEEN_MESH_PORT": str(pb), "DATABASE_URL": a.pg_dsn(), "QUEEN_MAX_WAITERS": str(args.pops + 100)}
-    b_log = open(ROOT / "benchmarks" / "mesh-b.log", "wb")  # noqa: SIM115
-    b = subprocess.Popen(
-        [sys.executable, "-m", "queen_pg.cli", "serve", "--host", "127.0.0.1", "--port", str(b_port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=b_log, stderr=b_log,
-    )  # fmt: skip
+    b_log = open(ROOT / "benchmarks" / "mesh-b.log", "wb")
+    cmd = [sys.executable, "-m", "queen_pg.cli", "serve", "--host", "127.0.0.1", "--port", str(b_port)]
+    b = subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=b_log, stderr=b_log)
     try:
         b_url = f"http://127.0.0.1:{b_port}"
         wait_healthy(b_url, 60, b)

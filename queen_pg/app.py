@@ -33,6 +33,7 @@ from queen_pg.api import (
 from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
+from queen_pg.api.forwarded import Forwarded
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
@@ -94,9 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
                 jobs, db, app.state.queen.waiters.notify, settings.stats_retention_hours, settings.trace_retention_hours
             )
         # in every process, jobs or not: it gates this process's pushes and pops
-        refresher = await start_refresher(
-            jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000
-        )
+        refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
         mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
         if mesh is not None:  # binds now (a port in use fails the boot); dials under the supervisor
             await mesh.start()
@@ -127,7 +126,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     metrics = app.state.metrics = Metrics()
-    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
+    app.add_middleware(HttpMetrics, metrics=metrics)  # sees every answer, 413s included
+    app.add_middleware(Forwarded, trusted=settings.trusted_proxies)  # client/scheme for logs: trusted proxies
 
     @app.exception_handler(QueenError)
     async def _queen_error(request: Request, exc: QueenError) -> Response:

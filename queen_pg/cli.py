@@ -159,6 +159,7 @@ def serve(settings: Settings) -> int:
             port=settings.port,
             log_level=settings.log_level,
             access_log=False,
+            proxy_headers=False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
         )
     finally:
         if pg is not None:

@@ -93,6 +93,7 @@ def serve_workers(settings: Settings) -> int:
             workers=settings.workers,
             log_level=settings.log_level,
             access_log=False,
+            proxy_headers=False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
         )
         supervisor = Multiprocess(config, sockets=[config.bind_socket()])
         print(f"queen-pg: {settings.workers} workers on {settings.host}:{settings.port}", flush=True)

@@ -28,12 +28,14 @@ class Replica:
             self.env[f"QUEEN_{key.upper()}"] = str(value)
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def launch(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "queen_pg.cli", "serve"], env=self.env, stdout=log, stderr=log
+            )
+
     async def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "queen_pg.cli", "serve"], env=self.env, stdout=log, stderr=log
-        )
-        log.close()
+        self.launch()
 
         async def healthy() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log()
