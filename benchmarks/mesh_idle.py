@@ -75,12 +75,16 @@ class Got:
         self.arrived.set()
 
 
-async def consumer(url: str, queue: str, stop: asyncio.Event, got: Got) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        while not stop.is_set():
+async def consumer(http: httpx.AsyncClient, queue: str, stop: asyncio.Event, got: Got) -> None:
+    while not stop.is_set():
+        try:
             r = await http.get(f"/api/v1/pop/queue/{queue}", params=LONG_POLL)
-            if r.status_code == 200:
-                got.add()
+        except httpx.TransportError:  # a keep-alive connection the server closed as we reused it
+            continue
+        if r.status_code == 200:
+            got.add()
+        elif r.status_code == 429:  # the start-up burst: 2,000 first claims at once
+            await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
 
 
 async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -91,7 +95,10 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
         await http.post(f"{a_url}/api/v1/configure", json={"queue": "wake"})
     stop = asyncio.Event()
     got = Got()
-    consumers = [asyncio.create_task(consumer(b_url, f"idle{i % args.queues}", stop, got)) for i in range(args.pops)]
+    # one client, one connection per long-poll (a client per consumer costs ~0.5 MB and an SSL context)
+    limits = httpx.Limits(max_connections=args.pops + 10, max_keepalive_connections=args.pops + 10)
+    pool = httpx.AsyncClient(base_url=b_url, timeout=60, limits=limits)
+    consumers = [asyncio.create_task(consumer(pool, f"idle{i % args.queues}", stop, got)) for i in range(args.pops)]
     async with httpx.AsyncClient(timeout=10) as http:
         while True:
             parked = (await http.get(f"{b_url}/api/v1/analytics/system-metrics")).json()["longPoll"]["parked"]
@@ -156,6 +163,7 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
     for c in consumers:
         c.cancel()
     await asyncio.gather(*consumers, return_exceptions=True)
+    await pool.aclose()
     return out
 
 
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=1000)
     p.add_argument("--local-trials", type=int, default=20)
     p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results-mesh.json")
+    p.add_argument("--b-log", type=Path, default=Path("/tmp/queen-bench-replica-b.log"), help="replica B log")
     args = p.parse_args(argv)
     pa, pb = free_port(), free_port()
     peers = f"127.0.0.1:{pa},127.0.0.1:{pb}"
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     b_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")} | mesh
     env |= {"QUEEN_MESH_PORT": str(pb), "DATABASE_URL": a.pg_dsn(), "QUEEN_MAX_WAITERS": str(args.pops + 100)}
-    b_log = open(ROOT / "benchmarks" / "mesh-b.log", "wb")
+    b_log = open(args.b_log, "wb")
     cmd = [sys.executable, "-m", "queen_pg.cli", "serve", "--host", "127.0.0.1", "--port", str(b_port)]
     b = subprocess.Popen([*cmd, "--log-level", "warning"], cwd=ROOT, env=env, stdout=b_log, stderr=b_log)
     try:

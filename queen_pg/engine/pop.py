@@ -175,6 +175,7 @@ async def pop(
             return await claim(db, tenant, req, waiters)
     scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
     probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval)
+    woken = False  # the last park ended with a wake (not the re-check timer)
     try:
         while True:
             ev = waiters.subscribe(tenant, wake_key)
@@ -188,11 +189,15 @@ async def pop(
                 else:
                     probing = action == "probe"
                     waiters.probes += probing
-                    try:
-                        async with permit():
-                            answer = await claim(db, tenant, req, waiters)
-                    finally:
-                        probe.end(ev, answer is not None, probing, clock())
+                    async with probe.gate if woken else nullcontext():
+                        if woken and (clock() >= stop_claiming or (not probing and probe.known_empty(ev))):
+                            waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
+                        else:
+                            try:
+                                async with permit():
+                                    answer = await claim(db, tenant, req, waiters)
+                            finally:
+                                probe.end(ev, answer is not None, probing, clock())
                     if answer is not None:
                         if probing:  # found without a wake: the other pops parked here may have work too
                             waiters.wake(tenant, wake_key)
@@ -200,7 +205,7 @@ async def pop(
                 left = stop_claiming - clock()
                 if left <= 0:
                     return None
-                await waiters.park(ev, min(left, probe.park_for(clock())))
+                woken = await waiters.park(ev, min(left, probe.park_for(clock())))
             finally:
                 waiters.release(tenant, wake_key)
             if clock() >= stop_claiming:

@@ -6,8 +6,10 @@ database re-check is only the safety net for a wake that got lost. So the pops p
 (tenant, queue, group, partition) share one :class:`Probe`: after a claim by any of them found
 nothing, the group's state is "empty as of wake-generation E" until ``due``; pops that start or wake
 in that window skip the database entirely (they park at once), and at ``due`` exactly one of them
-probes while the others keep waiting. Each empty probe doubles the delay (``poll_min`` up to
-``poll_max``, jittered); a wake of the queue (a new generation) starts it over.
+probes while the others keep waiting. Pops woken together claim through the group's ``gate`` one at a
+time, so once one found the queue empty again the others park without a claim. Each empty probe
+doubles the delay (``poll_min`` up to ``poll_max``, jittered); a wake of the queue (a new
+generation) starts it over.
 
 Being wrong costs latency, never a message: ``due`` is never more than ``poll_max`` away.
 """
@@ -21,7 +23,7 @@ JITTER = 0.2
 
 
 class Probe:
-    __slots__ = ("busy", "delay", "due", "event", "poll_max", "poll_min", "rng", "users")
+    __slots__ = ("busy", "delay", "due", "event", "gate", "poll_max", "poll_min", "rng", "users")
 
     def __init__(self, poll_min: float, poll_max: float, rng: random.Random) -> None:
         self.poll_min = poll_min
@@ -32,6 +34,9 @@ class Probe:
         self.delay = poll_min
         self.busy = False  # one member is probing right now
         self.users = 0
+        # woken pops of the group claim one after the other: when the first finds nothing the rest
+        # park again without a database call (one push, twenty parked pops: one or two claims, not 20)
+        self.gate = asyncio.Lock()
 
     def _jittered(self, delay: float) -> float:
         return delay * self.rng.uniform(1 - JITTER, 1 + JITTER)

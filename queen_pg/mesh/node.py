@@ -93,6 +93,7 @@ class Mesh:
         self._maintenance = False
         self._kick = asyncio.Event()
         self._sock_path: Path | None = None
+        self._conns: set[asyncio.Task[Any]] = set()  # inbound connection handlers
         # counters read by queen_pg/metrics.py
         self.frames_sent = 0
         self.frames_received = 0
@@ -163,6 +164,9 @@ class Mesh:
 
     # ---- receiving ----------------------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, local: bool) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._conns.add(me)
         try:
             try:
                 hello = await asyncio.wait_for(frames.read_frame(reader, self.secret), HELLO_TIMEOUT_S)
@@ -192,9 +196,10 @@ class Mesh:
                     return
                 self.frames_received += 1
                 self._dispatch(frame, local)
-        except (OSError, asyncio.IncompleteReadError):
-            return
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # a cancel (close()) ends the handler quietly: asyncio's stream callback logs otherwise
         finally:
+            self._conns.discard(me)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -314,6 +319,10 @@ class Mesh:
         for s in self._servers:
             s.close()
         self._servers.clear()
+        conns = list(self._conns)
+        for t in conns:
+            t.cancel()
+        await asyncio.gather(*conns, return_exceptions=True)
         if self._sock_path is not None:
             with contextlib.suppress(OSError):
                 self._sock_path.unlink()
