@@ -5,8 +5,12 @@ by a push served by A although B's own re-check is set far beyond the test's tim
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -275,3 +279,71 @@ async def test_without_the_mesh_the_pop_on_b_is_not_woken(db_url: str, tmp_path:
     finally:
         a.stop()
         b.stop()
+
+
+# ---- the workers of one host --------------------------------------------------------------------
+
+
+async def test_workers_of_one_serve_wake_each_other(tmp_path: Path) -> None:
+    """`serve --workers 2`: pops parked on both workers (12 connections, the kernel spreads them) are
+    all answered by pushes, whichever worker served the push, although the re-check is 60 s away."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_") and k != "DATABASE_URL"}
+    env.update(
+        PORT=str(port),
+        QUEEN_HOST="127.0.0.1",
+        QUEEN_DATA_DIR=str(tmp_path / "data"),
+        QUEEN_PG_PORT=str(free_port()),
+        QUEEN_DB_POOL_SIZE="4",
+        QUEEN_POP_POLL_INTERVAL_MS="60000",
+        QUEEN_POP_POLL_MAX_MS="600000",
+    )
+    log_path = tmp_path / "out.log"
+    proc = _spawn([sys.executable, "-m", "queen_pg.cli", "serve", "--workers", "2"], env, log_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        async def healthy() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                async with httpx.AsyncClient(timeout=1) as c:
+                    return (await c.get(f"{base}/health")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await until(healthy, "the workers", within=60)
+
+        async def scrape(name: str) -> float:
+            async with httpx.AsyncClient() as c:
+                text = (await c.get(f"{base}/metrics")).text
+            return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+        await until(lambda: _at_least(scrape("queen_mesh_peers_connected"), 2), "the workers to connect", within=20)
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.post("/api/v1/configure", json={"queue": "wq"})).status_code == 200
+
+        async def pop_once() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+                return await c.get("/api/v1/pop/queue/wq", params={"wait": "true", "timeout": 30_000})
+
+        pops = [asyncio.create_task(pop_once()) for _ in range(12)]
+        await until(lambda: _at_least(scrape("queen_longpoll_waiters"), 12), "12 pops parked", within=20)
+        for i in range(12):
+            async with httpx.AsyncClient(base_url=base) as http:  # a new connection each: either worker
+                item = {"queue": "wq", "partition": f"p{i}", "payload": i}
+                assert (await http.post("/api/v1/push", json={"items": [item]})).status_code == 201
+        answers = await asyncio.gather(*pops)
+        assert [a.status_code for a in answers] == [200] * 12
+        assert await scrape('queen_mesh_frames_total{direction="received"}') >= 1  # across workers
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> Any:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+
+
+async def _at_least(value: Any, n: float) -> bool:
+    return float(await value) >= n
