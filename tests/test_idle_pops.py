@@ -70,3 +70,35 @@ async def test_an_expiring_lease_wakes_the_pops_parked_on_its_queue(start_broker
     assert again.status_code == 200
     m = again.json()["messages"][0]
     assert m["data"] == "x" and m["deliveryAttempt"] == 2
+
+
+def test_probe_state_machine() -> None:
+    """One member probes when due, empty probes double the delay up to the cap, a wake (epoch bump)
+    or a find starts over; a claim overtaken by a wake records nothing."""
+    import random
+
+    from queen_pg.engine.probes import Probe
+
+    p = Probe(1.0, 4.0, random.Random(1))
+    assert p.begin(0.0) == "claim"  # never looked
+    p.end(0, found=False, probing=False, now=0.0)
+    assert p.known_empty() and 0.8 <= p.due <= 1.2
+    assert p.begin(0.5) is None  # known empty, not due: park without the database
+    assert p.begin(2.0) == "probe" and p.begin(2.0) is None  # one prober at a time
+    p.end(0, found=False, probing=True, now=2.0)
+    assert p.delay == 2.0
+    for t in (10.0, 20.0, 30.0):
+        assert p.begin(t) == "probe"
+        p.end(0, found=False, probing=True, now=t)
+    assert p.delay == 4.0  # capped
+    p.epoch += 1  # a wake
+    assert not p.known_empty() and p.begin(31.0) == "claim"
+    token = p.epoch
+    p.epoch += 1  # another wake while that claim runs
+    p.end(token, found=False, probing=False, now=31.0)
+    assert not p.known_empty()  # stale verdict ignored
+    p.end(p.epoch, found=False, probing=False, now=31.0)
+    assert p.known_empty() and p.delay == 1.0  # new epoch: backoff starts over
+    assert p.begin(40.0) == "probe"
+    p.end(p.epoch, found=True, probing=True, now=40.0)
+    assert not p.known_empty() and p.delay == 1.0

@@ -182,7 +182,7 @@ async def pop(
             try:
                 if paused():
                     return None
-                action = probe.begin(ev, clock())
+                action = probe.begin(clock())
                 answer = None
                 if action is None:
                     waiters.skipped += 1
@@ -190,14 +190,15 @@ async def pop(
                     probing = action == "probe"
                     waiters.probes += probing
                     async with probe.gate if woken else nullcontext():
-                        if woken and (clock() >= stop_claiming or (not probing and probe.known_empty(ev))):
+                        if woken and (clock() >= stop_claiming or (not probing and probe.known_empty())):
                             waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
                         else:
+                            token = probe.epoch
                             try:
                                 async with permit():
                                     answer = await claim(db, tenant, req, waiters)
                             finally:
-                                probe.end(ev, answer is not None, probing, clock())
+                                probe.end(token, answer is not None, probing, clock())
                     if answer is not None:
                         if probing:  # found without a wake: the other pops parked here may have work too
                             waiters.wake(tenant, wake_key)

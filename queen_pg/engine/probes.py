@@ -4,7 +4,8 @@ A parked pop is woken by a push (this process's, or a mesh frame from another re
 scheduled wake (a lease it handed out expires), or by the lease-expiry and timer jobs. Its own
 database re-check is only the safety net for a wake that got lost. So the pops parked on the same
 (tenant, queue, group, partition) share one :class:`Probe`: after a claim by any of them found
-nothing, the group's state is "empty as of wake-generation E" until ``due``; pops that start or wake
+nothing, the group's state is "empty as of wake epoch E" (every wake of the queue bumps the epoch of
+its groups) until ``due``; pops that start or wake
 in that window skip the database entirely (they park at once), and at ``due`` exactly one of them
 probes while the others keep waiting. Pops woken together claim through the group's ``gate`` one at a
 time, so once one found the queue empty again the others park without a claim. Each empty probe
@@ -23,13 +24,14 @@ JITTER = 0.2
 
 
 class Probe:
-    __slots__ = ("busy", "delay", "due", "event", "gate", "poll_max", "poll_min", "rng", "users")
+    __slots__ = ("busy", "delay", "due", "empty_epoch", "epoch", "gate", "poll_max", "poll_min", "rng", "users")
 
     def __init__(self, poll_min: float, poll_max: float, rng: random.Random) -> None:
         self.poll_min = poll_min
         self.poll_max = max(poll_max, poll_min)
         self.rng = rng
-        self.event: asyncio.Event | None = None  # the wake generation in which the group saw nothing
+        self.epoch = 0  # bumped by every wake of the queue (Waiters.wake)
+        self.empty_epoch = -1  # the epoch in which a claim of the group found nothing; -1: unknown
         self.due = 0.0  # monotonic time of the next database probe
         self.delay = poll_min
         self.busy = False  # one member is probing right now
@@ -41,30 +43,33 @@ class Probe:
     def _jittered(self, delay: float) -> float:
         return delay * self.rng.uniform(1 - JITTER, 1 + JITTER)
 
-    def known_empty(self, ev: asyncio.Event) -> bool:
-        """Nothing happened to the queue since the group last found it empty."""
-        return ev is self.event and not ev.is_set()
+    def known_empty(self) -> bool:
+        """Nothing woke the queue since a claim of the group last found it empty."""
+        return self.empty_epoch == self.epoch
 
-    def begin(self, ev: asyncio.Event, now: float) -> str | None:
+    def begin(self, now: float) -> str | None:
         """What a pop about to claim should do: ``"claim"`` (something happened since the last empty
         look, or the group never looked), ``"probe"`` (the safety-net re-check is due and this pop makes
         it for the group), or None (skip the database and park)."""
-        if not self.known_empty(ev):
+        if not self.known_empty():
             return "claim"
         if self.busy or now < self.due:
             return None
         self.busy = True
         return "probe"
 
-    def end(self, ev: asyncio.Event, found: bool, probing: bool, now: float) -> None:
+    def end(self, token: int, found: bool, probing: bool, now: float) -> None:
+        """A claim that started in epoch ``token`` found something or not."""
         if probing:
             self.busy = False
         if found:  # messages came without a wake (lost frame, expired lease): look often again
-            self.event = None
+            self.empty_epoch = -1
             self.delay = self.poll_min
             return
-        if ev is not self.event:  # the first empty look in this wake generation
-            self.event = ev
+        if token != self.epoch:  # woken while claiming: what it saw is already stale
+            return
+        if self.empty_epoch != token:  # the first empty look in this epoch
+            self.empty_epoch = token
             self.delay = self.poll_min
         elif probing:
             self.delay = min(self.delay * 2, self.poll_max)

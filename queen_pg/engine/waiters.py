@@ -23,6 +23,14 @@ from queen_pg.engine.probes import Probe
 Sink = Callable[[str, str], None]
 
 
+def tenant_of(key: tuple[object, ...]) -> str:
+    return str(key[0])
+
+
+def queue_of(key: tuple[object, ...]) -> str:
+    return str(key[1])
+
+
 class TooManyWaiters(Exception):
     pass
 
@@ -38,10 +46,11 @@ class Waiters:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
         self._users: dict[tuple[str, str], int] = {}
         self._groups: dict[tuple[object, ...], Probe] = {}
+        self._by_queue: dict[tuple[str, str], dict[tuple[object, ...], Probe]] = {}  # wake -> groups
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
         self._sinks: list[Sink] = []
         self._rng = random.Random()
-        self._keep = max(4 * limit, 1024)  # idle events / probe groups kept for the "known empty" state
+        self._keep = max(4 * limit, 1024)  # idle probe groups kept (their "known empty" state), timers
 
     def add_sink(self, sink: Sink) -> None:
         """``sink(tenant, queue)`` hears every :meth:`notify` (the mesh)."""
@@ -53,11 +62,17 @@ class Waiters:
         key = (tenant, queue, *scope)
         g = self._groups.get(key)
         if g is None:
-            if len(self._groups) >= self._keep:
+            if len(self._groups) >= self._keep:  # forget idle groups (their state is only an optimisation)
                 for k in [k for k, v in self._groups.items() if v.users == 0]:
                     del self._groups[k]
+                    by = self._by_queue.get((tenant_of(k), queue_of(k)))
+                    if by is not None:
+                        by.pop(k, None)
+                        if not by:
+                            del self._by_queue[(tenant_of(k), queue_of(k))]
             first = self.poll_min if poll_min is None else poll_min
             g = self._groups[key] = Probe(first, max(self.poll_max, first), self._rng)
+            self._by_queue.setdefault((tenant, queue), {})[key] = g
         g.users += 1
         return g
 
@@ -78,10 +93,7 @@ class Waiters:
         left = self._users.get(key, 0) - 1
         if left <= 0:
             self._users.pop(key, None)
-            # the event stays (it names the wake generation a probe group saw empty) until too many
-            if len(self._events) > self._keep:
-                for k in [k for k in self._events if k not in self._users]:
-                    del self._events[k]
+            self._events.pop(key, None)
         else:
             self._users[key] = left
 
@@ -95,6 +107,8 @@ class Waiters:
     def wake(self, tenant: str, queue: str) -> None:
         """Wake the pops of this process parked on (tenant, queue)."""
         key = (tenant, queue)
+        for g in self._by_queue.get(key, {}).values():
+            g.epoch += 1  # whatever the group knew about the queue is stale
         ev = self._events.get(key)
         if ev is not None:
             ev.set()
