@@ -121,16 +121,23 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
         print("idle:", out["idle"], flush=True)
         # local delivery: push through B to a queue with 20 pops parked on B
         local: list[float] = []
+        local_after: list[float] = []
         for i in range(args.local_trials):
             await asyncio.sleep(0.2)
             n = len(got.times)
             got.arrived.clear()
             t = time.perf_counter()
             r = await http.post(f"{b_url}/api/v1/push", json={"items": [{"queue": f"idle{i}", "payload": i}]})
+            t_pushed = time.perf_counter()
             assert r.status_code == 201, r.text
             await asyncio.wait_for(got.arrived.wait(), 30)
             local.append((got.times[n] - t) * 1000)
-        out["local_delivery_ms"] = {"p50": round(statistics.median(local), 2), "p99": round(pct(local, 99), 2)}
+            local_after.append(max(0.0, (got.times[n] - t_pushed) * 1000))
+        out["local_delivery_ms"] = {
+            "p50": round(statistics.median(local), 2),
+            "p99": round(pct(local, 99), 2),
+            "after_push_answered_p50": round(statistics.median(local_after), 2),
+        }
         print("local delivery:", out["local_delivery_ms"], flush=True)
     # cross-replica wake: one pop on B, the push through A
     delivery: list[float] = []
