@@ -155,6 +155,7 @@ async def test_two_meshes_carry_wakes_config_and_maintenance_coalesced() -> None
         b.publish_wake("t2", "q2")
         await eventually(lambda: ha.wakes == [("t2", "q2")], "the wake back")
         assert ha.wakes == [("t2", "q2")] and not hb.wakes[1:]  # nobody hears their own wakes
+        assert a.dropped == {}  # nothing was offered to a's own address
     finally:
         await _stop(tasks)
 
@@ -347,3 +348,22 @@ def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> Any:
 
 async def _at_least(value: Any, n: float) -> bool:
     return float(await value) >= n
+
+
+async def test_a_maintenance_frame_makes_the_refresher_read_now(db: Any) -> None:
+    """MAINTENANCE frames kick the refresher: the switch is read at once, not at its next tick (an
+    hour away here)."""
+    from queen_pg.engine import maintenance
+    from queen_pg.jobs.maintenance import MaintenanceRefresher
+
+    here, elsewhere = maintenance.Maintenance(), maintenance.Maintenance()
+    refresher = MaintenanceRefresher(db, here, interval_s=3600)
+    task = asyncio.create_task(refresher.run())
+    try:
+        await maintenance.set_switch(db, elsewhere, "pop", True)  # flipped through another replica
+        assert here.pop is False  # not read yet (the first tick is an hour away)
+        refresher.kick()
+        await eventually(lambda: here.pop is True, "the kicked re-read")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

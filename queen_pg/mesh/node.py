@@ -158,6 +158,8 @@ class Mesh:
             self._kick.clear()
             out = self._frames()
             for peer in list(self.peers.values()):
+                if peer.is_self:
+                    continue
                 for f in out:
                     peer.offer(f)
             await asyncio.sleep(self.config.coalesce_s)
