@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
 from queen_pg.api import (
+    admin_moves,
     routes_admin,
     routes_data,
     routes_dlq,
@@ -34,6 +36,7 @@ from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
 from queen_pg.api.forwarded import Forwarded
+from queen_pg.api.internal import InternalErrors
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
@@ -48,6 +51,7 @@ from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
+from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -70,7 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
         raise ValueError("settings.database_url is required (the CLI sets it for the embedded database)")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         db = Database(settings.database_url or "", settings.db_pool_size)
         await db.open(apply_schema=settings.apply_schema)
         storage = StorageCheck(
@@ -106,10 +110,18 @@ def create_app(settings: Settings) -> FastAPI:
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
             jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs, q.mesh))
+        transport = Transport(
+            settings.header_timeout_s,
+            fit_connections(settings.max_connections),
+            app.state.queen.waiters.drain,
+        )
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
-            yield
+            yield {STATE_KEY: transport}  # the server's protocol reads it (queen_pg/server.py)
         finally:
+            if transport.drain_started is None:  # no connection was open: nothing parked to drain
+                transport.begin_drain(0)
+            log.info(transport.shutdown_line())
             await fuser.close()  # fused calls whose requests went away
             await jobs.stop()  # before the pool closes: a job may be inside a call (and the mesh closes)
             app.state.queen.waiters.close()
@@ -125,6 +137,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # sees every answer, 413s included
     app.add_middleware(Forwarded, trusted=settings.trusted_proxies)  # client/scheme for logs: trusted proxies
@@ -151,11 +164,6 @@ def create_app(settings: Settings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        log.exception("event=unhandled_error path=%s", request.url.path)
-        return json_response({"error": f"internal error: {exc.__class__.__name__}", "code": "internal"}, 500)
-
     app.include_router(routes_data.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_resources.router)  # before routes_groups: /consumer-groups/lagging
@@ -163,6 +171,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_traces.router)
     app.include_router(routes_system.router)
     app.include_router(routes_dlq.router)
+    app.include_router(admin_moves.router)  # WIRE §9.7: POST …/{tid}/dlq, DELETE /queues/{q}/clear
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
     app.include_router(routes_timers.router)

@@ -121,6 +121,7 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from queen_pg.app import create_app
+    from queen_pg.server import uvicorn_config
 
     pg = None
     if not settings.database_url:
@@ -153,14 +154,7 @@ def serve(settings: Settings) -> int:
             from queen_pg.cli_workers import serve_workers
 
             return serve_workers(settings)
-        uvicorn.run(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            access_log=False,
-            proxy_headers=False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
-        )
+        uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()
     finally:
         if pg is not None:
             pg.stop()

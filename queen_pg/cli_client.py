@@ -43,6 +43,13 @@ class BrokerClient:
     def close(self) -> None:
         self.http.close()
 
+    def reconnect(self) -> None:
+        """Drop every open connection (one may carry a request cut short, e.g. by Ctrl-C: closing it
+        tells the broker its client is gone) and start afresh."""
+        timeout = self.http.timeout
+        self.http.close()
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+
     def request(self, method: str, path: str, *, ok: Sequence[int] = (200,), **kwargs: Any) -> httpx.Response:
         try:
             r = self.http.request(method, path, **kwargs)
@@ -174,6 +181,9 @@ def cmd_tail(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int
         pass
     finally:
         if own_group:  # the throwaway group would otherwise keep its cursors forever
+            # First close the connection of a long-poll cut short by Ctrl-C: the broker then drops that
+            # pop instead of claiming later for nobody, re-creating the group deleted here.
+            client.reconnect()
             try:
                 client.request("DELETE", f"/api/v1/consumer-groups/{quote(group, safe='')}", ok=(200, 404))
             except CliError:

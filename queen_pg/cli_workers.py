@@ -68,9 +68,10 @@ async def _apply_schema_once(url: str) -> None:
 
 
 def serve_workers(settings: Settings) -> int:
-    from uvicorn import Config
     from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
+
+    from queen_pg.server import uvicorn_config
 
     if settings.apply_schema and settings.database_url:
         asyncio.run(_apply_schema_once(settings.database_url))
@@ -85,16 +86,7 @@ def serve_workers(settings: Settings) -> int:
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="queen-pg-metrics-")
     metrics_dir = os.environ[MULTIPROC_ENV]
     try:
-        config = Config(
-            APP_FACTORY,
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            access_log=False,
-            proxy_headers=False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
-        )
+        config = uvicorn_config(APP_FACTORY, settings, factory=True, workers=settings.workers)
         supervisor = Multiprocess(config, sockets=[config.bind_socket()])
         print(f"queen-pg: {settings.workers} workers on {settings.host}:{settings.port}", flush=True)
         supervisor.run()  # until SIGTERM/SIGINT; SIGHUP restarts the workers one by one

@@ -6,6 +6,8 @@ Procedures and engine code raise :class:`QueenError` with a catalog code; one ha
 
 from __future__ import annotations
 
+import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +24,12 @@ BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
 NOT_FOUND = ErrorKind("not_found", 404, "{detail}")
+CONFLICT = ErrorKind("conflict", 409, "{detail}")
 RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
 DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail}")
-INTERNAL = ErrorKind("internal", 500, "internal error: {detail}")
+# The 500 answer never carries the cause (driver or PostgreSQL text): only a request id, which the one
+# log line with the cause and traceback also carries (queen_pg/api/internal.py, queen_pg/db/pool.py).
+INTERNAL = ErrorKind("internal", 500, "internal error (request id {request_id}); the cause is in the broker's log")
 
 # KV and locks families (WIRE.md §4): rendered as {"error": code, "code", "reason", "detail"} by
 # queen_pg/api/routes_kv.py; `reason` (a stable id) comes in the QueenError's fields.
@@ -79,7 +84,10 @@ class QueenError(Exception):
         return self.kind.code
 
     def body(self) -> dict[str, Any]:
-        return {"error": str(self), "code": self.kind.code}
+        out = {"error": str(self), "code": self.kind.code}
+        if "request_id" in self.fields:
+            out["requestId"] = str(self.fields["request_id"])
+        return out
 
     def headers(self) -> dict[str, str] | None:
         """``Retry-After`` for the statuses a client should retry: 503 (1 s) and 429 (its own)."""
@@ -88,6 +96,17 @@ class QueenError(Exception):
         if self.status == 429:
             return {"Retry-After": str(self.fields.get("retry_after", 1))}
         return None
+
+
+def internal(log: logging.Logger, exc: BaseException, **context: object) -> QueenError:
+    """The 500 for an unexpected ``exc``: one log line ``event=internal_error request_id=...`` with the
+    cause and its traceback; the answer carries only the request id."""
+    rid = secrets.token_hex(8)
+    where = "".join(f" {k}={v}" for k, v in context.items())
+    log.error(
+        "event=internal_error request_id=%s%s error=%s", rid, where, f"{exc.__class__.__name__}: {exc}", exc_info=exc
+    )
+    return QueenError(INTERNAL, request_id=rid)
 
 
 def bad_request(detail: str) -> QueenError:

@@ -80,6 +80,29 @@ class Settings(BaseSettings):
         "0 for tests or replicas that only serve. Replicas that run them share the work (one per tick).",
     )
 
+    # the HTTP server (queen_pg/server.py)
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="A connection whose request head has not fully arrived this many seconds after its first "
+        "byte (or after it was accepted) is answered 408 and closed.",
+    )
+    max_connections: int = Field(
+        10_000,
+        ge=1,
+        description="Open HTTP connections per process (parked long-polls included); a connection beyond it "
+        "is answered 503 + Retry-After and closed. Lowered, with a warning, to what the file-descriptor "
+        "limit allows.",
+    )
+    shutdown_grace_s: int = Field(
+        8,
+        ge=1,
+        le=3600,
+        description="On SIGTERM parked long-poll pops answer 204 at once; requests in flight get this many "
+        "seconds to finish before they are cancelled (below a container's stop timeout, 10 s by default).",
+    )
+
     # operations (queen_pg/api/routes_system.py, queen_pg/jobs/maintenance.py, stats.py, traces.py)
     maintenance_refresh_ms: int = Field(
         500,

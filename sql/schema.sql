@@ -176,9 +176,9 @@ CREATE TABLE IF NOT EXISTS queen.kv (
 );
 CREATE INDEX IF NOT EXISTS kv_expires_idx ON queen.kv (expires_at) WHERE expires_at IS NOT NULL;
 
--- Timers: a message scheduled into a queue. Firing pushes it (transactionId = txn, data = payload,
--- id = message_id) and keeps the row as a tombstone (fired_at) for a while, so a cancel that comes
--- after the fire answers too_late. Writers serialize per key with the advisory lock
+-- Timers: a message scheduled into a queue. A row exists from schedule until its fire commits: firing
+-- pushes it (transactionId = txn, data = payload, id = message_id) and deletes the row in the same
+-- transaction, no tombstone (WIRE §9.5). Writers serialize per key with the advisory lock
 -- (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)) in ascending key order (docs/locks.md).
 CREATE TABLE IF NOT EXISTS queen.timers (
     tenant              text NOT NULL,
@@ -190,12 +190,25 @@ CREATE TABLE IF NOT EXISTS queen.timers (
     txn_hash            uuid NOT NULL,                 -- xxh3-128 of txn, for the push's dedup
     message_id          uuid NOT NULL,
     deliver_at          timestamptz NOT NULL,
-    fired_at            timestamptz,
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
     CONSTRAINT timers_pkey PRIMARY KEY (tenant, queue, timer_key)
 );
-CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;
+-- Databases made before 0.2.0 kept fired timers as tombstones (fired_at): drop them and the column
+-- (migrations/versions/0003_timers_no_tombstones.py does the same). Only when needed: ALTER TABLE takes
+-- an ACCESS EXCLUSIVE lock, which a booting replica must not take on every boot.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = 'queen.timers'::regclass AND attname = 'fired_at' AND NOT attisdropped) THEN
+        DELETE FROM queen.timers WHERE fired_at IS NOT NULL;
+        DROP INDEX IF EXISTS queen.timers_fired_idx;
+        DROP INDEX IF EXISTS queen.timers_due_idx;
+        ALTER TABLE queen.timers DROP COLUMN fired_at;
+    END IF;
+END;
+$$;
+CREATE INDEX IF NOT EXISTS timers_deliver_idx ON queen.timers (deliver_at);
 
 -- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
 -- for them).

@@ -25,6 +25,7 @@ from queen_pg.app import create_app
 from queen_pg.db.apply import apply_sql
 from queen_pg.db.pool import Database
 from queen_pg.embedded_pg import EmbeddedPostgres
+from queen_pg.server import uvicorn_config
 from queen_pg.settings import Settings
 from tests.helpers import eventually
 
@@ -145,7 +146,7 @@ class Broker:
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn_config(self.app, settings, log_level="warning", lifespan="on")  # as `serve` runs it
         self.server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 

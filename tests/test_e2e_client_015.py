@@ -185,3 +185,44 @@ async def test_client_015_push_pop_ack_transaction_dlq_and_delete(broker: Broker
     names = await conn.fetch("SELECT name FROM queen.queues ORDER BY name")
     assert [r["name"] for r in names] == ["flaky015", "jobs015", "out015"]  # the others are untouched
     assert await conn.fetchval("SELECT count(*) FROM queen.log_dlq") == 1
+
+
+async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, conn: asyncpg.Connection) -> None:
+    """WIRE §9.2, §9.4 and §9.7 through the 0.x client's own API."""
+    s = await drive(broker, "contract")
+    c, wire = s["contract"], s["wire"]
+    # §9.2: from_beginning was a 400 that stopped consume(); now it reads the backlog in order
+    assert c["from_beginning"] == [0, 1, 2]
+    modes = [r["query"].get("subscriptionMode") for r in requests(wire, "GET", "/api/v1/pop/queue/fb015")]
+    assert "from_beginning" in modes and "new" in modes
+    assert c["new_pop"] == []
+    # §9.4: the acked message, completed in queue mode
+    g = c["get_message"]
+    assert (g["transactionId"], g["status"], g["payload"], g["queue"], g["partition"]) == (
+        "a-0",
+        "completed",
+        {"n": 0},
+        "admin015",
+        "p1",
+    )
+    assert g["consumerGroups"] == [{"name": "__QUEUE_MODE__", "consumed": True, "leaseExpiresAt": None}]
+    # §9.7: move_message_to_dlq posts no body (its {} is dropped): queue mode; the DLQ lists it and
+    # queue mode skips it
+    (move,) = requests(wire, "POST", "/api/v1/messages/")
+    assert move["path"].endswith("/a-1/dlq") and move["body"] is None
+    assert (c["move_to_dlq"]["success"], c["move_to_dlq"]["status"], c["move_to_dlq"]["offset"]) == (True, "moved", 1)
+    assert [(m["transactionId"], m["data"]) for m in c["dlq"]["messages"]] == [("a-1", {"n": 1})]
+    assert c["pop_after_move"] == ["a-2"]
+    # clear_queue: one partition, then all; the queue stays
+    clears = requests(wire, "DELETE", "/api/v1/queues/admin015/clear")
+    assert [r["query"] for r in clears] == [{"partition": "p2"}, {}]
+    assert (c["clear_p2"]["partition"], c["clear_p2"]["messagesDropped"]) == ("p2", 1)
+    assert (c["clear"]["partitions"], c["clear"]["messagesDropped"], c["clear"]["deadLettersDropped"]) == (
+        2,
+        4,
+        1,
+    )  # a-0..a-3 retained
+    assert c["pop_after_clear"] == [] and c["queue_after_clear"] == "admin015"
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_segments s JOIN queen.log_partitions p "
+                               "ON p.id = s.partition_id JOIN queen.queues q ON q.id = p.queue_id "
+                               "WHERE q.name = 'admin015'") == 0  # fmt: skip

@@ -21,6 +21,7 @@ from queen_pg.migrate import sqlalchemy_url, upgrade
 from tests.conftest import ROOT, PgServer, empty_database
 
 SCHEMA = "queen"
+HEAD = "0003"  # the newest revision under migrations/versions/
 IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]
@@ -197,7 +198,7 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     upgrade(migrated)
     out = capsys.readouterr().out
     assert "migrate: applying 0001_baseline ..." in out
-    assert "migrate: at head 0001" in out
+    assert f"migrate: at head {HEAD}" in out
     await boot_apply(booted)
 
     by_migration = catalog(migrated)
@@ -207,7 +208,7 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     assert_same_catalog(by_migration, catalog(booted), "alembic upgrade head", "apply_sql (boot)")
 
     # alembic's own table: in public, never in queen.
-    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == HEAD
     assert scalar(migrated, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
 
     # upgrade at head: nothing runs, not even a CREATE OR REPLACE.
@@ -215,24 +216,25 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     upgrade(migrated)
     out = capsys.readouterr().out
     assert "applying" not in out
-    assert "migrate: at head 0001" in out
+    assert f"migrate: at head {HEAD}" in out
     assert catalog_row_versions(migrated) == versions
     assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade again")
 
     # boot on a migrated database: same catalog.
     await boot_apply(migrated)
     assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade + apply_sql")
-    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == HEAD
 
 
 async def test_migrate_a_database_set_up_by_boot(pg_server: PgServer) -> None:
-    """A database that boot set up before alembic existed: the baseline is a no-op that stamps 0001."""
+    """A database that boot set up before alembic existed: the baseline is a no-op, and so is every later
+    revision (boot already made their change): the database is stamped at head."""
     url = empty_database(pg_server)
     await boot_apply(url)
     before = catalog(url)
     upgrade(url)
     assert_same_catalog(before, catalog(url), "apply_sql (boot)", "apply_sql + alembic upgrade head")
-    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
     assert scalar(url, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
 
 
@@ -254,7 +256,7 @@ def test_alembic_command_line_upgrade_head(pg_server: PgServer) -> None:
     assert result.returncode == 0, f"alembic upgrade head failed:\n{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr
     assert scalar(url, "SELECT to_regclass('queen.log_segments') IS NOT NULL") is True
-    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
 
     result = run_alembic("-x", f"url={url}", "downgrade", "base")
     assert result.returncode == 0, f"alembic downgrade base failed:\n{result.stdout}\n{result.stderr}"
@@ -302,3 +304,43 @@ def test_sqlalchemy_url(url: str, expected: str | None) -> None:
 def test_sqlalchemy_url_rejects_other_databases() -> None:
     with pytest.raises(ValueError, match="not a PostgreSQL URL"):
         sqlalchemy_url("mysql://u@h/x")
+
+
+OLD_TIMERS = """
+    DROP INDEX queen.timers_deliver_idx;
+    ALTER TABLE queen.timers ADD COLUMN fired_at timestamptz;
+    CREATE INDEX timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;
+    CREATE INDEX timers_fired_idx ON queen.timers (fired_at) WHERE fired_at IS NOT NULL;
+    INSERT INTO queen.timers (tenant, queue, timer_key, payload, txn, txn_hash, message_id, deliver_at,
+                              fired_at, created_at, updated_at)
+    VALUES ('default', 'q', 'fired', '1', 't1', gen_random_uuid(), gen_random_uuid(), now(), now(), now(), now()),
+           ('default', 'q', 'pending', '2', 't2', gen_random_uuid(), gen_random_uuid(), now(), NULL, now(), now());
+"""
+
+
+def make_old_timers(url: str) -> None:
+    """The timers table as the release before 0003 left it: a fired_at column, its two indexes, one
+    tombstone and one pending timer."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(OLD_TIMERS)
+
+
+@pytest.mark.parametrize("path", ["alembic 0001 -> head", "boot"])
+async def test_timer_tombstones_go_on_either_path(pg_server: PgServer, path: str) -> None:
+    """0003 (and boot's schema.sql) bring a database with timer tombstones to the shape a new one gets:
+    tombstones deleted, pending timers kept, fired_at and its indexes gone."""
+    fresh = empty_database(pg_server)
+    await boot_apply(fresh)
+    old = empty_database(pg_server)
+    await boot_apply(old)
+    make_old_timers(old)
+    if path == "boot":
+        await boot_apply(old)
+    else:
+        with psycopg.connect(old, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.alembic_version (version_num varchar(32) PRIMARY KEY)")
+            conn.execute("INSERT INTO public.alembic_version VALUES ('0001')")
+        upgrade(old)
+        assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
+    assert scalar(old, "SELECT string_agg(timer_key, ',') FROM queen.timers") == "pending"
+    assert_same_catalog(catalog(fresh), catalog(old), "new database", f"old database after {path}")

@@ -135,8 +135,10 @@ async def test_parked_pop_holds_no_connection(start_broker) -> None:  # type: ig
         {"wait": "maybe"},
         {"timeout": -1},
         {"partitions": 0},
-        {"subscriptionMode": "sometimes"},
         {"subscriptionFrom": "yesterday"},
+        {"leaseSeconds": 0},
+        {"leaseSeconds": "one"},
+        {"leaseSeconds": 7 * 86400 + 1},
         {"autoAck": "2"},
     ],
 )

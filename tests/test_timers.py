@@ -87,7 +87,7 @@ async def test_schedule_peek_list_in_pages_and_cancel(http: httpx.AsyncClient) -
 
     r = await http.get("/api/v1/timers/q/d/e/f")
     peek = r.json()
-    assert r.status_code == 200 and peek["found"] is True and peek["fired"] is False
+    assert r.status_code == 200 and peek["found"] is True and "fired" not in peek
     assert peek["data"] == {"key": "d/e/f"} and json.loads(base64.b64decode(peek["payload"])) == {"key": "d/e/f"}
     assert (peek["txn"], peek["messageId"], peek["partition"]) == ("t-d/e/f", results[4]["messageId"], "Default")
     assert peek["deliverAt"] == results[4]["deliverAt"]
@@ -150,9 +150,10 @@ async def test_fires_exactly_at_deliver_at_as_the_promised_message(
     assert answer is not None
     [msg] = answer["messages"]
     assert (msg["transactionId"], msg["id"], msg["data"]) == ("tx-7", res["messageId"], {"order": 7, "s": "é"})
-    peek = (await http.get("/api/v1/timers/fire/k")).json()
-    assert peek["found"] is True and peek["fired"] is True
+    # no tombstone (WIRE §9.5): the fire deleted the row
+    assert (await http.get("/api/v1/timers/fire/k")).json() == {"found": False}
     assert (await http.get("/api/v1/timers/fire")).json()["rows"] == []
+    assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
 
 
 async def test_firing_twice_in_a_row_or_racing_pushes_once(
@@ -173,7 +174,7 @@ async def test_firing_twice_in_a_row_or_racing_pushes_once(
         await other.close()
     assert sorted(done) == [0, 20]  # one leader fires; the other is not the leader, or finds nothing left
     assert await messages(conn, "race") == 20
-    assert await conn.fetchval("SELECT count(*) FROM queen.timers WHERE fired_at IS NULL") == 0
+    assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
 
 
 async def test_a_timer_whose_txn_is_already_in_the_partition_pushes_nothing(
@@ -185,14 +186,16 @@ async def test_a_timer_whose_txn_is_already_in_the_partition_pushes_nothing(
     assert await messages(conn, "dup") == 1
     answer = await pop(http, "dup", batch=10, wait=False)
     assert answer is not None and [m["data"] for m in answer["messages"]] == [{"first": True}]
-    assert (await http.get("/api/v1/timers/dup/k")).json()["fired"] is True
+    assert (await http.get("/api/v1/timers/dup/k")).json() == {"found": False}  # fired, so gone
 
 
-async def test_cancel_after_the_fire_is_too_late_and_txn_filters(http: httpx.AsyncClient, db: Database) -> None:
+async def test_cancel_after_the_fire_is_absent_and_txn_filters(http: httpx.AsyncClient, db: Database) -> None:
+    """WIRE §9.5: once the fire committed there is no row left; too_late is only for a fire in progress."""
     [res] = await schedule(http, op("late", "k", delay_ms=0, txn="t"))
     await fire_job().run_once(db, now=at(res))
     r = (await http.delete("/api/v1/timers/late/k")).json()
-    assert (r["ok"], r["status"], r["txn"]) == (False, "too_late", "t")
+    assert (r["ok"], r["status"], r["txn"]) == (False, "absent", None)
+    assert (await http.get("/api/v1/timers/late/k")).json() == {"found": False}
     other = (await http.delete("/api/v1/timers/late/k", params={"txn": "other"})).json()
     assert (other["ok"], other["status"], other["txn"]) == (False, "absent", "other")
 
@@ -207,7 +210,7 @@ async def test_cancel_after_the_fire_is_too_late_and_txn_filters(http: httpx.Asy
     [again] = await schedule(http, op("late", "k", txn="t2"))
     assert again["status"] == "scheduled"
     peek = (await http.get("/api/v1/timers/late/k")).json()
-    assert (peek["fired"], peek["txn"]) == (False, "t2")
+    assert (peek["found"], peek["txn"]) == (True, "t2")
 
 
 async def hold_key(conn: asyncpg.Connection, queue: str, key: str, *, shared: bool) -> asyncpg.transaction.Transaction:
@@ -306,16 +309,33 @@ async def test_cancels_during_a_real_fire_are_too_late_and_the_fire_pushes_them(
     assert sorted(m["transactionId"] for m in answer["messages"]) == sorted(["seed"] + [f"t-{k}" for k in keys[4:]])
 
 
-async def test_tombstones_are_swept_after_an_hour(http: httpx.AsyncClient, db: Database) -> None:
-    [res] = await schedule(http, op("sweep", "k", delay_ms=0))
-    job = fire_job()
-    fired_at = at(res)
-    assert await job.run_once(db, now=fired_at) == 1
-    assert await job.run_once(db, now=fired_at + HOUR) == 0
-    assert (await http.get("/api/v1/timers/sweep/k")).json()["fired"] is True
-    assert await job.run_once(db, now=fired_at + HOUR + MS) == 1
-    assert (await http.get("/api/v1/timers/sweep/k")).json() == {"found": False}
-    assert (await http.delete("/api/v1/timers/sweep/k")).json()["status"] == "absent"
+async def test_a_delivery_time_in_the_past_fires_on_the_first_cycle(
+    http: httpx.AsyncClient, db: Database, conn: asyncpg.Connection
+) -> None:
+    """WIRE §9.5: a negative delay is legal; the job's first cycle after the schedule fires it (no time
+    passed in: the job runs at the database's clock, as the broker's job does)."""
+    [res] = await schedule(http, op("past", "k", {"late": True}, delay_ms=-3_600_000))
+    assert res["ok"] is True and res["status"] == "scheduled"
+    assert await fire_job().run_once(db) == 1
+    answer = await pop(http, "past", batch=10, wait=False)
+    assert answer is not None and [m["data"] for m in answer["messages"]] == [{"late": True}]
+    assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
+    assert (await http.get("/api/v1/timers/past/k")).json() == {"found": False}
+    assert (await http.delete("/api/v1/timers/past/k")).json()["status"] == "absent"
+    assert await fire_job().run_once(db) == 0  # nothing left to fire, nothing to sweep
+
+
+async def test_the_broker_s_own_job_fires_a_past_timer(start_broker: Any, conn: asyncpg.Connection) -> None:
+    """The same through a running broker's timers job (its first cycle after the schedule)."""
+    b: Broker = await start_broker(jobs_enabled=True)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await schedule(http, op("past2", "k", {"n": 1}, delay_ms=-1))
+
+    async def fired() -> bool:
+        return await messages(conn, "past2") == 1
+
+    await until(fired, "the timers job to fire the past timer")
+    assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
 
 
 async def test_the_fire_wakes_a_parked_pop(start_broker: Any, db: Database) -> None:
@@ -431,6 +451,7 @@ async def test_end_to_end_with_the_official_client(broker: Broker, db: Database)
         by_id = {m["data"]["orderId"]: m for m in got}
         assert (by_id[1]["transactionId"], by_id[1]["id"]) == (first["txn"], first["messageId"])
         assert by_id[2]["transactionId"] == again["txn"]
-        late = await client.timers.cancel("e2e", "order:1/expire")
-        assert not late and late["status"] == "too_late"
+        late = await client.timers.cancel("e2e", "order:1/expire")  # fired: the row is gone
+        assert not late and late["status"] == "absent"
+        assert not await client.timers.peek("e2e", "order:1/expire")
         assert await client.timers.list_all("e2e") == []

@@ -1,8 +1,12 @@
 """Admission by Content-Length, as a pure ASGI middleware: decided before the body is read.
 
 A push (``POST /api/v1/push``) or a transaction (``POST /api/v1/transaction``) takes permits from one
-byte budget (``admit_max_mb``) sized by its Content-Length (without one: ``min(1 MiB, max_body_bytes)``),
-so a request that has to wait holds only its connection and its bytes stay in the socket. The wait is
+byte budget (``admit_max_mb``) sized by its Content-Length, so a request that has to wait holds only
+its connection and its bytes stay in the socket. A body without Content-Length (chunked) starts with
+``min(1 MiB, max_body_bytes)`` and is charged for the bytes actually read, in growing steps taken before
+the app sees them: while it waits for more permits its bytes stay in the socket too, so chunked bodies
+held open cannot buffer more than the budget either. That wait is short (``GROW_HOLD_S``, then 429):
+bodies holding permits while waiting for more could otherwise wait on each other. The wait is
 first come, first served and lasts at most ``admit_hold_ms`` (jittered +-20 %); then the answer is 429
 ``overloaded`` with ``Retry-After`` 1-5 s. The permits go back once the response has been sent (or the
 request ended otherwise). A push while storage is full is 507 ``storage_full`` at once; a transaction
@@ -26,6 +30,7 @@ from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after
 DEFAULT_COST = 1024 * 1024  # a request without Content-Length (chunked) counts this much (at most max body)
 ADMITTED = {"/api/v1/push": "push", "/api/v1/transaction": "transaction"}
 JITTER = 0.2
+GROW_HOLD_S = 1.0  # longest a chunked body waits for more permits (then 429)
 
 
 @dataclass(slots=True)
@@ -49,12 +54,13 @@ class ByteBudget:
             return min(DEFAULT_COST, self.max_body)
         return max(content_length, 1)
 
-    async def acquire(self, cost: int, family: str) -> None:
-        """Take ``cost`` bytes or raise 429 ``overloaded`` after the jittered hold."""
+    async def acquire(self, cost: int, family: str, hold_s: float | None = None) -> None:
+        """Take ``cost`` bytes or raise 429 ``overloaded`` after the jittered hold (``hold_s``, by
+        default the configured one)."""
         if self.sem.try_acquire(cost):
             self.log.admitted()
             return
-        hold = self.hold_s * self.rng.uniform(1 - JITTER, 1 + JITTER)
+        hold = (self.hold_s if hold_s is None else hold_s) * self.rng.uniform(1 - JITTER, 1 + JITTER)
         try:
             await self.sem.acquire(cost, hold)
         except (TimeoutError, QueueFull) as exc:
@@ -122,9 +128,10 @@ class Admission:
         if family == "push" and storage is not None and storage.full:
             await refuse(send, QueenError(STORAGE_FULL, detail=f"storage is full: {storage.reason}"))
             return
-        cost = budget.cost(_content_length(scope))
+        length = _content_length(scope)
+        charged = budget.cost(length)
         try:
-            await budget.acquire(cost, family)
+            await budget.acquire(charged, family)
         except QueenError as err:
             await refuse(send, err)
             return
@@ -134,7 +141,27 @@ class Admission:
             nonlocal held
             if held:
                 held = False
-                budget.sem.release(cost)
+                budget.sem.release(charged)
+
+        if length is None:  # chunked: charge the bytes as they are read, before the app sees them
+            seen = 0
+            upstream = receive
+
+            async def metered() -> Message:
+                nonlocal seen, charged
+                message = await upstream()
+                if message["type"] == "http.request" and held:
+                    seen += len(message.get("body", b""))
+                    if seen > charged:
+                        # at least double (few waits), never past the body limit (BodyLimit refuses beyond)
+                        more = max(seen - charged, min(charged, budget.max_body - charged))
+                        # a short wait: bodies that hold permits and wait for more could otherwise
+                        # wait on each other (and a disconnect goes unseen while waiting)
+                        await budget.acquire(more, family, min(budget.hold_s, GROW_HOLD_S))
+                        charged += more
+                return message
+
+            receive = metered
 
         async def sent(message: Message) -> None:
             await send(message)

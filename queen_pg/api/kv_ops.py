@@ -6,12 +6,13 @@ ops normalized (only known fields, defaults made explicit where SQL relies on th
 ``queen._kv_apply`` / ``queen.locks_v1``, which trust them. A refusal is a :class:`QueenError` of
 kind ``KV_BAD_REQUEST`` / ``LOCKS_BAD_REQUEST`` whose message names the op index and the field, with
 ``fields["reason"]`` a stable id (``bad_field``, ``missing_field``, ``unknown_field``, ``unknown_op``,
-``too_long``, ``too_large``, ``reserved_namespace``, ``not_in_transaction``, ``too_many_ops``,
+``too_long``, ``too_large``, ``bad_namespace``, ``reserved_namespace``, ``not_in_transaction``, ``too_many_ops``,
 ``too_many_keys``, ``duplicate_write``, ``too_many_slots``) and ``fields["index"]`` the op's index.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -19,6 +20,9 @@ import orjson
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError
 
 LOCKS_NS = "queen-locks"  # permits live here; written only through /api/v1/locks
+# WIRE §9.6: lowercase letters, digits, - _ . :, starting with a letter or digit (and MAX_NS_BYTES)
+NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]*")
+NAMESPACE_RULE = "lowercase letters, digits, '-', '_', '.' and ':', starting with a letter or digit"
 MAX_OPS = 64
 MAX_KEYS = 256  # distinct (ns, key) pairs one call may touch
 MAX_NS_BYTES = 128
@@ -146,6 +150,10 @@ def _kv_op(c: _Checker, *, in_transaction: bool) -> dict[str, Any]:
     if op == "getPrefix" and in_transaction:
         raise c.fail("not_in_transaction", "op", "getPrefix is not allowed in a transaction")
     out: dict[str, Any] = {"op": op, "ns": c.name("ns", MAX_NS_BYTES)}
+    if not NAMESPACE_RE.fullmatch(out["ns"]):
+        raise c.fail(
+            "bad_namespace", "ns", f"{out['ns']!r} is not a namespace: {NAMESPACE_RULE}, at most {MAX_NS_BYTES} bytes"
+        )
     if op in WRITE_OPS and out["ns"] == LOCKS_NS:
         raise c.fail("reserved_namespace", "ns", f"{LOCKS_NS!r} is written only through /api/v1/locks")
 

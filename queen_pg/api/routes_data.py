@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
 import orjson
 from fastapi import APIRouter, Request
@@ -21,6 +21,7 @@ from queen_pg.api.common import (
     tenant,
 )
 from queen_pg.api.docs import answers, body, params
+from queen_pg.api.longpoll import run_pop
 from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
@@ -45,6 +46,8 @@ router = APIRouter(prefix="/api/v1")
 AUTOPILOT_BATCH = 100  # autopilot: messages per pop across the claimed partitions
 AUTOPILOT_PARTITIONS = 4  # autopilot: partitions one pop may claim when the request names none
 MAX_TIMEOUT_MS = 600_000
+MAX_LEASE_SECONDS = 7 * 86400  # pop leaseSeconds: the range of a queue's leaseTime
+NEW_MODES = frozenset({"new", "new-only"})
 POP_DESCRIPTION = (
     "Claims a batch under one lease (WIRE §2.2). No message: 204 (no body), at once or, with wait=true, when "
     "the timeout passes; also 204 at once while pop maintenance is on. 429 `overloaded` when too many pops "
@@ -98,6 +101,19 @@ async def push(request: Request) -> Response:
     return json_response(results, 201, replay_headers(once))
 
 
+def subscription(mode: str | None, raw_from: str | None) -> tuple[str, datetime | None]:
+    """Where a new consumer group starts (WIRE §9.2), decided in this order: a subscriptionFrom other
+    than `now` → from that time (`from`); subscriptionMode `new`/`new-only` or subscriptionFrom=now →
+    messages written after the group's first pop (`new`, timed by the database); anything else (`all`,
+    `from_beginning`, an unknown word, nothing) → from the first retained message (`all`). A mode is
+    never a reason for a 400; a malformed subscriptionFrom timestamp is."""
+    if raw_from is not None and raw_from != "now":
+        return "from", parse_timestamp("subscriptionFrom", raw_from)
+    if raw_from == "now" or mode in NEW_MODES:
+        return "new", None
+    return "all", None
+
+
 def _pop_request(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
     st = state(request)
     qp = request.query_params
@@ -115,15 +131,7 @@ def _pop_request(request: Request, queue: str | None, partition: str | None) -> 
     group = qp.get("consumerGroup") or None
     if group is not None:
         check_name("consumerGroup", group)
-    mode = qp.get("subscriptionMode") or None
-    if mode is not None and mode not in ("all", "new", "from"):
-        raise bad_request(f"subscriptionMode must be all, new or from, got {mode!r}")
-    raw_from = qp.get("subscriptionFrom") or None
-    sub_from: datetime | None = None
-    if raw_from == "now":
-        sub_from = datetime.now(UTC)
-    elif raw_from is not None:
-        sub_from = parse_timestamp("subscriptionFrom", raw_from)
+    mode, sub_from = subscription(qp.get("subscriptionMode") or None, qp.get("subscriptionFrom") or None)
     return pop_engine.PopRequest(
         queue=queue,
         namespace=namespace if queue is None else None,
@@ -138,6 +146,7 @@ def _pop_request(request: Request, queue: str | None, partition: str | None) -> 
         subscription_mode=mode,
         subscription_from=sub_from,
         autopilot=autopilot,
+        lease_seconds=q_int(request, "leaseSeconds", None, 1, MAX_LEASE_SECONDS),
     )
 
 
@@ -145,17 +154,8 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     req = _pop_request(request, queue, partition)
     if pop_in_maintenance(request):
         return Response(status_code=204)
-    st = state(request)
     try:
-        answer = await pop_engine.pop(
-            st.db,
-            st.waiters,
-            tenant(request),
-            req,
-            st.settings.pop_poll_interval_ms / 1000,
-            permit=lambda: permit(request, "pop"),  # held around each claim, not while parked
-            paused=lambda: pop_in_maintenance(request),
-        )
+        answer = await run_pop(request, req)  # a client that goes away while it waits takes no lease
     except TooManyWaiters:
         return json_response(
             {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},

@@ -72,8 +72,19 @@ _POP_COMMON = (
     ),
     query("partitions", "partitions one pop may claim (1-1000); default 1, 4 under autopilot", type="integer"),
     query("autoAck", "at-most-once: the claimed messages are acked on delivery (no lease)", type="boolean"),
-    query("subscriptionMode", "where a new consumer group starts", enum=["all", "new", "from"]),
-    query("subscriptionFrom", f"with subscriptionMode=from: {ISO}, or `now`"),
+    query(
+        "subscriptionMode",
+        "where a new consumer group starts (WIRE §9.2): `new`/`new-only` = messages written after its first pop; "
+        "anything else (`all`, `from_beginning`, an unknown word) = from the first retained message",
+    ),
+    query("subscriptionFrom", f"where a new consumer group starts: {ISO} (wins over subscriptionMode), or `now`"),
+    query(
+        "leaseSeconds",
+        "this claim's lease length in seconds, instead of the queue's leaseTime (WIRE §9.3)",
+        type="integer",
+        minimum=1,
+        maximum=7 * 86400,
+    ),
 )
 POP_PARAMS = _POP_COMMON
 POP_TAGGED_PARAMS = (

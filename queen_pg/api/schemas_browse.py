@@ -59,7 +59,29 @@ class MessageDeadLetter(Answer):
     failedAt: str
 
 
+class MessageConsumerGroup(Answer):
+    name: str = Field(description="the group (`__QUEUE_MODE__` for queue mode)")
+    consumed: bool = Field(description="the group is done with it (acked, popped with autoAck, dead-lettered)")
+    leaseExpiresAt: str | None = Field(description="the live lease that holds it unconsumed, else null")
+
+
 class MessageDetail(Message):
+    """WIRE §9.4: the fields the client's ``admin.get_message`` reads, plus the browser's."""
+
+    namespace: str | None
+    task: str | None
+    status: Literal["dead_letter", "completed", "processing", "pending"] = Field(
+        description="across groups: dead_letter if a group dead-lettered it, else processing if one holds it "
+        "leased, else pending if one has not consumed it (or no group reads the partition), else completed"
+    )
+    payload: Any = Field(description="the payload, decoded (same as data)")
+    isEncrypted: bool
+    producerSub: str | None
+    errorMessage: str | None = Field(description="the newest dead letter's error")
+    retryCount: int = Field(description="redeliveries: the most any group has made (or a dead letter's attempts - 1)")
+    leaseExpiresAt: str | None = Field(description="the latest live lease holding it, over every group")
+    queueConfig: dict[str, Any]
+    consumerGroups: list[MessageConsumerGroup] = Field(description="one per group with a cursor on the partition")
     offsets: list[int] = Field(description="every offset this transactionId names in the partition")
     groups: list[MessageGroupState]
     deadLetters: list[MessageDeadLetter]

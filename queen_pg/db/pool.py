@@ -16,18 +16,35 @@ import orjson
 from asyncpg import Record
 
 from queen_pg.db.apply import apply_sql
-from queen_pg.errors import CATALOG, DB_UNAVAILABLE, INTERNAL, RETRY, QueenError, Verdict
+from queen_pg.errors import CATALOG, DB_UNAVAILABLE, RETRY, QueenError, Verdict, internal
 
 log = logging.getLogger("queen_pg.db")
 
 __all__ = ["Database", "Record"]
 
 
-# SQLSTATE classes that mean "the database is not there for us right now": connection exceptions,
-# operator intervention (shutdown), insufficient resources, invalid catalog (database dropped),
+# SQLSTATE classes that mean "the database is not there for us right now", with what the 503 says (the
+# driver's own text goes to the log, never into an answer): connection exceptions, operator
+# intervention (shutdown, start-up), insufficient resources, invalid catalog (database dropped),
 # authorization.
-_UNAVAILABLE_SQLSTATES = ("08", "57P", "53", "3D000", "28")
-
+_UNAVAILABLE_SQLSTATES = {
+    "08": "the connection to PostgreSQL failed",
+    "57P": "PostgreSQL is shutting down or starting up",
+    "53": "PostgreSQL is out of resources (connections, memory or disk)",
+    "3D000": "the database does not exist",
+    "28": "PostgreSQL refused the broker's credentials",
+}
+# Connection-state errors raised by the driver itself (not by the server): a connection closed under
+# a call, a pool whose connections died with a PostgreSQL restart (InternalClientError right after it
+# comes back), a refused or timed-out connect, a pool acquire that timed out.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+ACQUIRE_TIMEOUT_S = 30.0  # a call that waits longer than this for a pooled connection is a 503
 
 VERDICT_SQLSTATE = "QN000"  # raised by queen._verdict(): a decided refusal, rolled back, answered 200
 LOCK_NOT_AVAILABLE = "55P03"  # a NOWAIT row lock was busy: the `reserved` verdict (try again)
@@ -42,25 +59,30 @@ def _verdict(exc: asyncpg.PostgresError) -> Verdict:
     return Verdict(str(getattr(exc, "message", "")) or "rejected", detail if isinstance(detail, dict) else {})
 
 
-def _map_error(exc: BaseException) -> QueenError:
-    """Driver errors to catalog codes; constraint names decide where it matters."""
+def _unavailable(exc: BaseException) -> str | None:
+    """What a 503 says for a connection-state error; None when ``exc`` is not one."""
     sqlstate = getattr(exc, "sqlstate", None) or ""
-    if sqlstate.startswith(_UNAVAILABLE_SQLSTATES):
-        return QueenError(DB_UNAVAILABLE, detail=str(exc))
+    for prefix, why in _UNAVAILABLE_SQLSTATES.items():
+        if sqlstate.startswith(prefix):
+            return why
+    if isinstance(exc, TimeoutError):
+        return "timed out waiting for PostgreSQL"
+    if isinstance(exc, CONNECTION_ERRORS):
+        return "no connection to PostgreSQL"
+    return None
+
+
+def _map_error(exc: BaseException) -> QueenError:
+    """Driver errors to catalog codes; constraint names decide where it matters. Anything unexpected
+    is a 500 whose answer carries only a request id (the cause is logged under that id)."""
+    why = _unavailable(exc)
+    if why is not None:
+        return QueenError(DB_UNAVAILABLE, detail=why)
     if isinstance(exc, asyncpg.ForeignKeyViolationError | asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
         return QueenError(RETRY, detail=f"concurrent change ({exc.__class__.__name__})")
     if isinstance(exc, asyncpg.UniqueViolationError):
         return QueenError(RETRY, detail=f"concurrent create ({getattr(exc, 'constraint_name', '')})")
-    if isinstance(
-        exc,
-        OSError
-        | asyncpg.InterfaceError
-        | asyncpg.CannotConnectNowError
-        | asyncpg.ConnectionDoesNotExistError
-        | TimeoutError,
-    ):
-        return QueenError(DB_UNAVAILABLE, detail=str(exc) or exc.__class__.__name__)
-    return QueenError(INTERNAL, detail=f"{exc.__class__.__name__}: {exc}")
+    return internal(log, exc)
 
 
 class Database:
@@ -99,26 +121,32 @@ class Database:
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
         try:
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                 rows: list[Record] = await conn.fetch(sql, *args)
                 return rows
         except QueenError:
             raise
         except asyncpg.PostgresError as exc:
-            if getattr(exc, "sqlstate", None) == VERDICT_SQLSTATE:
+            sqlstate = getattr(exc, "sqlstate", None)
+            if sqlstate == VERDICT_SQLSTATE:
                 raise _verdict(exc) from None
-            if getattr(exc, "sqlstate", None) == REFUSAL_SQLSTATE:
-                kind = CATALOG.get(str(getattr(exc, "message", "")), INTERNAL)
+            if sqlstate == REFUSAL_SQLSTATE:
+                kind = CATALOG.get(str(getattr(exc, "message", "")))
+                if kind is None:  # a code the catalog does not know: a bug, not the caller's fault
+                    raise internal(log, exc, sql=sql.split("(", 1)[0]) from exc
                 raise QueenError(kind, detail=getattr(exc, "detail", None) or str(exc)) from None
-            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            if sqlstate == LOCK_NOT_AVAILABLE:
                 raise Verdict("reserved", {"error": "another write holds that cursor right now; try again"}) from None
-            err = _map_error(exc)
-            log.warning("event=db_error code=%s error=%s", err.code, exc)
-            raise err from exc
-        except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
-            err = _map_error(exc)
-            log.warning("event=db_error code=%s error=%s", err.code, exc)
-            raise err from exc
+            raise self._mapped(exc) from exc
+        except CONNECTION_ERRORS as exc:
+            raise self._mapped(exc) from exc
+
+    @staticmethod
+    def _mapped(exc: BaseException) -> QueenError:
+        err = _map_error(exc)
+        if err.code != "internal":  # an internal error has logged itself, with its request id
+            log.warning("event=db_error code=%s error=%s", err.code, f"{exc.__class__.__name__}: {exc}")
+        return err
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         rows = await self.fetch(sql, *args)
@@ -128,7 +156,7 @@ class Database:
         try:
             async with self.pool.acquire(timeout=within) as conn:
                 return bool(await conn.fetchval("SELECT 1", timeout=within) == 1)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError, TimeoutError, QueenError):
+        except (asyncpg.PostgresError, QueenError, *CONNECTION_ERRORS):
             return False
 
     @staticmethod

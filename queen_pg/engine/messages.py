@@ -20,7 +20,7 @@ from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.errors import NOT_FOUND, QueenError
 
 LIST_SQL = "SELECT * FROM queen.messages_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-GET_SQL = "SELECT * FROM queen.message_get_v1($1, $2, $3)"
+GET_SQL = "SELECT * FROM queen.message_get_v2($1, $2, $3)"
 DELETE_SQL = "SELECT queen.message_delete_v1($1, $2, $3)"
 
 
@@ -133,9 +133,49 @@ def _missing(partition_id: int, transaction_id: str) -> QueenError:
     return QueenError(NOT_FOUND, detail=f"no message {transaction_id!r} in partition {partition_id}")
 
 
+def overall_status(groups: list[dict[str, Any]]) -> str:
+    """One word for the message across its groups (WIRE §9.4): ``dead_letter`` when a group
+    dead-lettered it, else ``processing`` when a group holds it under a live lease, else ``pending``
+    when a group has not consumed it (or no group reads the partition yet), else ``completed``."""
+    if any(g["state"] == "dead" for g in groups):
+        return "dead_letter"
+    if any(g["state"] == "leased" for g in groups):
+        return "processing"
+    if not groups or any(not g["consumed"] for g in groups):
+        return "pending"
+    return "completed"
+
+
+def _detail(row: Record, msg: dict[str, Any]) -> dict[str, Any]:
+    """The §9.4 fields of one message's detail, beside the fields of the browser's answer."""
+    groups: list[dict[str, Any]] = orjson.loads(row["groups"])
+    dead: list[dict[str, Any]] = orjson.loads(row["dead"])
+    retries = [g["deliveries"] - 1 for g in groups if g["deliveries"]] + [d["attempts"] - 1 for d in dead]
+    leases = [g["leaseExpiresAt"] for g in groups if g["leaseExpiresAt"]]
+    return {
+        **msg,
+        "namespace": row["namespace"],
+        "task": row["task"],
+        "status": overall_status(groups),
+        "payload": msg["data"],
+        "isEncrypted": False,
+        "producerSub": None,
+        "errorMessage": dead[-1]["error"] if dead else None,
+        "retryCount": max([0, *retries]),
+        "leaseExpiresAt": max(leases) if leases else None,  # one format (queen._iso_utc): sorts as text
+        "queueConfig": orjson.Fragment(row["queue_config"]),
+        "consumerGroups": [
+            {"name": g["group"], "consumed": g["consumed"], "leaseExpiresAt": g["leaseExpiresAt"]} for g in groups
+        ],
+        "offsets": list(row["offsets"]),  # every message this transactionId names here
+        "groups": [{k: g[k] for k in ("name", "queueMode", "cursor", "state")} for g in groups],
+        "deadLetters": dead,
+    }
+
+
 async def get_message(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
     """The newest message of that transactionId in the partition, decoded, with its state in every
-    consumer group of its queue."""
+    consumer group that has a cursor on the partition (WIRE §9.4)."""
     rows = await db.fetch(GET_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
     row = rows[0] if rows else None
     if row is None or row["status"] == "no_partition":
@@ -150,11 +190,9 @@ async def get_message(db: Database, tenant: str, partition_id: int, transaction_
         if at == row["msg_offset"]:
             if frame.transaction_id != transaction_id:
                 break  # a hash collision: not this message
-            msg = _message(row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"])
-            msg["offsets"] = list(row["offsets"])  # every message this transactionId names here
-            msg["groups"] = orjson.Fragment(row["groups"])
-            msg["deadLetters"] = orjson.Fragment(row["dead"])
-            return msg
+            return _detail(
+                row, _message(row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"])
+            )
         at += 1
     raise _missing(partition_id, transaction_id)
 

@@ -7,11 +7,15 @@ handed out expiring (scheduled at its ``lease_expires_at``); the database re-che
 net, shared by the pops parked on the same queue/group/partition and backed off from
 ``poll_interval`` to the waiters' ``poll_max`` (``queen_pg/engine/probes.py``). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
-time left) so it never leases messages nobody will receive.
+time left) so it never leases messages nobody will receive. For the same reason a pop whose client
+went away (the route watches for the disconnect) claims nothing more, and a lease a claim took while
+it happened is given back at once (``queen.lease_release_v1``). Shutdown (``Waiters.drain``) ends
+every wait at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -26,7 +30,8 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
 
-POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
+RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -47,6 +52,7 @@ class PopRequest:
     subscription_mode: str | None
     subscription_from: datetime | None
     autopilot: bool
+    lease_seconds: int | None = None  # None: the queue's leaseTime
 
 
 def iso_ms(ts: datetime) -> str:
@@ -127,7 +133,36 @@ def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> N
         waiters.wake_after(tenant, ANY_QUEUE, seconds)
 
 
-async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one pop_v1 call leased, per partition: enough to give it back (:func:`release`)."""
+
+    lease_id: uuid.UUID
+    partition_ids: list[int]
+    lease_starts: list[int]
+    lease_ends: list[int]
+    redelivered_ends: list[int]
+    attempts: list[int]
+
+
+def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+    seen: dict[int, Record] = {}
+    for row in rows:
+        seen.setdefault(row["partition_id"], row)
+    firsts = sorted(seen.values(), key=lambda r: r["partition_id"])
+    return Claim(
+        lease_id,
+        [r["partition_id"] for r in firsts],
+        [r["lease_start"] for r in firsts],
+        [r["lease_end"] for r in firsts],
+        [r["redelivered_end"] for r in firsts],
+        [r["attempts"] for r in firsts],
+    )
+
+
+async def _claim(
+    db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None
+) -> tuple[dict[str, Any] | None, Claim | None]:
     lease_id = uuid.uuid4()
     rows = await db.fetch(
         POP_SQL,
@@ -143,12 +178,33 @@ async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | N
         req.auto_ack,
         req.subscription_mode,
         req.subscription_from,
+        req.lease_seconds,
     )
     if not rows:
-        return None
+        return None, None
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
-    return render(req, lease_id, rows)
+    return render(req, lease_id, rows), (None if req.auto_ack else _claimed(lease_id, rows))
+
+
+async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
+    return (await _claim(db, tenant, req, waiters))[0]
+
+
+async def release(db: Database, tenant: str, req: PopRequest, got: Claim) -> int:
+    """Give back a lease whose answer will not be delivered (``queen.lease_release_v1``)."""
+    released = await db.fetchval(
+        RELEASE_SQL,
+        tenant,
+        req.group or QUEUE_MODE,
+        got.lease_id,
+        got.partition_ids,
+        got.lease_starts,
+        got.lease_ends,
+        got.redelivered_ends,
+        got.attempts,
+    )
+    return int(released or 0)
 
 
 async def pop(
@@ -160,56 +216,68 @@ async def pop(
     clock: Callable[[], float] = time.monotonic,
     permit: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
     paused: Callable[[], bool] = lambda: False,
+    wake: asyncio.Event | None = None,
+    gone: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any] | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
     (the pop family's concurrency limiter) is held around each claim only, never while parked;
     ``paused()`` (pop maintenance) is asked before every claim, so a parked pop claims nothing once
-    it turned on."""
+    it turned on. ``gone()`` says the client went away (whoever knows sets ``wake`` too): no claim
+    after it, and a claim made while it happened is released at once. Shutdown
+    (``waiters.drain``) ends the wait: the pop answers what it has, or nothing."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
-    if not req.wait:
-        if paused():
-            return None
-        async with permit():
-            return await claim(db, tenant, req, waiters)
+    ev = waiters.subscribe(tenant, wake_key, wake) if req.wait else None
     scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
-    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval)
-    woken = False  # the last park ended with a wake (not the re-check timer)
+    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval) if req.wait else None
+    woken = False  # the last park ended with a wake (not the shared re-check's timer)
     try:
         while True:
-            ev = waiters.subscribe(tenant, wake_key)
-            try:
-                if paused():
-                    return None
-                action = probe.begin(clock())
-                answer = None
-                if action is None:
-                    waiters.skipped += 1
-                else:
-                    probing = action == "probe"
-                    waiters.probes += probing
-                    async with probe.gate if woken else nullcontext():
-                        if woken and (clock() >= stop_claiming or (not probing and probe.known_empty())):
-                            waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
-                        else:
-                            token = probe.epoch
-                            try:
-                                async with permit():
-                                    answer = await claim(db, tenant, req, waiters)
-                            finally:
+            if paused() or gone():
+                return None
+            if ev is not None:
+                ev.clear()  # set again by a push that commits from now on
+            answer, got, probing = None, None, False
+            action = probe.begin(clock()) if probe is not None else "claim"
+            if action is None:  # known empty and the group's re-check is not due: no database call
+                waiters.skipped += 1
+            else:
+                probing = action == "probe"
+                waiters.probes += probing
+                gated = probe is not None and woken
+                async with probe.gate if gated and probe is not None else nullcontext():
+                    if (
+                        gated
+                        and probe is not None
+                        and (clock() >= stop_claiming or (not probing and probe.known_empty()))
+                    ):
+                        waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
+                    elif not gone():
+                        token = probe.epoch if probe is not None else 0
+                        try:
+                            async with permit():
+                                answer, got = await _claim(db, tenant, req, waiters)
+                        finally:
+                            if probe is not None:
                                 probe.end(token, answer is not None, probing, clock())
-                    if answer is not None:
-                        if probing:  # found without a wake: the other pops parked here may have work too
-                            waiters.wake(tenant, wake_key)
-                        return answer
-                left = stop_claiming - clock()
-                if left <= 0:
-                    return None
-                woken = await waiters.park(ev, min(left, probe.park_for(clock())))
-            finally:
-                waiters.release(tenant, wake_key)
-            if clock() >= stop_claiming:
+            if gone():  # nobody to answer: the lease goes back at once instead of expiring
+                if got is not None:
+                    await release(db, tenant, req, got)
+                return None
+            if answer is not None or ev is None:
+                if answer is not None and probing:  # found without a wake: the others may have work too
+                    waiters.wake(tenant, wake_key)
+                return answer
+            left = stop_claiming - clock()
+            if left <= 0 or waiters.draining:
+                return None
+            assert probe is not None
+            woken = await waiters.park(ev, min(left, probe.park_for(clock())))
+            if clock() >= stop_claiming or waiters.draining:
                 return None
     finally:
-        waiters.leave(probe)
+        if ev is not None:
+            waiters.release(tenant, wake_key, ev)
+        if probe is not None:
+            waiters.leave(probe)

@@ -2,7 +2,8 @@
 
 Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, docs/locks.md 0b).
 The firing job pushes each due timer as a message with ``transactionId == txn``, ``id == messageId``
-and ``data ==`` the payload, exactly once.
+and ``data ==`` the payload, exactly once, and deletes it in the same transaction (WIRE §9.5: no
+tombstone; after the fire a peek is ``found: false`` and a cancel ``absent``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from queen_pg.db.pool import Database
 
 APPLY_SQL = "SELECT queen.timers_v1($1, $2::text::jsonb, $3, $4, $5, $6)"
 CANCEL_SQL = "SELECT queen.timer_cancel_v1($1, $2, $3, $4, $5)"
-GET_SQL = "SELECT * FROM queen.timer_get_v1($1, $2, $3)"
+GET_SQL = "SELECT * FROM queen.timer_get_v2($1, $2, $3)"
 LIST_SQL = "SELECT * FROM queen.timer_list_v1($1, $2, $3, $4)"
 FIRE_SQL = "SELECT queen.timers_fire_v1($1, $2)"
 
@@ -53,7 +54,7 @@ async def cancel(
 
 
 async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str, Any]:
-    """The timer (pending or already fired) or ``{"found": false}``."""
+    """The pending timer, or ``{"found": false}`` (never scheduled, cancelled, or already fired)."""
     rows = await db.fetch(GET_SQL, tenant, queue, timer_key)
     if not rows:
         return {"found": False}
@@ -69,8 +70,6 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
         "partition": r["partition"],
         "payload": base64.b64encode(payload).decode(),
         "data": orjson.Fragment(payload),  # validated JSON when scheduled
-        "fired": r["fired_at"] is not None,
-        "firedAt": iso_us(r["fired_at"]) if r["fired_at"] is not None else None,
         "encrypted": False,
     }
 
@@ -102,18 +101,16 @@ class FireResult:
     fired: int  # messages pushed
     duplicates: int  # fired timers whose txn was already in the partition's dedup window
     busy: int  # due timers skipped because a writer held their key
-    swept: int  # tombstones deleted
     queues: list[tuple[str, str]]  # (tenant, queue) that received a message
 
 
 async def fire(db: Database, limit: int, now: datetime | None = None) -> FireResult:
-    """Fire up to ``limit`` due timers and sweep up to ``limit`` old tombstones (one call)."""
+    """Fire up to ``limit`` due timers (one call); each fired timer's row is deleted with its push."""
     out = orjson.loads(await db.fetchval(FIRE_SQL, limit, now))
     return FireResult(
         leader=bool(out["leader"]),
         fired=int(out["fired"]),
         duplicates=int(out["duplicates"]),
         busy=int(out["busy"]),
-        swept=int(out["swept"]),
         queues=[(t, q) for t, q in out["queues"]],
     )

@@ -1,8 +1,11 @@
 """Long-poll waiters: in-process wake-ups for pops parked on a queue.
 
-A waiter takes the queue's current event *before* it tries to claim, so a push that commits after
-the attempt started always wakes it. Wake-ups are hints: a lost one costs latency up to the poll
-interval, never a message. The number of parked pops is bounded.
+Each waiting pop owns one event, registered under its (tenant, queue) key for the whole pop; it
+clears the event *before* each claim attempt, so a push that commits after the attempt started
+always wakes it. Anyone may set a pop's event: a push (``notify``), the pop's own client going away
+(queen_pg/api/longpoll.py), and shutdown (``drain``), after which every pop answers without parking
+again. Wake-ups are hints: a lost one costs latency up to the shared re-check, never a message. The
+number of parked pops is bounded.
 
 :meth:`Waiters.notify` is what the engine calls when a queue got messages: it wakes this process's
 pops and hands the news to the sinks (the mesh, ``queen_pg/mesh/``, which tells the other replicas
@@ -39,12 +42,12 @@ class Waiters:
     def __init__(self, limit: int, poll_min: float = 1.0, poll_max: float = 10.0) -> None:
         self.limit = limit
         self.parked = 0
+        self.draining = False
+        self._subs: dict[tuple[str, str], set[asyncio.Event]] = {}
         self.poll_min = poll_min
         self.poll_max = max(poll_max, poll_min)
         self.probes = 0  # database re-checks made by parked pops (safety net), for metrics
         self.skipped = 0  # claims skipped because the queue was known empty, for metrics
-        self._events: dict[tuple[str, str], asyncio.Event] = {}
-        self._users: dict[tuple[str, str], int] = {}
         self._groups: dict[tuple[object, ...], Probe] = {}
         self._by_queue: dict[tuple[str, str], dict[tuple[object, ...], Probe]] = {}  # wake -> groups
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
@@ -79,40 +82,48 @@ class Waiters:
     def leave(self, probe: Probe) -> None:
         probe.users -= 1
 
-    def subscribe(self, tenant: str, queue: str) -> asyncio.Event:
-        """The event the next push to (tenant, queue) sets; call :meth:`release` when done."""
-        key = (tenant, queue)
-        ev = self._events.get(key)
-        if ev is None:
-            ev = self._events[key] = asyncio.Event()
-        self._users[key] = self._users.get(key, 0) + 1
+    def subscribe(self, tenant: str, queue: str, ev: asyncio.Event | None = None) -> asyncio.Event:
+        """Register ``ev`` (a new event when None) to be set by the next push to (tenant, queue); call
+        :meth:`release` with it when done."""
+        ev = ev if ev is not None else asyncio.Event()
+        self._subs.setdefault((tenant, queue), set()).add(ev)
+        if self.draining:
+            ev.set()
         return ev
 
-    def release(self, tenant: str, queue: str) -> None:
+    def release(self, tenant: str, queue: str, ev: asyncio.Event) -> None:
         key = (tenant, queue)
-        left = self._users.get(key, 0) - 1
-        if left <= 0:
-            self._users.pop(key, None)
-            self._events.pop(key, None)
-        else:
-            self._users[key] = left
+        subs = self._subs.get(key)
+        if subs is not None:
+            subs.discard(ev)
+            if not subs:
+                del self._subs[key]
 
     def notify(self, tenant: str, queue: str) -> None:
         """A push to (tenant, queue) committed (or its partitions became claimable): wake everyone
-        parked there, here and, through the sinks, on the peers."""
+        waiting there, here and, through the sinks, on the peers."""
         self.wake(tenant, queue)
         for sink in self._sinks:
             sink(tenant, queue)
 
     def wake(self, tenant: str, queue: str) -> None:
-        """Wake the pops of this process parked on (tenant, queue)."""
+        """Wake the pops of this process waiting on (tenant, queue)."""
         key = (tenant, queue)
         for g in self._by_queue.get(key, {}).values():
             g.epoch += 1  # whatever the group knew about the queue is stale
-        ev = self._events.get(key)
-        if ev is not None:
+        for ev in self._subs.get(key, ()):
             ev.set()
-            self._events[key] = asyncio.Event()  # later subscribers wait for the next push
+
+    def drain(self) -> int:
+        """Shutdown: wake every waiting pop; from now on none parks. Returns how many long-poll pops
+        were running (parked, or between two claims)."""
+        self.draining = True
+        woken = 0
+        for subs in self._subs.values():
+            for ev in subs:
+                ev.set()
+            woken += len(subs)
+        return woken
 
     def wake_after(self, tenant: str, queue: str, seconds: float) -> None:
         """Schedule a local :meth:`wake` of (tenant, queue) in ``seconds`` (rounded up to 100 ms;
@@ -126,7 +137,7 @@ class Waiters:
 
     def _fire(self, tkey: tuple[str, str, int]) -> None:
         self._timers.pop(tkey, None)
-        if (tkey[0], tkey[1]) in self._users:
+        if (tkey[0], tkey[1]) in self._subs:
             self.wake(tkey[0], tkey[1])
 
     def close(self) -> None:
@@ -136,7 +147,7 @@ class Waiters:
 
     async def park(self, ev: asyncio.Event, seconds: float) -> bool:
         """Wait for ``ev`` up to ``seconds``; False when the time ran out."""
-        if ev.is_set():
+        if ev.is_set() or self.draining:
             return True
         if self.parked >= self.limit:
             raise TooManyWaiters

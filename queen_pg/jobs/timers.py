@@ -2,10 +2,11 @@
 
 One call fires up to ``limit`` due timers (each pushed once as a message with ``transactionId ==
 txn``, ``id == messageId``, ``data ==`` payload; exactly once across replicas: leadership per tick,
-the timer key's lock, and the push's dedup by txn) and deletes up to ``limit`` tombstones fired more
-than an hour ago. ``on_fired(tenant, queue)`` is told which queues got a message, so pops parked on
-them on this process claim at once. A timer is due at ``deliverAt`` ("not before"); it lands within
-about one interval after it (a timer whose key a writer holds waits for the next tick).
+the timer key's lock, and the push's dedup by txn); a fired timer's row is deleted with its push (no
+tombstone, WIRE §9.5), so a timer scheduled with a delivery time in the past fires on the first
+cycle. ``on_fired(tenant, queue)`` is told which queues got a message, so pops parked on them on this
+process claim at once. A timer is due at ``deliverAt`` ("not before"); it lands within about one
+interval after it (a timer whose key a writer holds waits for the next tick).
 """
 
 from __future__ import annotations
@@ -33,18 +34,17 @@ class TimersJob(Job):
         self.on_fired = on_fired
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
-        """Timers fired (pushed or found duplicate) plus tombstones swept by one call."""
+        """Timers fired (pushed or found duplicate) by one call."""
         res = await timers_engine.fire(db, self.config.limit, now)
         for tenant, queue in res.queues:
             self.on_fired(tenant, queue)
-        done = res.fired + res.duplicates + res.swept
+        done = res.fired + res.duplicates
         if done or res.busy:
             log.info(
-                "event=job_done job=%s fired=%d duplicates=%d busy=%d swept=%d",
+                "event=job_done job=%s fired=%d duplicates=%d busy=%d",
                 self.name,
                 res.fired,
                 res.duplicates,
                 res.busy,
-                res.swept,
             )
         return done

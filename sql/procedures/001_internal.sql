@@ -7,9 +7,11 @@
 --   so a group created concurrently either sees the new partition or is seen by it.
 --
 -- queen._create_group(queue_id, tenant, group, mode, from, now) -> void
---   Creates a consumer group and one cursor row per existing partition. mode 'new' (or a `from`
---   timestamp) starts each cursor at the first message written at or after that time; otherwise at
---   the first retained message. Locks: the queue row FOR UPDATE (docs/locks.md #1).
+--   Creates a consumer group and one cursor row per existing partition. A `from` timestamp starts each
+--   cursor at the first message written at or after it; mode 'new' (or 'new-only') at the first message
+--   written after now (the group's first pop); any other mode (all, from_beginning, unknown) at the
+--   first retained message (WIRE §9.2; the broker normalizes the mode before it gets here).
+--   Locks: the queue row FOR UPDATE (docs/locks.md #1).
 --
 -- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
 -- queen._frame(message_id, transaction_id, payload JSON bytes) -> bytea: one QPF1 frame (WIRE.md §3.3,
@@ -60,7 +62,7 @@ BEGIN
         RETURN;  -- created by a concurrent pop while we waited for the lock
     END IF;
     v_from := CASE WHEN p_from IS NOT NULL THEN p_from
-                   WHEN p_mode = 'new' THEN p_now
+                   WHEN p_mode IN ('new', 'new-only') THEN p_now
                    ELSE NULL END;
     INSERT INTO queen.log_groups (queue_id, name, tenant, subscription_mode, subscribed_from, created_at)
     VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, p_now);

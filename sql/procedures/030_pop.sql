@@ -6,7 +6,9 @@
 -- Inputs:  tenant; either a queue name, or (queue NULL) a namespace and/or task selecting every queue
 --          tagged so; partition (NULL = any); group ('__QUEUE_MODE__' for queue mode); batch; max
 --          partitions; the lease id minted by the broker; auto_ack (at-most-once: the cursor moves at
---          once and no lease is kept); the subscription mode/from used when the group is new on a queue.
+--          once and no lease is kept); the subscription mode/from used when the group is new on a queue
+--          (the broker normalizes the mode, WIRE §9.2: 'all' | 'new' | 'from' with p_sub_from);
+--          p_lease_seconds (NULL = the queue's leaseTime): this claim's lease length (WIRE §9.3).
 -- Result:  one row per segment that overlaps a claimed range, claims in claim order, segments in
 --          offset order: queue and partition, the leased range [lease_start, lease_end), the
 --          redelivery boundary (messages below redelivered_end were delivered before and now count
@@ -25,6 +27,10 @@
 
 DROP FUNCTION IF EXISTS queen.pop_v1(text, text, text, text, integer, integer, uuid, boolean, text,
                                      timestamptz, timestamptz);
+-- p_lease_seconds was added as a trailing parameter (callers that pass p_now positionally keep working);
+-- the 13-argument form would make 12- and 13-argument calls ambiguous, so it goes.
+DROP FUNCTION IF EXISTS queen.pop_v1(text, text, text, text, text, text, integer, integer, uuid, boolean, text,
+                                     timestamptz, timestamptz);
 
 CREATE OR REPLACE FUNCTION queen.pop_v1(
     p_tenant          text,
@@ -39,7 +45,8 @@ CREATE OR REPLACE FUNCTION queen.pop_v1(
     p_auto_ack        boolean,
     p_sub_mode        text,
     p_sub_from        timestamptz,
-    p_now             timestamptz DEFAULT NULL
+    p_now             timestamptz DEFAULT NULL,
+    p_lease_seconds   integer DEFAULT NULL
 ) RETURNS TABLE (queue_name text, partition_id bigint, partition_name text, lease_start bigint,
                  lease_end bigint, redelivered_end bigint, attempts integer, acked bigint[],
                  lease_expires_at timestamptz, base_offset bigint, end_offset bigint,
@@ -107,7 +114,7 @@ BEGIN
         END IF;
         v_take := v_end - c.cursor_offset;
         v_attempt := CASE WHEN c.cursor_offset < c.delivered_end THEN c.old_attempts + 1 ELSE 1 END;
-        v_expires := v_now + make_interval(secs => greatest(c.lease_time, 1));
+        v_expires := v_now + make_interval(secs => greatest(coalesce(p_lease_seconds, c.lease_time), 1));
         IF p_auto_ack THEN
             UPDATE queen.log_consumers lc
                SET cursor_offset = v_end,

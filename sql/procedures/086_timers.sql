@@ -1,8 +1,10 @@
 -- Timers (WIRE.md §2.8): schedule, cancel, read, and fire messages scheduled into a queue.
 --
--- A timer is one row of queen.timers per (tenant, queue, timer_key). Firing pushes it with
--- queen.push_v1 (transactionId = txn, id = message_id, data = payload, a raw QPF1 frame, codec 0) and
--- keeps the row as a tombstone (fired_at) for an hour, so a cancel after the fire answers too_late.
+-- A timer is one row of queen.timers per (tenant, queue, timer_key); it exists from schedule until its
+-- fire commits (WIRE §9.5). Firing pushes it with queen.push_v1 (transactionId = txn, id = message_id,
+-- data = payload, a raw QPF1 frame, codec 0) and deletes the row in the same transaction: no tombstone.
+-- So after a fire a peek answers found:false, a cancel answers absent, and a schedule of the same key
+-- is a new timer (`scheduled`). `too_late` is only for a cancel that meets a fire in progress.
 --
 -- Key locks (docs/locks.md, level 0b): TIMER_KEY_CLASS = 77813, pg_advisory_xact_lock(77813,
 -- queen._timer_hash(tenant, queue, timer_key)), one per key, ascending hash order, after the KV keys
@@ -13,8 +15,8 @@
 --     is granted only when every holder is shared, i.e. the firing job: a due timer is then being fired
 --     and the answer is too_late at once. Refused means a writer holds the key: the cancel waits for it
 --     and decides on what the writer left. So a cancel racing the fire either cancels (the fire finds no
---     row and pushes nothing) or answers too_late (the message is pushed), never both and never neither.
---   * The tombstone sweep (in the firing job's call) tries EXCLUSIVE and skips busy keys.
+--     row and pushes nothing), answers too_late (the fire is in progress: the message is pushed), or,
+--     once the fire committed, absent (the message was pushed); never a cancel and a push both.
 -- Timer rows are locked only under their key lock (FOR UPDATE by writers, FOR UPDATE SKIP LOCKED by the
 -- fire), so they need no place of their own in the row-lock order.
 --
@@ -27,15 +29,16 @@
 -- queen._timer_apply(tenant, op jsonb, payload bytea, txn_hash uuid, message_id uuid, now) -> jsonb
 --   Applies ONE op validated by the broker (queen_pg/api/timer_ops.py); the caller holds the key lock.
 --   op = {"op": "schedule"|"reschedule", "queue", "timerKey", "partition", "delayMs", "txn"}:
---     upsert; deliver_at = now + delayMs (negative = already due). Status `rescheduled` when a pending
---     timer was replaced, else `scheduled` (a new key, or a key whose timer already fired: a new timer).
+--     upsert; deliver_at = now + delayMs (negative = already due: fired by the job's next cycle). Status
+--     `rescheduled` when a pending timer was replaced, else `scheduled` (a new key, including a key
+--     whose timer already fired: the fire deleted it).
 --     The message id is p_message_id, except that a resend of the pending schedule (same txn) keeps the
 --     id it promised the first time.
 --     Result {ok: true, status, queue, timerKey, txn, messageId, deliverAt, partition}.
 --   op = {"op": "cancel", "queue", "timerKey", "txn"?}: a pending timer (with that txn, when given) is
---     deleted: {ok: true, status: cancelled, txn}. No such pending timer: {ok: false, status: absent,
---     txn: <the given txn>}; it already fired (tombstone, same txn when given): {ok: false, status:
---     too_late, txn}. Results also carry queue and timerKey. p_payload, p_txn_hash, p_message_id unused.
+--     deleted: {ok: true, status: cancelled, txn}. No such pending timer (never scheduled, cancelled, or
+--     already fired): {ok: false, status: absent, txn: <the given txn>}. Results also carry queue and
+--     timerKey. p_payload, p_txn_hash, p_message_id unused.
 --
 -- queen.timers_v1(tenant, ops jsonb, payloads bytea[], hashes uuid[], msgids uuid[], now) -> jsonb
 --   Called by: POST /api/v1/timers (queen_pg/engine/timers.py). Arrays are index-aligned with ops.
@@ -46,7 +49,8 @@
 --   Called by: DELETE /api/v1/timers/{queue}/{timerKey...}. The cancel result above; the key lock as
 --   described at the top (too_late without waiting while the firing job holds a due timer's key).
 --
--- queen.timer_get_v1(tenant, queue, timer_key): zero or one row (pending or tombstone). Reads only.
+-- queen.timer_get_v2(tenant, queue, timer_key): zero or one row, the pending timer. Reads only. (v1 also
+--   returned fired_at, a column that is gone; it is dropped here.)
 -- queen.timer_list_v1(tenant, queue, after, limit): pending timers of one queue with timer_key > after
 --   (NULL = from the start), by timer_key, at most limit + 1 rows (the extra row tells the caller the
 --   page is truncated). Reads only.
@@ -54,24 +58,20 @@
 -- queen.timers_fire_v1(p_limit, p_now) -> jsonb
 --   Called by: the timers job (queen_pg/jobs/timers.py).
 --   1. TIMERS_FIRE_LOCK = 7_781_200_186 (try): one replica per tick; the loser returns leader=false.
---   2. Up to p_limit due timers (deliver_at <= now, fired_at NULL), oldest first; each key's lock taken
---      shared with a try-lock (a busy key is counted in `busy` and left for the next tick).
---   3. Per tenant: the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due and unfired, and
+--   2. Up to p_limit due timers (deliver_at <= now), oldest first; each key's lock taken shared with a
+--      try-lock (a busy key is counted in `busy` and left for the next tick).
+--   3. Per tenant: the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due, and
 --      pushed with ONE queen.push_v1 call (one raw segment per queue/partition, frames in deliver_at
 --      order; queue and partition created when missing; locks: queues FOR UPDATE when creating,
 --      log_partitions FOR NO KEY UPDATE ascending id). A txn already in the partition's dedup window is
---      a duplicate and pushes nothing. Then fired_at = now on every pushed row.
---   4. Up to p_limit tombstones fired more than an hour before now are deleted (key lock: exclusive try,
---      busy keys skipped).
---   Result {"leader", "fired" (queued), "duplicates", "busy", "swept", "queues": [[tenant, queue], ...]
---   that received a message}. Exactly once: the leader lock, the key lock + row lock + fired_at check,
+--      a duplicate and pushes nothing. Then every pushed row is deleted (in the same transaction).
+--   Result {"leader", "fired" (queued), "duplicates", "busy", "queues": [[tenant, queue], ...]
+--   that received a message}. Exactly once: the leader lock, the key lock + row lock + the row's delete,
 --   and the push's own dedup by txn hash.
 -- Errors: none of their own; a queue deleted while the fire pushes into it surfaces as a foreign-key
 --   violation (503 retry for a route; the job logs it and retries the next tick).
 
--- The sweep looks tombstones up by fired_at. (An index belongs in sql/schema.sql; it lives here, beside
--- its only reader, until schema.sql's owner moves it. Idempotent, so boot and alembic agree.)
-CREATE INDEX IF NOT EXISTS timers_fired_idx ON queen.timers (fired_at) WHERE fired_at IS NOT NULL;
+DROP FUNCTION IF EXISTS queen.timer_get_v1(text, text, text);  -- read fired_at (gone with the tombstones)
 
 CREATE OR REPLACE FUNCTION queen._timer_hash(p_tenant text, p_queue text, p_key text)
 RETURNS integer
@@ -121,26 +121,20 @@ BEGIN
             RETURN jsonb_build_object('ok', false, 'status', 'absent', 'queue', v_queue, 'timerKey', v_key,
                                       'txn', v_txn);
         END IF;
-        IF t.fired_at IS NOT NULL THEN
-            RETURN jsonb_build_object('ok', false, 'status', 'too_late', 'queue', v_queue, 'timerKey', v_key,
-                                      'txn', t.txn, 'messageId', t.message_id);
-        END IF;
         DELETE FROM queen.timers tm WHERE tm.tenant = p_tenant AND tm.queue = v_queue AND tm.timer_key = v_key;
         RETURN jsonb_build_object('ok', true, 'status', 'cancelled', 'queue', v_queue, 'timerKey', v_key,
                                   'txn', t.txn, 'messageId', t.message_id);
     END IF;
 
-    v_status := CASE WHEN v_found AND t.fired_at IS NULL THEN 'rescheduled' ELSE 'scheduled' END;
-    v_id := CASE WHEN v_found AND t.fired_at IS NULL AND t.txn = v_txn THEN t.message_id ELSE p_message_id END;
+    v_status := CASE WHEN v_found THEN 'rescheduled' ELSE 'scheduled' END;
+    v_id := CASE WHEN v_found AND t.txn = v_txn THEN t.message_id ELSE p_message_id END;
     v_at := v_now + (p_op ->> 'delayMs')::bigint * interval '1 millisecond';
     INSERT INTO queen.timers AS tm (tenant, queue, timer_key, partition, payload, txn, txn_hash, message_id,
-                                    deliver_at, fired_at, created_at, updated_at)
-    VALUES (p_tenant, v_queue, v_key, v_part, p_payload, v_txn, p_txn_hash, v_id, v_at, NULL, v_now, v_now)
+                                    deliver_at, created_at, updated_at)
+    VALUES (p_tenant, v_queue, v_key, v_part, p_payload, v_txn, p_txn_hash, v_id, v_at, v_now, v_now)
     ON CONFLICT ON CONSTRAINT timers_pkey DO UPDATE
        SET partition = excluded.partition, payload = excluded.payload, txn = excluded.txn,
            txn_hash = excluded.txn_hash, message_id = excluded.message_id, deliver_at = excluded.deliver_at,
-           fired_at = NULL,
-           created_at = CASE WHEN tm.fired_at IS NULL THEN tm.created_at ELSE excluded.created_at END,
            updated_at = excluded.updated_at;
     RETURN jsonb_build_object('ok', true, 'status', v_status, 'queue', v_queue, 'timerKey', v_key, 'txn', v_txn,
                               'messageId', v_id, 'deliverAt', queen._iso_utc(v_at), 'partition', v_part);
@@ -186,15 +180,16 @@ DECLARE
 BEGIN
     IF NOT pg_try_advisory_xact_lock(77813, v_hash) THEN  -- TIMER_KEY_CLASS
         IF pg_try_advisory_xact_lock_shared(77813, v_hash) THEN
-            -- Only shared holders, i.e. the firing job: a due timer of this key is being fired.
+            -- Only shared holders, i.e. the firing job: a due timer of this key is being fired (its
+            -- row, deleted by the fire, is still visible until the fire commits).
             SELECT tm.* INTO t FROM queen.timers tm
              WHERE tm.tenant = p_tenant AND tm.queue = p_queue AND tm.timer_key = p_key;
-            IF FOUND AND t.fired_at IS NULL AND t.deliver_at <= v_now AND (p_txn IS NULL OR t.txn = p_txn) THEN
+            IF FOUND AND t.deliver_at <= v_now AND (p_txn IS NULL OR t.txn = p_txn) THEN
                 RETURN jsonb_build_object('ok', false, 'status', 'too_late', 'queue', p_queue, 'timerKey', p_key,
                                           'txn', t.txn, 'messageId', t.message_id);
             END IF;
-            -- Not due: the fire leaves it alone. Decided below under the row lock, which also waits
-            -- for a fire that did take the row and then reads its tombstone.
+            -- Not due (the fire holds a colliding key's hash): the fire leaves it alone. Decided below
+            -- under the row lock, which also waits for a fire that did take the row (then: absent).
         ELSE
             PERFORM pg_advisory_xact_lock(77813, v_hash);  -- a writer holds the key: wait for it
         END IF;
@@ -205,11 +200,10 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen.timer_get_v1(p_tenant text, p_queue text, p_key text)
-RETURNS TABLE (partition text, payload bytea, txn text, message_id uuid, deliver_at timestamptz,
-               fired_at timestamptz)
+CREATE OR REPLACE FUNCTION queen.timer_get_v2(p_tenant text, p_queue text, p_key text)
+RETURNS TABLE (partition text, payload bytea, txn text, message_id uuid, deliver_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT t.partition, t.payload, t.txn, t.message_id, t.deliver_at, t.fired_at
+    SELECT t.partition, t.payload, t.txn, t.message_id, t.deliver_at
       FROM queen.timers t
      WHERE t.tenant = p_tenant AND t.queue = p_queue AND t.timer_key = p_key;
 $$;
@@ -219,7 +213,7 @@ RETURNS TABLE (timer_key text, txn text, deliver_at timestamptz, message_id uuid
 LANGUAGE sql STABLE AS $$
     SELECT t.timer_key, t.txn, t.deliver_at, t.message_id, t.partition
       FROM queen.timers t
-     WHERE t.tenant = p_tenant AND t.queue = p_queue AND t.fired_at IS NULL
+     WHERE t.tenant = p_tenant AND t.queue = p_queue
        AND (p_after IS NULL OR t.timer_key > p_after)
      ORDER BY t.timer_key
      LIMIT greatest(p_limit, 1) + 1;
@@ -253,17 +247,15 @@ DECLARE
     v_dup_all integer := 0;
     v_queues  jsonb := '[]'::jsonb;
     v_pushed  jsonb;
-    v_swept   integer;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(7781200186) THEN  -- TIMERS_FIRE_LOCK
-        RETURN jsonb_build_object('leader', false, 'fired', 0, 'duplicates', 0, 'busy', 0, 'swept', 0,
-                                  'queues', '[]'::jsonb);
+        RETURN jsonb_build_object('leader', false, 'fired', 0, 'duplicates', 0, 'busy', 0, 'queues', '[]'::jsonb);
     END IF;
 
     -- 2. due timers; their key locks, shared, try only
     FOR r IN
         SELECT t.tenant, t.queue, t.timer_key FROM queen.timers t
-         WHERE t.fired_at IS NULL AND t.deliver_at <= v_now
+         WHERE t.deliver_at <= v_now
          ORDER BY t.deliver_at, t.tenant, t.queue, t.timer_key
          LIMIT v_limit
     LOOP
@@ -276,14 +268,14 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- 3. per tenant: rows again under row locks, one push, tombstones
+    -- 3. per tenant: rows again under row locks, one push, the rows deleted
     FOR v_tenant IN SELECT DISTINCT u.tn FROM unnest(v_kt) AS u(tn) ORDER BY 1 LOOP
         WITH due AS MATERIALIZED (
             SELECT t.queue, t.timer_key, t.partition, t.payload, t.txn, t.txn_hash, t.message_id, t.deliver_at
               FROM queen.timers t
               JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
                 ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
-             WHERE k.tn = v_tenant AND t.fired_at IS NULL AND t.deliver_at <= v_now
+             WHERE k.tn = v_tenant AND t.deliver_at <= v_now
                FOR UPDATE OF t SKIP LOCKED
         ), ordered AS (
             SELECT d.*, dense_rank() OVER (ORDER BY d.queue, d.partition)::integer AS grp,
@@ -313,8 +305,8 @@ BEGIN
           FROM queen.push_v1(v_tenant, v_gq, v_gp, v_gb, v_ig, v_ih, v_im, v_now,
                              array_fill(0::smallint, ARRAY[cardinality(v_gq)])) AS pr;
 
-        UPDATE queen.timers t SET fired_at = v_now, updated_at = v_now
-          FROM unnest(v_iq, v_ik) AS u(q, key)
+        DELETE FROM queen.timers t
+         USING unnest(v_iq, v_ik) AS u(q, key)
          WHERE t.tenant = v_tenant AND t.queue = u.q AND t.timer_key = u.key;
 
         v_fired := v_fired + v_queued;
@@ -322,24 +314,7 @@ BEGIN
         v_queues := v_queues || v_pushed;
     END LOOP;
 
-    -- 4. tombstones older than an hour, bounded; exclusive try on their keys
-    WITH cand AS MATERIALIZED (
-        SELECT t.tenant, t.queue, t.timer_key FROM queen.timers t
-         WHERE t.fired_at IS NOT NULL AND t.fired_at < v_now - interval '1 hour'
-         ORDER BY t.fired_at
-         LIMIT v_limit
-    ), mine AS MATERIALIZED (
-        SELECT c.* FROM cand c
-         WHERE pg_try_advisory_xact_lock(77813, queen._timer_hash(c.tenant, c.queue, c.timer_key))
-    ), gone AS (
-        DELETE FROM queen.timers t USING mine m
-         WHERE t.tenant = m.tenant AND t.queue = m.queue AND t.timer_key = m.timer_key
-           AND t.fired_at IS NOT NULL AND t.fired_at < v_now - interval '1 hour'
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO v_swept FROM gone;
-
     RETURN jsonb_build_object('leader', true, 'fired', v_fired, 'duplicates', v_dup_all, 'busy', v_busy,
-                              'swept', v_swept, 'queues', v_queues);
+                              'queues', v_queues);
 END;
 $$;

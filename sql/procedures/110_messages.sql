@@ -33,6 +33,18 @@
 --   lease), else 'pending'; `dead`: the dead letters of the offset [{"consumerGroup","error",
 --   "attempts","failedAt"}]. Locks: none (reads).
 --
+-- queen.message_get_v2(tenant, partition_id, txn_hash, now)
+--   Called by: GET /api/v1/messages/{partitionId}/{transactionId} (WIRE §9.4). As v1, plus the queue's
+--   namespace, task and `queue_config` (jsonb {leaseTime, retryLimit, priority, delayedProcessing,
+--   windowBuffer, maxSize, retentionSeconds, completedRetentionSeconds, dedupWindowSeconds,
+--   encryptionEnabled}), and richer `groups`: one element per consumer group with a cursor on the
+--   partition, ordered by group name: {"group" (the stored name, '__QUEUE_MODE__' for queue mode),
+--   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor
+--   or acked out of order: an autoAck pop, a completed ack, a dead letter), "leaseExpiresAt" (ISO, the
+--   live lease that holds the message unconsumed, else NULL), "deliveries" (times the group's current
+--   delivery range was handed out when the message is in it, else NULL)}; `dead` adds "error" order
+--   newest last. v1 stays one release for a rolling deploy. Locks: none (reads).
+--
 -- queen.message_delete_v1(tenant, partition_id, txn_hash, now) -> jsonb
 --   Called by: DELETE /api/v1/messages/{partitionId}/{transactionId}. A log cannot drop a message from
 --   its middle (offsets are gapless and a segment holds many messages), so "delete" means: the message
@@ -174,6 +186,84 @@ BEGIN
                                    AND t.msg_offset < lc.lease_end THEN 'leased'
                               ELSE 'pending' END) ORDER BY lc.consumer_group)
                  FROM queen.log_consumers lc WHERE lc.partition_id = p_partition_id), '[]'::jsonb),
+           coalesce((
+               SELECT jsonb_agg(jsonb_build_object(
+                          'consumerGroup', nullif(d.consumer_group, '__QUEUE_MODE__'), 'error', d.error,
+                          'attempts', d.attempts, 'failedAt', queen._iso_utc(d.failed_at)) ORDER BY d.id)
+                 FROM queen.log_dlq d WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset),
+               '[]'::jsonb)
+      FROM (SELECT 1) AS one
+      LEFT JOIN LATERAL (
+            SELECT s.base_offset, s.created_at, s.dropped, s.codec, s.payload FROM queen.log_segments s
+             WHERE s.partition_id = p_partition_id AND s.base_offset <= t.msg_offset
+             ORDER BY s.base_offset DESC LIMIT 1) s ON true;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.message_get_v2(
+    p_tenant text, p_partition_id bigint, p_txn_hash uuid, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, queue_name text, namespace text, task text, queue_config jsonb, partition_name text,
+               msg_offset bigint, message_id uuid, offsets bigint[], base_offset bigint, created_at timestamptz,
+               dropped integer[], codec smallint, payload bytea, groups jsonb, dead jsonb)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    p     record;
+    t     record;
+BEGIN
+    SELECT lp.id, lp.name, q.name AS qname, q.namespace AS qns, q.task AS qtask,
+           jsonb_build_object(
+               'leaseTime', q.lease_time, 'retryLimit', q.retry_limit, 'priority', q.priority,
+               'delayedProcessing', q.delayed_processing, 'windowBuffer', q.window_buffer,
+               'maxSize', q.max_size, 'retentionSeconds', q.retention_seconds,
+               'completedRetentionSeconds', q.completed_retention_seconds,
+               'dedupWindowSeconds', q.dedup_window_seconds, 'encryptionEnabled', q.encryption_enabled) AS config
+      INTO p
+      FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
+     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_partition'::text, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text,
+                            NULL::bigint, NULL::uuid, NULL::bigint[], NULL::bigint, NULL::timestamptz,
+                            NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT lt.msg_offset, lt.message_id INTO t
+      FROM queen.log_txns lt WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash
+     ORDER BY lt.msg_offset DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'no_message'::text, p.qname, p.qns, p.qtask, p.config, p.name,
+                            NULL::bigint, NULL::uuid, NULL::bigint[], NULL::bigint, NULL::timestamptz,
+                            NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT 'ok'::text, p.qname, p.qns, p.qtask, p.config, p.name, t.msg_offset, t.message_id,
+           ARRAY(SELECT lt.msg_offset FROM queen.log_txns lt
+                  WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash ORDER BY 1),
+           s.base_offset, s.created_at, s.dropped, s.codec, s.payload,
+           coalesce((
+               SELECT jsonb_agg(jsonb_build_object(
+                          'group', g.consumer_group,
+                          'name', nullif(g.consumer_group, '__QUEUE_MODE__'),
+                          'queueMode', g.consumer_group = '__QUEUE_MODE__',
+                          'cursor', g.cursor_offset,
+                          'state', CASE WHEN g.dead THEN 'dead' WHEN g.consumed THEN 'consumed'
+                                        WHEN g.leased THEN 'leased' ELSE 'pending' END,
+                          'consumed', g.consumed,
+                          'leaseExpiresAt', CASE WHEN g.leased THEN queen._iso_utc(g.lease_expires_at) END,
+                          'deliveries', CASE WHEN NOT g.consumed AND t.msg_offset < g.delivered_end
+                                             THEN g.attempts END) ORDER BY g.consumer_group)
+                 FROM (SELECT lc.consumer_group, lc.cursor_offset, lc.lease_expires_at, lc.delivered_end,
+                              lc.attempts, c.consumed,
+                              NOT c.consumed AND lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
+                                  AND t.msg_offset < lc.lease_end AS leased,
+                              EXISTS (SELECT 1 FROM queen.log_dlq d
+                                       WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
+                                         AND d.consumer_group = lc.consumer_group) AS dead
+                         FROM queen.log_consumers lc
+                        CROSS JOIN LATERAL (
+                              SELECT (t.msg_offset < lc.cursor_offset OR t.msg_offset = ANY (lc.acked)) AS consumed) c
+                        WHERE lc.partition_id = p_partition_id) g), '[]'::jsonb),
            coalesce((
                SELECT jsonb_agg(jsonb_build_object(
                           'consumerGroup', nullif(d.consumer_group, '__QUEUE_MODE__'), 'error', d.error,

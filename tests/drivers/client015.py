@@ -2,7 +2,7 @@
 summary of what the client saw on stdout (tests/test_e2e_client_015.py asserts it and the database).
 
 Run with ``PYTHONPATH=.venv/queen-mq-0.15`` so ``import queen`` is 0.15.0, not the 2.6.0 client of
-the venv (same package name). Usage: ``client015.py BROKER_URL work|delete``.
+the venv (same package name). Usage: ``client015.py BROKER_URL work|delete|contract``.
 
 * ``work``: configure four queues, push (with a duplicate transactionId), pop with a consumer group
   (no autopilot: 0.x always sends ``batch``), a lease renew, single and batch acks, a transaction
@@ -10,6 +10,9 @@ the venv (same package name). Usage: ``client015.py BROKER_URL work|delete``.
   a transaction under a lease nobody holds (rolled back), failed acks until the DLQ, the DLQ
   listing, the 0.x consume loop, an ack of an unknown message.
 * ``delete``: delete a queue, then look at it again through the client.
+* ``contract``: WIRE §9 through the 0.x API: a ``subscription_mode('from_beginning')`` consumer and a
+  ``'new'`` one, ``admin.get_message`` (§9.4), ``admin.move_message_to_dlq`` and ``admin.clear_queue``
+  (§9.7, whole queue and one partition).
 
 Every request the client sends is recorded (``wire``) so the test can check the 0.x bodies.
 """
@@ -34,6 +37,8 @@ ORDERS = "orders015"  # the main queue; deleted in the `delete` phase
 OUT = "out015"  # the transaction pushes here
 FLAKY = "flaky015"  # retry_limit 1: a message failed twice goes to the DLQ
 JOBS = "jobs015"  # read by the 0.x consume loop
+FROM_START = "fb015"  # contract: subscription modes
+ADMIN = "admin015"  # contract: get_message, move_message_to_dlq, clear_queue
 
 
 def _brief(m: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +163,41 @@ async def delete(client: Queen) -> dict[str, Any]:
     return out
 
 
+async def contract(client: Queen) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # §9.2: a from_beginning consumer reads the backlog; a `new` one skips it
+    await client.queue(FROM_START).create()
+    await client.queue(FROM_START).push([{"data": {"i": i}, "transactionId": f"fb-{i}"} for i in range(3)])
+    seen: list[int] = []
+
+    async def handler(messages: Any) -> None:
+        for m in messages if isinstance(messages, list) else [messages]:
+            seen.append(m["data"]["i"])
+
+    await client.queue(FROM_START).group("fresh").subscription_mode("from_beginning").batch(2).limit(3).consume(handler)
+    out["from_beginning"] = seen
+    out["new_pop"] = await client.queue(FROM_START).group("tail").subscription_mode("new").batch(5).wait(False).pop()
+
+    # §9.4 and §9.7 through the 0.x admin API
+    await client.queue(ADMIN).partition("p1").push([{"data": {"n": i}, "transactionId": f"a-{i}"} for i in range(3)])
+    await client.queue(ADMIN).partition("p2").push([{"data": {"n": 9}, "transactionId": "b-0"}])
+    (m0,) = await client.queue(ADMIN).partition("p1").batch(1).wait(False).pop()
+    await client.ack(m0, True)
+    pid = m0["partitionId"]
+    out["get_message"] = await client.admin.get_message(pid, "a-0")
+    out["move_to_dlq"] = await client.admin.move_message_to_dlq(pid, "a-1")
+    out["dlq"] = await client.queue(ADMIN).dlq().limit(10).get()
+    out["pop_after_move"] = [
+        m["transactionId"] for m in await client.queue(ADMIN).partition("p1").batch(10).wait(False).pop()
+    ]
+    out["clear_p2"] = await client.admin.clear_queue(ADMIN, "p2")
+    await client.queue(ADMIN).partition("p1").push([{"data": {"n": 3}, "transactionId": "a-3"}])
+    out["clear"] = await client.admin.clear_queue(ADMIN)
+    out["pop_after_clear"] = await client.queue(ADMIN).batch(10).wait(False).pop()
+    out["queue_after_clear"] = (await client.admin.get_queue(ADMIN)).get("name")
+    return out
+
+
 async def _ignore(_exc: Exception) -> None:
     return None
 
@@ -186,7 +226,7 @@ async def main(url: str, phase: str) -> dict[str, Any]:
     client = Queen(url=url, retry_attempts=1)
     record_wire(client, summary["wire"])
     try:
-        summary[phase] = await (work(client) if phase == "work" else delete(client))
+        summary[phase] = await {"work": work, "delete": delete, "contract": contract}[phase](client)
     finally:
         await client.close()  # prints to stdout; main() runs with stdout sent to stderr
     return summary

@@ -1,0 +1,250 @@
+"""The HTTP server: uvicorn with a guarded protocol, and a shutdown that drains long-polls at once.
+
+uvicorn by itself holds a connection whose request head never completes forever (its keep-alive
+timer only runs *between* requests; ``limit_concurrency`` answers 503 only once a head has arrived
+and caps no connection), and on SIGTERM it waits for every running request, parked long-poll pops
+included (up to their 600 s timeout). The protocol classes here add, for httptools and h11 alike:
+
+- a head deadline: a connection whose request head has not fully arrived ``header_timeout_s``
+  after its first byte (or after it was accepted) is answered 408 and closed;
+- a connection cap: beyond ``max_connections`` open connections per process a new one is answered
+  503 + ``Retry-After`` and closed at once;
+- the drain: the first ``shutdown()`` uvicorn calls on a connection (graceful shutdown has begun:
+  SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
+  requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.
+
+The protocol finds its :class:`Transport` in the lifespan state (``queen_pg.app`` yields it under
+``STATE_KEY``), so every worker process configures its own from its own settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from queen_pg.settings import Settings
+
+try:  # the protocol uvicorn's "auto" picks
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is a dependency; h11 is uvicorn's own fallback
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger("queen_pg.server")
+
+STATE_KEY = "queen_transport"
+FD_HEADROOM = 256  # file descriptors kept for the pool, logs, the embedded PostgreSQL's pipes
+
+
+@dataclass(slots=True)
+class Transport:
+    """What the protocol needs from the app; one per app (worker process)."""
+
+    header_timeout_s: float
+    max_connections: int
+    drain_pops: Callable[[], int]  # wakes every waiting long-poll pop; returns how many
+    drained_pops: int | None = None  # set by the first begin_drain()
+    in_flight: int = 0  # requests running when the drain began (parked pops included)
+    drain_started: float | None = None
+    refused_connections: int = 0
+    head_timeouts: int = 0
+
+    def begin_drain(self, in_flight: int) -> None:
+        if self.drained_pops is None:
+            self.drain_started = time.monotonic()
+            self.in_flight = in_flight
+            self.drained_pops = self.drain_pops()
+
+    def shutdown_line(self) -> str:
+        took = 0.0 if self.drain_started is None else time.monotonic() - self.drain_started
+        return (
+            f"event=shutdown drained_pops={self.drained_pops or 0} in_flight={self.in_flight} "
+            f"took_ms={took * 1000:.0f} refused_connections={self.refused_connections} "
+            f"head_timeouts={self.head_timeouts}"
+        )
+
+
+def _raw_answer(status: bytes, body: dict[str, Any], extra: bytes = b"") -> bytes:
+    payload = orjson.dumps(body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        + extra
+        + b"content-length: "
+        + str(len(payload)).encode()
+        + b"\r\n\r\n"
+        + payload
+    )
+
+
+TOO_MANY = _raw_answer(
+    b"503 Service Unavailable",
+    {"error": "too many connections to this broker process; retry later", "code": "overloaded"},
+    b"retry-after: 1\r\n",
+)
+HEAD_TIMEOUT = _raw_answer(
+    b"408 Request Timeout", {"error": "the request head did not arrive in time", "code": "request_timeout"}
+)
+
+
+class _Guard:
+    """Mixed into uvicorn's protocol classes; relies on their ``connections``, ``tasks``, ``cycle``,
+    ``transport`` and ``loop`` attributes (uvicorn >= 0.30, both implementations)."""
+
+    connections: set[Any]
+    tasks: set[asyncio.Task[None]]
+    cycle: Any
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+
+    def _guard_init(self, app_state: dict[str, Any]) -> None:
+        self._queen: Transport | None = app_state.get(STATE_KEY)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_cycle: Any = None
+
+    def _guard_connected(self) -> bool:
+        t = self._queen
+        if t is None:
+            return True
+        if len(self.connections) > t.max_connections:
+            t.refused_connections += 1
+            self.transport.write(TOO_MANY)
+            self.transport.close()
+            return False
+        self._arm_head()
+        return True
+
+    def _waiting_for_head(self) -> bool:
+        return self.cycle is None or bool(self.cycle.response_complete)
+
+    def _arm_head(self) -> None:
+        if self._queen is not None and self._head_timer is None:
+            self._head_cycle = self.cycle
+            self._head_timer = self.loop.call_later(self._queen.header_timeout_s, self._head_expired)
+
+    def _disarm_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _before_data(self) -> None:
+        if self._waiting_for_head():
+            self._arm_head()  # the first byte of a request after an idle keep-alive starts the clock
+
+    def _after_data(self) -> None:
+        if self._head_timer is not None and self.cycle is not self._head_cycle:
+            self._disarm_head()  # a new request cycle: its head is complete
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._waiting_for_head() and not self.transport.is_closing():
+            if self._queen is not None:
+                self._queen.head_timeouts += 1
+            self.transport.write(HEAD_TIMEOUT)
+            self.transport.close()
+
+    def _drain(self) -> None:
+        if self._queen is not None:
+            self._queen.begin_drain(len(self.tasks))
+
+
+if HttpToolsProtocol is not None:
+
+    class QueenHttpToolsProtocol(HttpToolsProtocol, _Guard):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._guard_init(kwargs.get("app_state") or {})
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard_connected()
+
+        def data_received(self, data: bytes) -> None:
+            self._before_data()
+            super().data_received(data)
+            self._after_data()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head()
+            super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            self._drain()
+            super().shutdown()
+
+
+class QueenH11Protocol(H11Protocol, _Guard):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard_init(kwargs.get("app_state") or {})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._guard_connected()
+
+    def data_received(self, data: bytes) -> None:
+        self._before_data()
+        super().data_received(data)
+        self._after_data()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head()
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        self._drain()
+        super().shutdown()
+
+
+AUTO_PROTOCOL = (  # an import string: spawned workers resolve it themselves
+    "queen_pg.server:QueenHttpToolsProtocol" if HttpToolsProtocol is not None else "queen_pg.server:QueenH11Protocol"
+)
+
+
+def fit_connections(wanted: int) -> int:
+    """``wanted`` connections, raising the soft file-descriptor limit toward the hard one if needed;
+    fewer (with a warning) when the hard limit cannot hold them plus some headroom."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + FD_HEADROOM
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fitted = max(soft - FD_HEADROOM, 16)
+        log.warning(
+            "event=max_connections_lowered wanted=%d fitted=%d nofile_soft=%d nofile_hard=%d",
+            wanted,
+            fitted,
+            soft,
+            hard,
+        )
+        return fitted
+    return wanted
+
+
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration of every queen-pg server (``serve``, its workers, the tests)."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "access_log": False,
+        "proxy_headers": False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
+        "http": AUTO_PROTOCOL,
+        "timeout_graceful_shutdown": settings.shutdown_grace_s,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)

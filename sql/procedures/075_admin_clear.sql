@@ -1,0 +1,180 @@
+-- Two 0.x admin calls (WIRE §9.7): dead-letter one message now, and clear a queue.
+--
+-- queen.message_dlq_v1(tenant, partition_id, txn_hash, txn, group, error, now) -> jsonb
+--   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/dlq[?consumerGroup=g]
+--   (queen_pg/engine/admin_moves.py). Dead-letters the message for ONE consumer group: the one named,
+--   else queue mode ('__QUEUE_MODE__'). A dead letter belongs to a group in this log (each group has
+--   its own cursor and retry budget), so other groups are not touched: they still read the message.
+--   The message is the one an ack of that transactionId by that group would resolve to: the oldest
+--   one the group has not settled, else the newest.
+--   Effect, as an ack with status `dlq` would have: a log_dlq row (transaction_id = p_txn, the text
+--   whose hash is p_txn_hash; error = p_error; attempts = the
+--   deliveries of the group's current range when the message is in it, else 0; payload NULL, filled by
+--   the dlq_fill job), the message settled for the group (added to `acked`, the cursor moved over it
+--   when it is next in line; acked_total + 1), the retry budget cleared when it was spent on this
+--   message. A live lease that holds the message stays; its holder's later ack of this message is a
+--   no-op; a lease whose whole range is now settled is released (released_lease_id, as an ack does).
+--   Result: {"status": "moved", "queue", "partition", "partitionId", "consumerGroup" (NULL for queue
+--   mode), "queueMode", "offset", "messageId", "leaseReleased"}; or {"status": "no_partition" |
+--   "no_group" (the group has no cursor on the partition) | "no_message" | "already_dead" (the group
+--   dead-lettered it before: nothing written) | "already_consumed" (the group completed it: nothing
+--   written), "offset"?}.
+--   Locks (docs/locks.md): the log_partitions row FOR KEY SHARE (#2; taken first so that the log_dlq
+--   insert's foreign-key check never waits on it while the cursor row is held; KEY SHARE does not wait
+--   for pushes), then the group's log_consumers row FOR UPDATE (#3).
+--
+-- queen.queue_clear_v1(tenant, queue, partition, now) -> jsonb
+--   Called by: DELETE /api/v1/queues/{queue}/clear[?partition=p]. Drops every message of the queue (or
+--   of one partition): its segments, its transactionId hashes and its dead letters. The queue, its
+--   configuration, its partitions and its consumer groups stay. Offsets are never reused: each
+--   partition keeps next_offset, and every cursor of every group moves to it (acked '{}', delivered_end
+--   = next_offset, attempts and retry budget cleared, acked_total kept), so each group has nothing
+--   pending and reads what is pushed from now on. Leases are broken: lease and released lease cleared;
+--   a holder's later ack of a dropped message finds no transactionId (success false) and changes
+--   nothing. Pending timers of the queue are not messages yet and stay; traces stay until their
+--   retention.
+--   Result: {"status": "cleared", "queue", "partition" (NULL = all), "partitions" (cleared),
+--   "messagesDropped" (retained messages), "deadLettersDropped", "leasesBroken" (live leases)} or
+--   {"status": "no_queue" | "no_partition"}.
+--   Locks (docs/locks.md): the queue row FOR UPDATE (#1: no partition or group is created meanwhile),
+--   the partitions FOR NO KEY UPDATE ascending id (#2: the push write lock), their log_consumers rows
+--   FOR UPDATE ascending (partition_id, group) (#3); then segments, hashes and dead letters deleted.
+--   Cost: one delete per table over the queue's rows; the call holds the queue's push lock meanwhile.
+--
+-- Errors: none of their own; refusals are results, which the broker maps to 404/409.
+
+CREATE OR REPLACE FUNCTION queen.message_dlq_v1(
+    p_tenant text, p_partition_id bigint, p_txn_hash uuid, p_txn text, p_group text, p_error text,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz;
+    p          record;
+    c          record;
+    t          record;
+    v_cursor   bigint;
+    v_acked    bigint[];
+    v_released boolean := false;
+BEGIN
+    SELECT lp.id, lp.name, q.name AS qname INTO p
+      FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
+     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant
+       FOR KEY SHARE OF lp;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'no_partition');
+    END IF;
+    SELECT lc.* INTO c FROM queen.log_consumers lc
+     WHERE lc.partition_id = p_partition_id AND lc.consumer_group = p_group
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'no_group');
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait
+
+    SELECT lt.msg_offset, lt.message_id, lt.created_at INTO t
+      FROM queen.log_txns lt
+     WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash
+     ORDER BY (lt.msg_offset < c.cursor_offset OR lt.msg_offset = ANY (c.acked)),
+              CASE WHEN lt.msg_offset < c.cursor_offset OR lt.msg_offset = ANY (c.acked)
+                   THEN -lt.msg_offset ELSE lt.msg_offset END
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'no_message');
+    END IF;
+    IF t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked) THEN
+        RETURN jsonb_build_object(
+            'status', CASE WHEN EXISTS (SELECT 1 FROM queen.log_dlq d
+                                         WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
+                                           AND d.consumer_group = p_group)
+                           THEN 'already_dead' ELSE 'already_consumed' END,
+            'offset', t.msg_offset);
+    END IF;
+
+    INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset, message_id,
+                               transaction_id, error, attempts, created_at, failed_at)
+    SELECT p_tenant, c.queue_id, p_partition_id, p_group, t.msg_offset, t.message_id, p_txn, p_error,
+           CASE WHEN t.msg_offset < c.delivered_end THEN c.attempts ELSE 0 END, t.created_at, v_now;
+
+    v_cursor := c.cursor_offset;
+    v_acked := array_append(c.acked, t.msg_offset);
+    WHILE v_cursor = ANY (v_acked) LOOP
+        v_acked := array_remove(v_acked, v_cursor);
+        v_cursor := v_cursor + 1;
+    END LOOP;
+    v_released := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now AND v_cursor >= c.lease_end;
+
+    UPDATE queen.log_consumers lc
+       SET cursor_offset = v_cursor,
+           acked = ARRAY(SELECT a FROM unnest(v_acked) AS a ORDER BY a),
+           acked_total = lc.acked_total + 1,
+           attempts = CASE WHEN v_cursor >= lc.delivered_end THEN 0 ELSE lc.attempts END,
+           fail_offset = CASE WHEN lc.fail_offset = t.msg_offset OR lc.fail_offset < v_cursor THEN NULL
+                              ELSE lc.fail_offset END,
+           failures = CASE WHEN lc.fail_offset = t.msg_offset OR lc.fail_offset < v_cursor THEN 0
+                           ELSE lc.failures END,
+           released_lease_id = CASE WHEN v_released THEN lc.lease_id ELSE lc.released_lease_id END,
+           lease_id = CASE WHEN v_released THEN NULL ELSE lc.lease_id END,
+           lease_expires_at = CASE WHEN v_released THEN NULL ELSE lc.lease_expires_at END,
+           lease_end = CASE WHEN v_released THEN NULL ELSE lc.lease_end END
+     WHERE lc.partition_id = p_partition_id AND lc.consumer_group = p_group;
+
+    RETURN jsonb_build_object(
+        'status', 'moved', 'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
+        'consumerGroup', nullif(p_group, '__QUEUE_MODE__'), 'queueMode', p_group = '__QUEUE_MODE__',
+        'offset', t.msg_offset, 'messageId', t.message_id, 'leaseReleased', v_released);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.queue_clear_v1(
+    p_tenant text, p_queue text, p_partition text, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz;
+    v_qid      bigint;
+    v_pids     bigint[];
+    v_messages bigint;
+    v_dead     bigint;
+    v_broken   bigint;
+BEGIN
+    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'no_queue');
+    END IF;
+    SELECT array_agg(l.id ORDER BY l.id) INTO v_pids
+      FROM (SELECT lp.id FROM queen.log_partitions lp
+             WHERE lp.queue_id = v_qid AND (p_partition IS NULL OR lp.name = p_partition)
+             ORDER BY lp.id
+               FOR NO KEY UPDATE) AS l;
+    IF v_pids IS NULL AND p_partition IS NOT NULL THEN
+        RETURN jsonb_build_object('status', 'no_partition');
+    END IF;
+    v_pids := coalesce(v_pids, '{}');
+    PERFORM 1 FROM queen.log_consumers lc
+     WHERE lc.partition_id = ANY (v_pids)
+     ORDER BY lc.partition_id, lc.consumer_group
+       FOR UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait
+
+    SELECT coalesce(sum(s.end_offset - s.base_offset), 0) INTO v_messages
+      FROM queen.log_segments s WHERE s.partition_id = ANY (v_pids);
+    SELECT count(*) FILTER (WHERE lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now) INTO v_broken
+      FROM queen.log_consumers lc WHERE lc.partition_id = ANY (v_pids);
+
+    DELETE FROM queen.log_segments s WHERE s.partition_id = ANY (v_pids);
+    DELETE FROM queen.log_txns t WHERE t.partition_id = ANY (v_pids);
+    DELETE FROM queen.log_dlq d WHERE d.partition_id = ANY (v_pids);
+    GET DIAGNOSTICS v_dead = ROW_COUNT;
+    UPDATE queen.log_consumers lc
+       SET cursor_offset = p.next_offset, acked = '{}',
+           lease_id = NULL, lease_expires_at = NULL, lease_end = NULL, released_lease_id = NULL,
+           delivered_end = p.next_offset, attempts = 0, fail_offset = NULL, failures = 0
+      FROM queen.log_partitions p
+     WHERE p.id = lc.partition_id AND lc.partition_id = ANY (v_pids);
+
+    RETURN jsonb_build_object(
+        'status', 'cleared', 'queue', p_queue, 'partition', p_partition, 'partitions', cardinality(v_pids),
+        'messagesDropped', v_messages, 'deadLettersDropped', v_dead, 'leasesBroken', v_broken);
+END;
+$$;

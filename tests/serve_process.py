@@ -1,0 +1,77 @@
+"""`queen-pg serve` as a real child process on a test database: for behaviour that belongs to the
+process (signals, memory, sockets), as an operator runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port
+from tests.helpers import until
+
+
+class ServeProcess:
+    def __init__(self, db_url: str, log_path: Path, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "PORT": str(self.port),
+            "QUEEN_HOST": "127.0.0.1",
+            "QUEEN_JOBS_ENABLED": "0",
+            "QUEEN_APPLY_SCHEMA": "0",  # the test database is a copy of the template that holds sql/
+            "QUEEN_LOG_LEVEL": "info",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "queen_pg.cli", "serve"], env=self.env, stdout=out, stderr=out
+            )
+        return self.proc
+
+    async def start(self) -> None:
+        proc = await asyncio.to_thread(self.spawn)
+        async with httpx.AsyncClient(timeout=1) as http:
+
+            async def healthy() -> bool:
+                assert proc.poll() is None, f"the broker exited: {self.log()}"
+                try:
+                    return (await http.get(f"{self.url}/health")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await until(healthy, "the broker to answer /health", within=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS line")
+
+    def terminate(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

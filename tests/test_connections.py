@@ -1,0 +1,118 @@
+"""Connection guards of the HTTP server (queen_pg/server.py), with raw sockets against a real broker,
+for both of uvicorn's HTTP implementations: a client dribbling its request head (or sending nothing)
+is answered 408 and closed once header_timeout_s has passed; a request that takes longer than that
+(a long-poll) and the keep-alive request after it are untouched; beyond max_connections a new
+connection is answered 503 + Retry-After and closed, and admitted again once one has gone."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import uvicorn
+
+from queen_pg.server import uvicorn_config
+from tests.conftest import Broker, broker_settings
+from tests.helpers import eventually
+
+PROTOCOLS = ["queen_pg.server:QueenHttpToolsProtocol", "queen_pg.server:QueenH11Protocol"]
+
+
+@pytest.fixture(params=PROTOCOLS, ids=["httptools", "h11"])
+async def guarded(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Callable[..., Any]]:
+    started: list[Broker] = []
+
+    async def start(**overrides: Any) -> Broker:
+        settings = broker_settings(db_url, jobs_enabled=False, **overrides)
+        b = Broker(settings)
+        config = uvicorn_config(b.app, settings, log_level="warning", lifespan="on", http=request.param)
+        b.server = uvicorn.Server(config)
+        await b.start()
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        await b.stop()
+
+
+async def read_all(reader: asyncio.StreamReader) -> bytes:
+    out = b""
+    while chunk := await reader.read(65536):
+        out += chunk
+    return out
+
+
+async def test_a_dribbling_head_is_closed_within_the_timeout(guarded: Callable[..., Any]) -> None:
+    b = await guarded(header_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 1000
+    t0 = time.monotonic()
+
+    async def dribble() -> None:
+        for byte in head:  # one byte every 20 ms: each byte is "activity", none completes the head
+            if writer.is_closing():
+                return
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.02)  # the client's pace, not a wait for the broker
+
+    sender = asyncio.create_task(dribble())
+    answer = await asyncio.wait_for(read_all(reader), 5)
+    closed_after = time.monotonic() - t0
+    sender.cancel()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 0.4 <= closed_after < 2.0, closed_after
+
+
+async def test_a_silent_connection_is_closed_within_the_timeout(guarded: Callable[..., Any]) -> None:
+    b = await guarded(header_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    t0 = time.monotonic()
+    answer = await asyncio.wait_for(read_all(reader), 5)
+    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 2.0
+    writer.close()
+    await eventually(lambda: not b.server.server_state.connections, "the broker to forget the connection")
+
+
+async def test_a_long_request_and_keep_alive_are_not_cut(guarded: Callable[..., Any]) -> None:
+    b = await guarded(header_timeout_s=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    # a long-poll that lasts 3x the head timeout, then a second request on the same connection
+    writer.write(b"GET /api/v1/pop/queue/none?wait=true&timeout=1000 HTTP/1.1\r\nhost: x\r\n\r\n")
+    await writer.drain()
+    first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert first.startswith(b"HTTP/1.1 204"), first
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    await writer.drain()
+    second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert second.startswith(b"HTTP/1.1 200"), second
+    writer.close()
+
+
+async def test_connections_beyond_the_cap_are_refused_with_503(guarded: Callable[..., Any]) -> None:
+    b = await guarded(max_connections=4)
+    held = [await asyncio.open_connection("127.0.0.1", b.port) for _ in range(4)]
+    await eventually(lambda: len(b.server.server_state.connections) == 4, "four connections")
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    answer = await asyncio.wait_for(read_all(reader), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert b"retry-after: 1" in answer.lower() and b'"code":"overloaded"' in answer
+    # a held connection still works
+    r0, w0 = held[0]
+    w0.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await asyncio.wait_for(r0.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+    # one goes: a new one is admitted
+    _, w1 = held.pop()
+    w1.close()
+    await eventually(lambda: len(b.server.server_state.connections) == 3, "the broker to see it go")
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+    writer.close()
+    for _, w in held:
+        w.close()
