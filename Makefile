@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench fresh
+.PHONY: help run test lint install clean bench bench-mesh chaos fresh
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,12 @@ bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks
 
 fresh: ## the CI fresh-machine check: wheel -> empty venv -> serve outside the tree -> queen-mq push/pop (~1 min)
 	bash .ci/fresh_machine.sh
+
+bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed replicas, ~3 min): benchmarks/results-mesh.json
+	$(BIN)/python -m benchmarks.mesh_idle $(BENCH_ARGS)
+
+chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -9 and a PostgreSQL restart, zero lost
+	QUEEN_CHAOS=1 $(BIN)/python -m pytest tests/chaos -s -p no:cacheprovider -o timeout=600
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -36,6 +36,7 @@ from queen_pg.api import (
 from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
+from queen_pg.api.forwarded import Forwarded
 from queen_pg.api.internal import InternalErrors
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
@@ -49,6 +50,7 @@ from queen_pg.jobs.maintenance import start_refresher
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
+from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.security import install as install_security
 from queen_pg.server import STATE_KEY, Transport, fit_connections
@@ -81,7 +83,9 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.queen = AppState(
             settings=settings,
             db=db,
-            waiters=Waiters(settings.max_waiters),
+            waiters=Waiters(
+                settings.max_waiters, settings.pop_poll_interval_ms / 1000, settings.pop_poll_max_ms / 1000
+            ),
             limiters=build_limiters(_limiter_config(settings)),
             admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
             storage=storage,
@@ -95,13 +99,17 @@ def create_app(settings: Settings) -> FastAPI:
                 jobs, db, app.state.queen.waiters.notify, settings.stats_retention_hours, settings.trace_retention_hours
             )
         # in every process, jobs or not: it gates this process's pushes and pops
-        await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
+        refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
+        mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
+        if mesh is not None:  # binds now (a port in use fails the boot); dials under the supervisor
+            await mesh.start()
+            jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
             await storage.refresh(db)
             jobs.start_job(storage, db)
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
-            jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs))
+            jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs, q.mesh))
         transport = Transport(
             settings.header_timeout_s,
             fit_connections(settings.max_connections),
@@ -115,7 +123,8 @@ def create_app(settings: Settings) -> FastAPI:
                 transport.begin_drain(0)
             log.info(transport.shutdown_line())
             await fuser.close()  # fused calls whose requests went away
-            await jobs.stop()  # before the pool closes: a job may be inside a call
+            await jobs.stop()  # before the pool closes: a job may be inside a call (and the mesh closes)
+            app.state.queen.waiters.close()
             await db.close()
             metrics.close()
             log.info("event=broker_stopped")
@@ -133,7 +142,8 @@ def create_app(settings: Settings) -> FastAPI:
     install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
     app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
-    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: sees every answer, 413s included
+    app.add_middleware(HttpMetrics, metrics=metrics)  # sees every answer, 413s included
+    app.add_middleware(Forwarded, trusted=settings.trusted_proxies)  # client/scheme for logs: trusted proxies
 
     @app.exception_handler(QueenError)
     async def _queen_error(request: Request, exc: QueenError) -> Response:

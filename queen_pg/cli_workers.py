@@ -10,6 +10,11 @@ supervisor (spawned workers, restarted if one dies).
 Every worker runs the background jobs: each tick elects one leader through
 ``pg_try_advisory_xact_lock`` (docs/locks.md), so N workers do the work once, as N replicas would.
 Each worker has its own pool of ``db_pool_size`` connections: N x that in total.
+
+The workers are peers of the wake mesh (``queen_pg/mesh/``): each listens on ``<pid>.sock`` in a
+private directory made here (``mesh_local_dir``) and dials its siblings', so a push served by one
+worker wakes the pops parked on another at once. With ``mesh_port`` set they also share that TCP
+port (SO_REUSEPORT) and relay what a remote replica tells one of them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import MutableMapping
+from pathlib import Path
 
 import orjson
 from pydantic import AliasChoices
@@ -70,6 +76,10 @@ def serve_workers(settings: Settings) -> int:
     if settings.apply_schema and settings.database_url:
         asyncio.run(_apply_schema_once(settings.database_url))
         settings = settings.model_copy(update={"apply_schema": False})
+    mesh_dir = None
+    if settings.mesh_local_dir is None:  # the workers wake each other through Unix sockets here
+        mesh_dir = tempfile.mkdtemp(prefix="queen-pg-mesh-")  # mode 0700: only this user's processes
+        settings = settings.model_copy(update={"mesh_local_dir": Path(mesh_dir)})
     export_settings(settings, os.environ)
     own_dir = not os.environ.get(MULTIPROC_ENV)
     if own_dir:
@@ -85,6 +95,8 @@ def serve_workers(settings: Settings) -> int:
             return 1
         return 0
     finally:
+        if mesh_dir is not None:
+            shutil.rmtree(mesh_dir, ignore_errors=True)
         if own_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
             os.environ.pop(MULTIPROC_ENV, None)

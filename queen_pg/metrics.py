@@ -159,6 +159,35 @@ class Metrics:
             registry=reg,
             multiprocess_mode="livesum",
         )
+        self.probes = Counter(
+            "queen_longpoll_probes",
+            "Database re-checks made for parked long-poll pops (one per queue/group/partition, backed off)",
+            registry=reg,
+        )
+        self.skipped = Counter(
+            "queen_longpoll_claims_skipped",
+            "Pop claims skipped because the queue was known empty (no wake since the last empty look)",
+            registry=reg,
+        )
+        self.mesh_peers = Gauge(
+            "queen_mesh_peers_connected",
+            "Mesh peers this process is connected to",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.mesh_outbox = Gauge(
+            "queen_mesh_outbox_frames", "Mesh frames queued for peers", registry=reg, multiprocess_mode="livesum"
+        )
+        self.mesh_frames = Counter(
+            "queen_mesh_frames", "Mesh frames by direction (sent, received, relayed)", ["direction"], registry=reg
+        )
+        self.mesh_dropped = Counter(
+            "queen_mesh_frames_dropped",
+            "Mesh frames dropped: direction send (peer_down, queue_full) or recv (bad_mac, stale, oversize, "
+            "truncated, malformed, version, no_hello)",
+            ["direction", "reason"],
+            registry=reg,
+        )
         self.limiter = Gauge(
             "queen_limiter",
             "Concurrency limiter state per route family (field: limit, inflight, queued, rtt, ...)",
@@ -272,8 +301,25 @@ class Metrics:
             self._child(metric, (label,)).inc(delta)
             self._seen[key] = total
 
-    def sample(self, db: Database | None, waiters: Any, limiters: Any, supervisor: Any) -> None:
+    def _feed2(self, metric: Any, labels: tuple[str, ...], total: float) -> None:
+        """:meth:`_feed` for any label tuple (none included)."""
+        key = (id(metric), "\x00".join(labels))
+        delta = total - self._seen.get(key, 0.0)
+        if delta > 0:
+            (self._child(metric, labels) if labels else metric).inc(delta)
+            self._seen[key] = total
+
+    def sample(self, db: Database | None, waiters: Any, limiters: Any, supervisor: Any, mesh: Any = None) -> None:
         """Read the in-process gauges; every argument may be None (not there yet or not built)."""
+        if mesh is not None:
+            self.mesh_peers.set(mesh.connected)
+            self.mesh_outbox.set(mesh.outbox_depth)
+            self._feed(self.mesh_frames, "sent", mesh.frames_sent)
+            self._feed(self.mesh_frames, "received", mesh.frames_received)
+            self._feed(self.mesh_frames, "relayed", mesh.frames_relayed)
+            for key, n in list(mesh.dropped.items()):
+                direction, _, reason = key.partition(":")
+                self._feed2(self.mesh_dropped, (direction, reason), n)
         if db is not None:
             try:
                 pool = db.pool
@@ -287,6 +333,8 @@ class Metrics:
         if waiters is not None:
             self.waiters.set(waiters.parked)
             self.waiters_limit.set(waiters.limit)
+            self._feed2(self.probes, (), getattr(waiters, "probes", 0))
+            self._feed2(self.skipped, (), getattr(waiters, "skipped", 0))
         if isinstance(limiters, Mapping):
             for family, limiter in limiters.items():
                 try:
@@ -341,10 +389,10 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.exposed)
 
-    async def run_sampler(self, db: Database, waiters: Any, limiters: Any, supervisor: Any) -> None:
+    async def run_sampler(self, db: Database, waiters: Any, limiters: Any, supervisor: Any, mesh: Any = None) -> None:
         """With several workers: keep this worker's gauges and ack names current for any scrape."""
         while True:
-            self.sample(db, waiters, limiters, supervisor)
+            self.sample(db, waiters, limiters, supervisor, mesh)
             try:
                 await self.resolve_acks(db)
             except QueenError as exc:

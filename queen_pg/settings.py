@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     pop_poll_interval_ms: int = Field(
         1000, ge=10, le=60_000, description="A parked long-poll pop re-checks the database this often."
     )
+    pop_poll_max_ms: int = Field(
+        10_000,
+        ge=10,
+        le=600_000,
+        description="A parked pop's database re-check is a safety net (wakes come from pushes, the mesh and "
+        "lease expiry): it backs off from pop_poll_interval_ms to this, jittered, and one re-check serves "
+        "every pop parked on the same queue, group and partition.",
+    )
     max_waiters: int = Field(10_000, ge=1, description="Most long-poll pops parked at once per worker.")
     default_tenant: str = Field("default", min_length=1, description="Tenant of every request.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
@@ -263,6 +271,62 @@ class Settings(BaseSettings):
         "", description="Comma-separated Host names (host or host:port) accepted; others 400. Empty: any."
     )
     cors_origins: str = Field("", description="Comma-separated origins allowed by CORS (* = any); empty: no CORS.")
+
+    # the wake mesh (queen_pg/mesh/) and the proxy in front (deploy/)
+    mesh_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="TCP port of the wake mesh (replicas tell each other about pushes, maintenance flips and "
+        "queue-config changes); unset = no mesh listener.",
+    )
+    mesh_bind: str = Field("127.0.0.1", description="Address the mesh listens on (loopback by default).")
+    mesh_peers: str = Field(
+        "",
+        description="The other replicas' mesh addresses, comma-separated host:port (listing this replica "
+        "too is fine: it notices and skips itself).",
+    )
+    mesh_secret: str = Field(
+        "",
+        description="Shared secret: every mesh frame carries an HMAC-SHA256 with it; frames that fail are "
+        "dropped and counted. Required when the mesh listens beyond loopback or has peers beyond it.",
+    )
+    mesh_outbox: int = Field(
+        1024, ge=1, le=1_000_000, description="Mesh frames queued per peer; beyond it frames to that peer are dropped."
+    )
+    mesh_local_dir: Path | None = Field(
+        None,
+        description="Directory of the Unix sockets through which the workers of one host wake each other; "
+        "`queen-pg serve --workers N` sets it.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses/CIDRs of reverse proxies whose X-Forwarded-For/-Proto are "
+        "believed (for logs and metrics only, never for authorisation).",
+    )
+
+    @model_validator(mode="after")
+    def _mesh(self) -> Settings:
+        from ipaddress import ip_address
+
+        from queen_pg.mesh.node import parse_peers
+
+        peers = parse_peers(self.mesh_peers)
+        if peers and self.mesh_port is None:
+            raise ValueError("mesh_peers needs mesh_port: a replica must listen to be woken")
+        if self.mesh_port is not None and not self.mesh_secret:
+
+            def loopback(host: str) -> bool:
+                if host == "localhost":
+                    return True
+                try:
+                    return ip_address(host).is_loopback
+                except ValueError:
+                    return False
+
+            if not loopback(self.mesh_bind) or not all(loopback(h) for h, _ in peers):
+                raise ValueError("mesh_secret is required when the mesh listens or dials beyond loopback")
+        return self
 
     @model_validator(mode="after")
     def _overload(self) -> Settings:

@@ -148,7 +148,7 @@ async def test_a_client_gone_mid_body_is_not_an_internal_error(
 ) -> None:
     with caplog.at_level(logging.DEBUG, logger="queen_pg"):
         _, writer = await asyncio.open_connection("127.0.0.1", broker.port)
-        writer.write(b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"items\"")
+        writer.write(b'POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"items"')
         await writer.drain()
         await eventually(lambda: bool(broker.server.server_state.tasks), "the push to start")
         writer.close()

@@ -22,6 +22,7 @@ from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import BAD_JSON, NAME_TOO_LONG, STORAGE_FULL, QueenError, bad_request
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.limiter import Limiter
+from queen_pg.mesh.node import Mesh
 from queen_pg.security import principal
 from queen_pg.settings import Settings
 
@@ -44,6 +45,7 @@ class AppState:
     # maintenance switches as this process last read them (queen_pg/jobs/maintenance.py)
     maintenance: Maintenance = field(default_factory=Maintenance)
     started_at: float = field(default_factory=time.time)  # wall clock when this state was built
+    mesh: Mesh | None = None  # the wake mesh (queen_pg/mesh/); None = not configured
 
 
 def state(request: Request) -> AppState:

@@ -35,6 +35,9 @@ async def configure(request: Request) -> Response:
         raise bad_request("encryptionEnabled=true is not supported by this broker yet")
     st = state(request)
     result = await queue_engine.configure(st.db, tenant(request), body.queue, body.namespace, body.task, options)
+    st.waiters.wake(tenant(request), body.queue)  # new options (a shorter delay, ...) may free messages
+    if st.mesh is not None:
+        st.mesh.publish_config(tenant(request), body.queue)
     return json_response({"success": True, "queue": body.queue, **result, "configured": True})
 
 

@@ -88,7 +88,13 @@ async def metrics(request: Request) -> Response:
     m: Metrics = request.app.state.metrics
     st = getattr(request.app.state, "queen", None)
     db = getattr(st, "db", None)
-    m.sample(db, getattr(st, "waiters", None), getattr(st, "limiters", None), getattr(request.app.state, "jobs", None))
+    m.sample(
+        db,
+        getattr(st, "waiters", None),
+        getattr(st, "limiters", None),
+        getattr(request.app.state, "jobs", None),
+        getattr(st, "mesh", None),
+    )
     if db is not None:
         await m.refresh(db)
     text = m.render()

@@ -73,6 +73,8 @@ async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response
     body = await parse_body(request, SwitchBody)
     st = state(request)
     await maintenance_engine.set_switch(st.db, st.maintenance, switch, body.enabled)
+    if st.mesh is not None:  # the other replicas re-read the switches now, not at their next tick
+        st.mesh.publish_maintenance()
     return json_response({"success": True, **st.maintenance.answer()})
 
 

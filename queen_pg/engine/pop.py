@@ -1,8 +1,11 @@
 """Pop: claim and lease through ``queen.pop_v1``; long-poll without holding a connection.
 
 A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
-permit (the caller's ``permit`` is held only around each claim, and taken again on wake), and
-re-polls at least every ``poll_interval`` (pushes through other replicas, expired leases). It stops
+permit (the caller's ``permit`` is held only around each claim, and taken again on wake). Wakes come
+from pushes (here, or from a peer through the mesh), from the jobs, and from the lease this process
+handed out expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
+net, shared by the pops parked on the same queue/group/partition and backed off from
+``poll_interval`` to the waiters' ``poll_max`` (``queen_pg/engine/probes.py``). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
 time left) so it never leases messages nobody will receive. For the same reason a pop whose client
 went away (the route watches for the disconnect) claims nothing more, and a lease a claim took while
@@ -113,6 +116,23 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
     return answer
 
 
+def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> None:
+    """Wake this process's pops parked on a claimed queue when the lease expires (unless acked by
+    then, the partition is claimable again at that moment)."""
+    soonest: dict[str, datetime] = {}
+    for row in rows:
+        at = row["lease_expires_at"]
+        if at is not None and (row["queue_name"] not in soonest or at < soonest[row["queue_name"]]):
+            soonest[row["queue_name"]] = at
+    if not soonest:
+        return
+    now = datetime.now(UTC)
+    for queue, at in soonest.items():
+        seconds = (at - now).total_seconds()
+        waiters.wake_after(tenant, queue, seconds)
+        waiters.wake_after(tenant, ANY_QUEUE, seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """What one pop_v1 call leased, per partition: enough to give it back (:func:`release`)."""
@@ -140,7 +160,9 @@ def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
     )
 
 
-async def _claim(db: Database, tenant: str, req: PopRequest) -> tuple[dict[str, Any] | None, Claim | None]:
+async def _claim(
+    db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None
+) -> tuple[dict[str, Any] | None, Claim | None]:
     lease_id = uuid.uuid4()
     rows = await db.fetch(
         POP_SQL,
@@ -160,11 +182,13 @@ async def _claim(db: Database, tenant: str, req: PopRequest) -> tuple[dict[str, 
     )
     if not rows:
         return None, None
+    if waiters is not None and not req.auto_ack:
+        schedule_lease_wakes(waiters, tenant, rows)
     return render(req, lease_id, rows), (None if req.auto_ack else _claimed(lease_id, rows))
 
 
-async def claim(db: Database, tenant: str, req: PopRequest) -> dict[str, Any] | None:
-    return (await _claim(db, tenant, req))[0]
+async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
+    return (await _claim(db, tenant, req, waiters))[0]
 
 
 async def release(db: Database, tenant: str, req: PopRequest, got: Claim) -> int:
@@ -205,26 +229,55 @@ async def pop(
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
     ev = waiters.subscribe(tenant, wake_key, wake) if req.wait else None
+    scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
+    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval) if req.wait else None
+    woken = False  # the last park ended with a wake (not the shared re-check's timer)
     try:
         while True:
             if paused() or gone():
                 return None
             if ev is not None:
                 ev.clear()  # set again by a push that commits from now on
-            async with permit():
-                answer, got = await _claim(db, tenant, req)
+            answer, got, probing = None, None, False
+            action = probe.begin(clock()) if probe is not None else "claim"
+            if action is None:  # known empty and the group's re-check is not due: no database call
+                waiters.skipped += 1
+            else:
+                probing = action == "probe"
+                waiters.probes += probing
+                gated = probe is not None and woken
+                async with probe.gate if gated and probe is not None else nullcontext():
+                    if (
+                        gated
+                        and probe is not None
+                        and (clock() >= stop_claiming or (not probing and probe.known_empty()))
+                    ):
+                        waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
+                    elif not gone():
+                        token = probe.epoch if probe is not None else 0
+                        try:
+                            async with permit():
+                                answer, got = await _claim(db, tenant, req, waiters)
+                        finally:
+                            if probe is not None:
+                                probe.end(token, answer is not None, probing, clock())
             if gone():  # nobody to answer: the lease goes back at once instead of expiring
                 if got is not None:
                     await release(db, tenant, req, got)
                 return None
             if answer is not None or ev is None:
+                if answer is not None and probing:  # found without a wake: the others may have work too
+                    waiters.wake(tenant, wake_key)
                 return answer
             left = stop_claiming - clock()
             if left <= 0 or waiters.draining:
                 return None
-            await waiters.park(ev, min(left, poll_interval))
+            assert probe is not None
+            woken = await waiters.park(ev, min(left, probe.park_for(clock())))
             if clock() >= stop_claiming or waiters.draining:
                 return None
     finally:
         if ev is not None:
             waiters.release(tenant, wake_key, ev)
+        if probe is not None:
+            waiters.leave(probe)

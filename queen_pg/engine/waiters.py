@@ -4,13 +4,34 @@ Each waiting pop owns one event, registered under its (tenant, queue) key for th
 clears the event *before* each claim attempt, so a push that commits after the attempt started
 always wakes it. Anyone may set a pop's event: a push (``notify``), the pop's own client going away
 (queen_pg/api/longpoll.py), and shutdown (``drain``), after which every pop answers without parking
-again. Wake-ups are hints: a lost one costs latency up to the poll interval, never a message. The
+again. Wake-ups are hints: a lost one costs latency up to the shared re-check, never a message. The
 number of parked pops is bounded.
+
+:meth:`Waiters.notify` is what the engine calls when a queue got messages: it wakes this process's
+pops and hands the news to the sinks (the mesh, ``queen_pg/mesh/``, which tells the other replicas
+and workers; the engine never imports it). :meth:`Waiters.wake` is the local half, used for wakes
+that come from a peer. :meth:`Waiters.wake_after` schedules a local wake (a lease this process
+handed out expires then). Pops parked on the same thing share their database re-check
+(``queen_pg/engine/probes.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Callable
+
+from queen_pg.engine.probes import Probe
+
+Sink = Callable[[str, str], None]
+
+
+def tenant_of(key: tuple[object, ...]) -> str:
+    return str(key[0])
+
+
+def queue_of(key: tuple[object, ...]) -> str:
+    return str(key[1])
 
 
 class TooManyWaiters(Exception):
@@ -18,11 +39,48 @@ class TooManyWaiters(Exception):
 
 
 class Waiters:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, poll_min: float = 1.0, poll_max: float = 10.0) -> None:
         self.limit = limit
         self.parked = 0
         self.draining = False
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self.poll_min = poll_min
+        self.poll_max = max(poll_max, poll_min)
+        self.probes = 0  # database re-checks made by parked pops (safety net), for metrics
+        self.skipped = 0  # claims skipped because the queue was known empty, for metrics
+        self._groups: dict[tuple[object, ...], Probe] = {}
+        self._by_queue: dict[tuple[str, str], dict[tuple[object, ...], Probe]] = {}  # wake -> groups
+        self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
+        self._sinks: list[Sink] = []
+        self._rng = random.Random()
+        self._keep = max(4 * limit, 1024)  # idle probe groups kept (their "known empty" state), timers
+
+    def add_sink(self, sink: Sink) -> None:
+        """``sink(tenant, queue)`` hears every :meth:`notify` (the mesh)."""
+        self._sinks.append(sink)
+
+    def probe(self, tenant: str, queue: str, *scope: object, poll_min: float | None = None) -> Probe:
+        """The shared re-check of the pops parked on (tenant, queue, *scope); :meth:`leave` when done.
+        Its first re-check comes ``poll_min`` (default: the waiters') after an empty look."""
+        key = (tenant, queue, *scope)
+        g = self._groups.get(key)
+        if g is None:
+            if len(self._groups) >= self._keep:  # forget idle groups (their state is only an optimisation)
+                for k in [k for k, v in self._groups.items() if v.users == 0]:
+                    del self._groups[k]
+                    by = self._by_queue.get((tenant_of(k), queue_of(k)))
+                    if by is not None:
+                        by.pop(k, None)
+                        if not by:
+                            del self._by_queue[(tenant_of(k), queue_of(k))]
+            first = self.poll_min if poll_min is None else poll_min
+            g = self._groups[key] = Probe(first, max(self.poll_max, first), self._rng)
+            self._by_queue.setdefault((tenant, queue), {})[key] = g
+        g.users += 1
+        return g
+
+    def leave(self, probe: Probe) -> None:
+        probe.users -= 1
 
     def subscribe(self, tenant: str, queue: str, ev: asyncio.Event | None = None) -> asyncio.Event:
         """Register ``ev`` (a new event when None) to be set by the next push to (tenant, queue); call
@@ -42,8 +100,18 @@ class Waiters:
                 del self._subs[key]
 
     def notify(self, tenant: str, queue: str) -> None:
-        """A push to (tenant, queue) committed: wake everyone waiting there."""
-        for ev in self._subs.get((tenant, queue), ()):
+        """A push to (tenant, queue) committed (or its partitions became claimable): wake everyone
+        waiting there, here and, through the sinks, on the peers."""
+        self.wake(tenant, queue)
+        for sink in self._sinks:
+            sink(tenant, queue)
+
+    def wake(self, tenant: str, queue: str) -> None:
+        """Wake the pops of this process waiting on (tenant, queue)."""
+        key = (tenant, queue)
+        for g in self._by_queue.get(key, {}).values():
+            g.epoch += 1  # whatever the group knew about the queue is stale
+        for ev in self._subs.get(key, ()):
             ev.set()
 
     def drain(self) -> int:
@@ -56,6 +124,26 @@ class Waiters:
                 ev.set()
             woken += len(subs)
         return woken
+
+    def wake_after(self, tenant: str, queue: str, seconds: float) -> None:
+        """Schedule a local :meth:`wake` of (tenant, queue) in ``seconds`` (rounded up to 100 ms;
+        one timer per queue and 100 ms). Fires only if someone is parked there then."""
+        loop = asyncio.get_running_loop()
+        slot = int((loop.time() + max(seconds, 0.0)) * 10) + 1
+        tkey = (tenant, queue, slot)
+        if tkey in self._timers or len(self._timers) >= self._keep:
+            return
+        self._timers[tkey] = loop.call_at(slot / 10, self._fire, tkey)
+
+    def _fire(self, tkey: tuple[str, str, int]) -> None:
+        self._timers.pop(tkey, None)
+        if (tkey[0], tkey[1]) in self._subs:
+            self.wake(tkey[0], tkey[1])
+
+    def close(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
 
     async def park(self, ev: asyncio.Event, seconds: float) -> bool:
         """Wait for ``ev`` up to ``seconds``; False when the time ran out."""

@@ -13,6 +13,7 @@ interval, so the switches are current again within one interval of the database 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from queen_pg.db.pool import Database
@@ -30,6 +31,11 @@ class MaintenanceRefresher:
         self.cache = cache
         self.interval_s = interval_s
         self.failing = False
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        """Re-read now rather than at the next tick (a peer flipped a switch: queen_pg/mesh/)."""
+        self._kick.set()
 
     async def refresh_once(self) -> bool:
         """One read; False (and the cache untouched) when it failed."""
@@ -50,7 +56,10 @@ class MaintenanceRefresher:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._kick.wait()
+            self._kick.clear()
             await self.refresh_once()
 
 

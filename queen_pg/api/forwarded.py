@@ -1,0 +1,54 @@
+"""X-Forwarded-For / X-Forwarded-Proto from trusted proxies only, and the debug access log.
+
+The broker usually sits behind a reverse proxy (``deploy/``). The address and scheme a request came
+with are used for logs and metrics only, never to authorise anything. They are taken from
+``X-Forwarded-For``/``X-Forwarded-Proto`` only when the connection comes from an address in
+``trusted_proxies`` (addresses or CIDRs, ``*`` for any; uvicorn's own proxy-header handling is turned
+off by ``queen-pg serve`` so this is the one place that decides); from anyone else the headers are
+ignored and the peer address stands. With ``log_level=debug`` every request is logged as
+``event=request client=... scheme=...``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+log = logging.getLogger("queen_pg.access")
+
+
+class Forwarded:
+    def __init__(self, app: Any, trusted: str = "") -> None:
+        self.app = app
+        hosts = [h.strip() for h in trusted.split(",") if h.strip()]
+        self.inner: Any = ProxyHeadersMiddleware(app, trusted_hosts=hosts) if hosts else app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not log.isEnabledFor(logging.DEBUG):
+            await self.inner(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+
+        async def sending(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, sending)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            log.debug(
+                "event=request client=%s scheme=%s method=%s path=%s status=%d ms=%.1f",
+                client[0],
+                scope.get("scheme", "http"),
+                scope.get("method", "-"),
+                scope.get("path", "-"),
+                status,
+                (time.perf_counter() - started) * 1000,
+            )

@@ -1,0 +1,113 @@
+"""The mesh frame: small, length-prefixed, HMAC-SHA256-signed.
+
+Layout (big-endian)::
+
+    u32 length        bytes that follow (header rest + body + mac)
+    u8  version       FRAME_VERSION
+    u8  kind          HELLO, WAKE, MAINTENANCE, CONFIG
+    u8  flags         RELAYED: a frame a worker re-sent to its siblings on the same host
+    u64 sent_ms       sender's wall clock, ms since the epoch (frames older than MAX_AGE_S are dropped)
+    ... body          JSON (orjson)
+    32  mac           HMAC-SHA256(secret, version..body)
+
+Every frame is signed, the handshake included, so a peer without the secret never gets a frame
+through: the receiver counts it (by reason) and closes the connection. A replayed frame is at worst a
+spurious wake (the mesh carries hints only) and only within MAX_AGE_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+FRAME_VERSION = 1
+HELLO, WAKE, MAINTENANCE, CONFIG = 1, 2, 3, 4
+KINDS = frozenset((HELLO, WAKE, MAINTENANCE, CONFIG))
+RELAYED = 0x01
+MAX_FRAME = 64 * 1024  # bytes after the length prefix
+MAX_AGE_S = 30.0
+_LEN = struct.Struct(">I")
+_HEAD = struct.Struct(">BBBQ")
+MAC_LEN = 32
+MIN_FRAME = _HEAD.size + MAC_LEN
+MAX_BODY = MAX_FRAME - MIN_FRAME
+
+
+class FrameError(Exception):
+    """A frame that must not be acted on; ``reason`` is the metrics label. ``fatal``: the stream can
+    no longer be trusted or re-synchronised, close the connection."""
+
+    def __init__(self, reason: str, fatal: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fatal = fatal
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: int
+    flags: int
+    sent_ms: int
+    body: Any
+
+
+def _mac(secret: bytes, signed: bytes) -> bytes:
+    return hmac.new(secret, signed, hashlib.sha256).digest()
+
+
+def encode(kind: int, body: Any, secret: bytes, flags: int = 0, now_ms: int | None = None) -> bytes:
+    payload = orjson.dumps(body)
+    if len(payload) > MAX_BODY:
+        raise ValueError(f"mesh frame body of {len(payload)} bytes exceeds {MAX_BODY}")
+    sent = int(time.time() * 1000) if now_ms is None else now_ms
+    signed = _HEAD.pack(FRAME_VERSION, kind, flags, sent) + payload
+    return _LEN.pack(len(signed) + MAC_LEN) + signed + _mac(secret, signed)
+
+
+def decode(data: bytes, secret: bytes, now_ms: int | None = None) -> Frame:
+    """One frame without its length prefix (what :func:`read_frame` read)."""
+    if len(data) < MIN_FRAME:
+        raise FrameError("malformed")
+    signed, mac = data[:-MAC_LEN], data[-MAC_LEN:]
+    if not hmac.compare_digest(mac, _mac(secret, signed)):
+        raise FrameError("bad_mac")
+    version, kind, flags, sent = _HEAD.unpack_from(signed)
+    if version != FRAME_VERSION:
+        raise FrameError("version")
+    if kind not in KINDS:
+        raise FrameError("unknown_kind", fatal=False)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if abs(now - sent) > MAX_AGE_S * 1000:
+        raise FrameError("stale", fatal=False)
+    try:
+        body = orjson.loads(signed[_HEAD.size :])
+    except orjson.JSONDecodeError:
+        raise FrameError("malformed") from None
+    return Frame(kind, flags, sent, body)
+
+
+async def read_frame(reader: asyncio.StreamReader, secret: bytes) -> Frame | None:
+    """The next frame of the stream; None at a clean end of stream (between frames)."""
+    try:
+        head = await reader.readexactly(_LEN.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("truncated") from None
+    (length,) = _LEN.unpack(head)
+    if length > MAX_FRAME:
+        raise FrameError("oversize")
+    if length < MIN_FRAME:
+        raise FrameError("malformed")
+    try:
+        data = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise FrameError("truncated") from None
+    return decode(data, secret)

@@ -1,0 +1,369 @@
+"""The wake mesh: the frame codec (signatures, truncation, size), two in-process meshes talking over
+real TCP, and two real `queen-pg serve` replicas on one PostgreSQL where a pop parked on B is woken
+by a push served by A although B's own re-check is set far beyond the test's timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from queen_pg.mesh import frames
+from queen_pg.mesh.node import Mesh, MeshConfig, parse_peers
+from queen_pg.mesh.peers import Peer
+from queen_pg.settings import Settings
+from tests.conftest import free_port
+from tests.helpers import eventually, until
+from tests.replicas import Replica
+
+SECRET = b"s3cret"
+
+
+# ---- the codec ----------------------------------------------------------------------------------
+
+
+def _stream(data: bytes) -> asyncio.StreamReader:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
+    return r
+
+
+async def test_frame_round_trip_and_clean_end() -> None:
+    raw = frames.encode(frames.WAKE, [["t", "q"]], SECRET, flags=frames.RELAYED)
+    r = _stream(raw + raw)
+    for _ in range(2):
+        f = await frames.read_frame(r, SECRET)
+        assert f is not None and f.kind == frames.WAKE and f.body == [["t", "q"]] and f.flags == frames.RELAYED
+    assert await frames.read_frame(r, SECRET) is None  # EOF between frames: a clean end
+
+
+async def test_wrong_secret_and_tampering_are_refused() -> None:
+    raw = frames.encode(frames.WAKE, [["t", "q"]], SECRET)
+    with pytest.raises(frames.FrameError) as e:
+        await frames.read_frame(_stream(raw), b"other")
+    assert e.value.reason == "bad_mac" and e.value.fatal
+    tampered = bytearray(raw)
+    tampered[-40] ^= 0x01  # a byte of the body
+    with pytest.raises(frames.FrameError) as e:
+        await frames.read_frame(_stream(bytes(tampered)), SECRET)
+    assert e.value.reason == "bad_mac"
+    flagged = bytearray(raw)
+    flagged[6] |= frames.RELAYED  # the flags are signed too
+    with pytest.raises(frames.FrameError) as e:
+        await frames.read_frame(_stream(bytes(flagged)), SECRET)
+    assert e.value.reason == "bad_mac"
+
+
+async def test_truncated_oversize_and_malformed_frames() -> None:
+    raw = frames.encode(frames.WAKE, [["t", "q"]], SECRET)
+    for cut in (2, 10, len(raw) - 1):  # inside the prefix, the header, the mac
+        with pytest.raises(frames.FrameError) as e:
+            await frames.read_frame(_stream(raw[:cut]), SECRET)
+        assert e.value.reason == "truncated"
+    with pytest.raises(frames.FrameError) as e:  # refused from the prefix alone, before reading a body
+        await frames.read_frame(_stream(struct.pack(">I", frames.MAX_FRAME + 1)), SECRET)
+    assert e.value.reason == "oversize"
+    with pytest.raises(frames.FrameError) as e:
+        await frames.read_frame(_stream(struct.pack(">I", 3) + b"abc"), SECRET)
+    assert e.value.reason == "malformed"
+    with pytest.raises(ValueError, match="exceeds"):
+        frames.encode(frames.WAKE, "x" * frames.MAX_FRAME, SECRET)
+
+
+async def test_stale_and_future_frames_are_dropped_without_closing() -> None:
+    old = frames.encode(frames.WAKE, [], SECRET, now_ms=1_000)
+    with pytest.raises(frames.FrameError) as e:
+        frames.decode(old[4:], SECRET)
+    assert e.value.reason == "stale" and not e.value.fatal
+    v2 = bytearray(frames.encode(frames.WAKE, [], SECRET))
+    v2[4] = 2
+    with pytest.raises(frames.FrameError) as e:
+        frames.decode(bytes(v2[4:]), SECRET)
+    assert e.value.reason in ("bad_mac", "version")  # signed: a changed version byte never passes
+
+
+def test_peer_list_and_settings_checks() -> None:
+    assert parse_peers(" a:1, [::1]:7000 ,") == (("a", 1), ("::1", 7000))
+    with pytest.raises(ValueError, match="host:port"):
+        parse_peers("a:x")
+    with pytest.raises(ValueError, match="mesh_port"):
+        Settings(mesh_peers="127.0.0.1:7000")
+    with pytest.raises(ValueError, match="mesh_secret"):
+        Settings(mesh_port=7000, mesh_bind="0.0.0.0")
+    with pytest.raises(ValueError, match="mesh_secret"):
+        Settings(mesh_port=7000, mesh_peers="10.0.0.2:7000")
+    assert Settings(mesh_port=7000, mesh_peers="127.0.0.1:7001").mesh_secret == ""  # loopback only: allowed
+    assert Settings(mesh_port=7000, mesh_bind="0.0.0.0", mesh_secret="k").mesh_port == 7000
+
+
+# ---- two meshes in this process -----------------------------------------------------------------
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.wakes: list[tuple[str, str]] = []
+        self.configs: list[tuple[str, str]] = []
+        self.maintenance = 0
+
+    def mesh(self, port: int, peers: list[int], secret: bytes = SECRET, outbox: int = 1024) -> Mesh:
+        cfg = MeshConfig(secret=secret, port=port, peers=tuple(("127.0.0.1", p) for p in peers), outbox=outbox)
+        return Mesh(
+            cfg,
+            on_wake=lambda t, q: self.wakes.append((t, q)),
+            on_maintenance=lambda: setattr(self, "maintenance", self.maintenance + 1),
+            on_config=lambda t, q: self.configs.append((t, q)),
+        )
+
+
+async def _running(*meshes: Mesh) -> list[asyncio.Task[None]]:
+    tasks = []
+    for m in meshes:
+        await m.start()
+        tasks.append(asyncio.create_task(m.run()))
+    return tasks
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_two_meshes_carry_wakes_config_and_maintenance_coalesced() -> None:
+    pa, pb = free_port(), free_port()
+    ha, hb = Heard(), Heard()
+    a, b = ha.mesh(pa, [pb, pa]), hb.mesh(pb, [pa])  # a lists itself too: it notices and skips it
+    tasks = await _running(a, b)
+    try:
+        await eventually(lambda: a.connected == 1 and b.connected == 1, "both directions up")
+        assert a.peers[f"127.0.0.1:{pa}"].is_self
+        for _ in range(100):  # a burst for one queue, published without yielding: one frame
+            a.publish_wake("t", "q")
+        a.publish_config("t", "q")
+        a.publish_maintenance()
+        await eventually(lambda: hb.maintenance == 1, "the maintenance kick")
+        assert hb.wakes == [("t", "q")] and hb.configs == [("t", "q")]
+        assert b.frames_received == 3  # WAKE, CONFIG, MAINTENANCE
+        b.publish_wake("t2", "q2")
+        await eventually(lambda: ha.wakes == [("t2", "q2")], "the wake back")
+        assert ha.wakes == [("t2", "q2")] and not hb.wakes[1:]  # nobody hears their own wakes
+        assert a.dropped == {}  # nothing was offered to a's own address
+    finally:
+        await _stop(tasks)
+
+
+async def test_a_peer_without_the_secret_gets_nothing_through() -> None:
+    pa, pb = free_port(), free_port()
+    ha, hb = Heard(), Heard()
+    good, intruder = ha.mesh(pa, []), hb.mesh(pb, [pa], secret=b"guess")
+    tasks = await _running(good, intruder)
+    try:
+        await eventually(lambda: good.dropped.get("recv:bad_mac", 0) >= 1, "the refused HELLO counted")
+        intruder.publish_wake("t", "q")
+        assert intruder.connected == 0  # never authenticated, so its frames are dropped at the source
+        reader, writer = await asyncio.open_connection("127.0.0.1", pa)  # raw bytes: a garbage frame
+        writer.write(struct.pack(">I", frames.MAX_FRAME + 10) + b"junk")
+        await writer.drain()
+        assert await reader.read() == b""  # closed on us
+        writer.close()
+        assert good.dropped.get("recv:oversize") == 1 and ha.wakes == [] and good.frames_received == 0
+    finally:
+        await _stop(tasks)
+
+
+async def test_publishing_never_waits_for_a_slow_or_absent_peer() -> None:
+    h = Heard()
+    m = h.mesh(free_port(), [])
+    peer = Peer(m, "slow", lambda: asyncio.open_connection("127.0.0.1", 9), local=False, limit=2)
+    peer.offer(b"x")  # not connected: dropped
+    assert m.dropped == {"send:peer_down": 1}
+    peer.connected = True  # connected but its writer never drains the outbox
+    for _ in range(5):
+        peer.offer(b"x")
+    assert peer.outbox.qsize() == 2 and m.dropped["send:queue_full"] == 3
+
+
+async def test_workers_of_one_host_find_each_other_and_relay(tmp_path: Path) -> None:
+    """Two 'workers' share a Unix-socket directory; a remote replica's frame reaching one of them is
+    relayed once to the other."""
+    local = tmp_path / "mesh"
+    local.mkdir()
+    hw1, hw2, hr = Heard(), Heard(), Heard()
+    pr, pw = free_port(), free_port()
+    w1 = Mesh(MeshConfig(secret=SECRET, port=pw, local_dir=local), on_wake=lambda t, q: hw1.wakes.append((t, q)))
+    remote = hr.mesh(pr, [pw])
+    await w1.start()
+    # the second worker, named by a live pid (pid 1); a socket of a dead pid is removed by the scan
+    w2 = Mesh(MeshConfig(secret=SECRET, local_dir=local), on_wake=lambda t, q: hw2.wakes.append((t, q)))
+    w2_sock = local / "1.sock"
+    dead = local / f"{2**22 + 7}.sock"  # above pid_max's default: no such process
+    dead.touch()
+    w2_server = await asyncio.start_unix_server(lambda r, w: w2._accept(r, w, True), str(w2_sock))
+    tasks = [asyncio.create_task(w1.run()), *await _running(remote)]
+    try:
+        await eventually(lambda: w1.peers.get(f"unix:{w2_sock.name}") is not None, "the sibling found")
+        assert not dead.exists() and f"unix:{dead.name}" not in w1.peers
+        await eventually(lambda: w1.connected == 1 and remote.connected == 1, "connections up")
+        remote.publish_wake("t", "q")
+        await eventually(lambda: hw2.wakes == [("t", "q")], "the relayed wake")
+        assert hw1.wakes == [("t", "q")] and w1.frames_relayed == 1
+        w1.publish_wake("t", "local")  # a worker's own wake goes to its siblings
+        await eventually(lambda: ("t", "local") in hw2.wakes, "the sibling wake")
+    finally:
+        await _stop(tasks)
+        w2_server.close()
+
+
+# ---- two real replicas --------------------------------------------------------------------------
+
+SLOW = {"pop_poll_interval_ms": 60_000, "pop_poll_max_ms": 600_000}  # B's own re-check: never in a test
+
+
+async def _park_then_push(a: Replica, b: Replica, queue: str, timeout_ms: int) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{a.url}/api/v1/configure", json={"queue": queue})
+        assert r.status_code == 200
+        pop = asyncio.create_task(
+            http.get(f"{b.url}/api/v1/pop/queue/{queue}", params={"wait": "true", "timeout": timeout_ms})
+        )
+        await until(lambda: _parked(b, 1), "the pop to park on B")
+        r = await http.post(f"{a.url}/api/v1/push", json={"items": [{"queue": queue, "payload": {"n": 1}}]})
+        assert r.status_code == 201
+        return await pop
+
+
+async def _parked(r: Replica, n: int) -> bool:
+    return await r.parked() == n
+
+
+async def test_a_push_on_a_wakes_a_pop_parked_on_b(db_url: str, tmp_path: Path) -> None:
+    pa, pb = free_port(), free_port()
+    peers = f"127.0.0.1:{pa},127.0.0.1:{pb}"  # the same list on both replicas
+    a = Replica(db_url, tmp_path, "a", mesh_port=pa, mesh_peers=peers, mesh_secret="k", jobs_enabled=0)
+    b = Replica(db_url, tmp_path, "b", mesh_port=pb, mesh_peers=peers, mesh_secret="k", jobs_enabled=0, **SLOW)
+    await asyncio.gather(a.start(), b.start())
+    try:
+
+        async def meshed() -> bool:
+            async with httpx.AsyncClient() as c:
+                text = (await c.get(f"{a.url}/metrics")).text + (await c.get(f"{b.url}/metrics")).text
+            return text.count("queen_mesh_peers_connected 1.0") == 2
+
+        await until(meshed, "the replicas to connect")
+        # the pop's own timeout (30 s) is far below B's re-check (60 s): only the mesh can answer it
+        r = await _park_then_push(a, b, "meshq", 30_000)
+        assert r.status_code == 200 and r.json()["messages"][0]["data"] == {"n": 1}
+        async with httpx.AsyncClient() as c:
+            text = (await c.get(f"{b.url}/metrics")).text
+        assert 'queen_mesh_frames_total{direction="received"}' in text
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_without_the_mesh_the_pop_on_b_is_not_woken(db_url: str, tmp_path: Path) -> None:
+    """The control: the same replicas without a mesh; B's pop runs out its timeout empty."""
+    a = Replica(db_url, tmp_path, "a", jobs_enabled=0)
+    b = Replica(db_url, tmp_path, "b", jobs_enabled=0, **SLOW)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        r = await _park_then_push(a, b, "plainq", 2_000)
+        assert r.status_code == 204
+    finally:
+        a.stop()
+        b.stop()
+
+
+# ---- the workers of one host --------------------------------------------------------------------
+
+
+async def test_workers_of_one_serve_wake_each_other(tmp_path: Path) -> None:
+    """`serve --workers 2`: pops parked on both workers (12 connections, the kernel spreads them) are
+    all answered by pushes, whichever worker served the push, although the re-check is 60 s away."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_") and k != "DATABASE_URL"}
+    env.update(
+        PORT=str(port),
+        QUEEN_HOST="127.0.0.1",
+        QUEEN_DATA_DIR=str(tmp_path / "data"),
+        QUEEN_PG_PORT=str(free_port()),
+        QUEEN_DB_POOL_SIZE="4",
+        QUEEN_POP_POLL_INTERVAL_MS="60000",
+        QUEEN_POP_POLL_MAX_MS="600000",
+    )
+    log_path = tmp_path / "out.log"
+    proc = _spawn([sys.executable, "-m", "queen_pg.cli", "serve", "--workers", "2"], env, log_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        async def healthy() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                async with httpx.AsyncClient(timeout=1) as c:
+                    return (await c.get(f"{base}/health")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await until(healthy, "the workers", within=60)
+
+        async def scrape(name: str) -> float:
+            async with httpx.AsyncClient() as c:
+                text = (await c.get(f"{base}/metrics")).text
+            return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+        await until(lambda: _at_least(scrape("queen_mesh_peers_connected"), 2), "the workers to connect", within=20)
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.post("/api/v1/configure", json={"queue": "wq"})).status_code == 200
+
+        async def pop_once() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+                return await c.get("/api/v1/pop/queue/wq", params={"wait": "true", "timeout": 30_000})
+
+        pops = [asyncio.create_task(pop_once()) for _ in range(12)]
+        await until(lambda: _at_least(scrape("queen_longpoll_waiters"), 12), "12 pops parked", within=20)
+        for i in range(12):
+            async with httpx.AsyncClient(base_url=base) as http:  # a new connection each: either worker
+                item = {"queue": "wq", "partition": f"p{i}", "payload": i}
+                assert (await http.post("/api/v1/push", json={"items": [item]})).status_code == 201
+        answers = await asyncio.gather(*pops)
+        assert [a.status_code for a in answers] == [200] * 12
+        assert await scrape('queen_mesh_frames_total{direction="received"}') >= 1  # across workers
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> Any:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+
+
+async def _at_least(value: Any, n: float) -> bool:
+    return float(await value) >= n
+
+
+async def test_a_maintenance_frame_makes_the_refresher_read_now(db: Any) -> None:
+    """MAINTENANCE frames kick the refresher: the switch is read at once, not at its next tick (an
+    hour away here)."""
+    from queen_pg.engine import maintenance
+    from queen_pg.jobs.maintenance import MaintenanceRefresher
+
+    here, elsewhere = maintenance.Maintenance(), maintenance.Maintenance()
+    refresher = MaintenanceRefresher(db, here, interval_s=3600)
+    task = asyncio.create_task(refresher.run())
+    try:
+        await maintenance.set_switch(db, elsewhere, "pop", True)  # flipped through another replica
+        assert here.pop is False  # not read yet (the first tick is an hour away)
+        refresher.kick()
+        await eventually(lambda: here.pop is True, "the kicked re-read")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
