@@ -3,37 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from typing import Annotated, Any
 
-import orjson
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import (
-    check_name,
-    json_response,
-    parse_body,
-    parse_timestamp,
-    permit,
-    q_bool,
-    q_int,
-    state,
-    tenant,
-)
+from queen_pg.api import params as P
+from queen_pg.api.body import MAX_TXN_BYTES, Name, NewTxnId, PartitionId, Text, TxnId, read, stored_json
+from queen_pg.api.common import check_name, json_response, permit, state, tenant
 from queen_pg.api.docs import answers, body, params
-from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
 from queen_pg.api.routes_system import pop_in_maintenance, refuse_push_in_maintenance
-from queen_pg.api.schemas import (
-    POP_PARAMS,
-    POP_TAGGED_PARAMS,
-    REQUEST_KEY,
-    AckResult,
-    LeaseAnswer,
-    PopAnswer,
-    PushResult,
-)
+from queen_pg.api.schemas import REQUEST_KEY, AckResult, LeaseAnswer, PopAnswer, PushResult
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
@@ -56,20 +39,62 @@ ACK_DESCRIPTION = (
 )
 
 
+# --- request bodies (queen_pg/api/body.py) -------------------------------------------------------
+
+_UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+TraceId = Annotated[str, msgspec.Meta(pattern=_UUID, description="a UUID")]
+_STATUS_WORDS = tuple(ack_engine.STATUSES)
+AckStatus = Annotated[
+    str,
+    msgspec.Meta(
+        # case-insensitive, as clients send it; JSON Schema regexes have no flags, hence [Cc][Oo]...
+        pattern="^(?:" + "|".join("".join(f"[{c.upper()}{c}]" for c in w) for w in _STATUS_WORDS) + ")$",
+        description="completed (or success), failed, retry, dlq; any letter case",
+    ),
+]
+JSON_VALUE = "any JSON value; integers within 64 bits, no U+0000 in strings"
+
+
+class PushItem(msgspec.Struct):
+    """One message. ``payload`` (or ``data``, the 0.x name) is stored as given and must come back exactly."""
+
+    queue: Name
+    partition: Name = "Default"
+    payload: Annotated[Any, msgspec.Meta(description=JSON_VALUE)] = msgspec.UNSET
+    data: Annotated[Any, msgspec.Meta(description="the payload, when `payload` is absent")] = None
+    transactionId: NewTxnId | None = None
+    traceId: TraceId | None = None
+
+
+class PushBody(msgspec.Struct):
+    items: Annotated[list[PushItem], msgspec.Meta(min_length=1)]
+
+
+class AckItem(msgspec.Struct):
+    transactionId: TxnId
+    partitionId: PartitionId
+    status: AckStatus = "completed"
+    error: Text | None = None
+    consumerGroup: Name | None = None
+    leaseId: Text | None = None
+
+
+class AckBatchBody(msgspec.Struct):
+    acknowledgments: list[AckItem]
+    consumerGroup: Name | None = None
+
+
 def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
-    """A validated push item (also used by the transaction route)."""
+    """A decoded push item as the engine takes it (also used by the transaction route). The Struct
+    said everything but the byte limits and whether the payload can be stored exactly."""
     check_name("queue", it.queue)
-    check_name("partition", it.partition)
-    payload = it.payload if "payload" in it.model_fields_set else it.data
-    trace: uuid.UUID | None = None
-    if it.traceId:
-        try:
-            trace = uuid.UUID(it.traceId)
-        except ValueError:
-            raise bad_request(f"{where}.traceId: must be a UUID, got {it.traceId!r}") from None
-    if it.transactionId == "":
-        raise bad_request(f"{where}.transactionId: must be a non-empty string when given")
-    return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace)
+    if it.partition != "Default":
+        check_name("partition", it.partition)
+    txn = it.transactionId
+    if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
+        raise bad_request(f"{where}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
+    payload = stored_json(it.data if it.payload is msgspec.UNSET else it.payload, f"{where}.payload")
+    return push_engine.NewMessage(it.queue, it.partition, payload, txn, uuid.UUID(it.traceId) if it.traceId else None)
 
 
 @router.post(
@@ -84,7 +109,7 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
 )
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
-    body = await parse_body(request, PushBody)
+    body = await read(request, PushBody)
     items = [new_message(it, f"items.{i}") for i, it in enumerate(body.items)]
     st = state(request)
     ten = tenant(request)
@@ -98,45 +123,59 @@ async def push(request: Request) -> Response:
     return json_response(results, 201, replay_headers(once))
 
 
+# --- pop query parameters: documented and read from these specs ------------------------------------
+
+NAMESPACE = P.Param("namespace", "pop from the queues tagged with this namespace (namespace and/or task is required)")
+TASK = P.Param("task", "pop from the queues tagged with this task (namespace and/or task is required)")
+BATCH = P.Param(
+    "batch",
+    "messages to claim; default 1, or 100 under autopilot; above QUEEN_MAX_BATCH reads as QUEEN_MAX_BATCH",
+    "int",
+    lo=1,
+    hi=P.INT64,
+)
+WAIT = P.Param("wait", "long-poll: park until a message arrives or `timeout` passes", "bool", False)
+TIMEOUT = P.Param("timeout", "long-poll budget in ms", "int", 30_000, 0, MAX_TIMEOUT_MS)
+GROUP = P.Param("consumerGroup", "read as this consumer group; absent = queue mode")
+AUTOPILOT = P.Param(
+    "autopilot", "the broker chooses batch and partitions, and echoes them in `autopilot`", "bool", False
+)
+PARTITIONS = P.Param("partitions", "partitions one pop may claim; default 1, 4 under autopilot", "int", None, 1, 1000)
+AUTO_ACK = P.Param("autoAck", "at-most-once: the claimed messages are acked on delivery (no lease)", "bool", False)
+MODE = P.Param("subscriptionMode", "where a new consumer group starts", "choice", choices=("all", "new", "from"))
+SUB_FROM = P.Param("subscriptionFrom", f"with subscriptionMode=from: {P.ISO}, or `now`", "time", now_ok=True)
+_POP_COMMON = (BATCH, WAIT, TIMEOUT, GROUP, AUTOPILOT, PARTITIONS, AUTO_ACK, MODE, SUB_FROM)
+POP_PARAMS = tuple(p.doc() for p in _POP_COMMON)
+POP_TAGGED_PARAMS = tuple(p.doc() for p in (NAMESPACE, TASK, *_POP_COMMON))
+
+
 def _pop_request(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
     st = state(request)
-    qp = request.query_params
-    namespace = qp.get("namespace") or None
-    task = qp.get("task") or None
+    namespace = task = None
     if queue is not None:
         check_name("queue", queue)
-    elif namespace is None and task is None:
-        raise bad_request("a pop without a queue needs namespace and/or task")
+    else:
+        namespace, task = NAMESPACE.read(request), TASK.read(request)
+        if namespace is None and task is None:
+            raise bad_request("a pop without a queue needs namespace and/or task")
     if partition is not None:
         check_name("partition", partition)
-    autopilot = q_bool(request, "autopilot", False)
-    batch = q_int(request, "batch", None, 1, st.settings.max_batch)
-    partitions = q_int(request, "partitions", AUTOPILOT_PARTITIONS if autopilot else 1, 1, 1000) or 1
-    group = qp.get("consumerGroup") or None
-    if group is not None:
-        check_name("consumerGroup", group)
-    mode = qp.get("subscriptionMode") or None
-    if mode is not None and mode not in ("all", "new", "from"):
-        raise bad_request(f"subscriptionMode must be all, new or from, got {mode!r}")
-    raw_from = qp.get("subscriptionFrom") or None
-    sub_from: datetime | None = None
-    if raw_from == "now":
-        sub_from = datetime.now(UTC)
-    elif raw_from is not None:
-        sub_from = parse_timestamp("subscriptionFrom", raw_from)
+    autopilot: bool = AUTOPILOT.read(request)
+    batch: int | None = BATCH.read(request)
+    partitions: int | None = PARTITIONS.read(request)
     return pop_engine.PopRequest(
         queue=queue,
-        namespace=namespace if queue is None else None,
-        task=task if queue is None else None,
+        namespace=namespace,
+        task=task,
         partition=partition,
-        group=group,
-        batch=batch if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
-        partitions=partitions,
-        wait=q_bool(request, "wait", False),
-        timeout_ms=q_int(request, "timeout", 30_000, 0, MAX_TIMEOUT_MS) or 0,
-        auto_ack=q_bool(request, "autoAck", False),
-        subscription_mode=mode,
-        subscription_from=sub_from,
+        group=GROUP.read(request),
+        batch=min(batch, st.settings.max_batch) if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
+        partitions=partitions if partitions is not None else (AUTOPILOT_PARTITIONS if autopilot else 1),
+        wait=WAIT.read(request),
+        timeout_ms=TIMEOUT.read(request),
+        auto_ack=AUTO_ACK.read(request),
+        subscription_mode=MODE.read(request),
+        subscription_from=SUB_FROM.read(request),
         autopilot=autopilot,
     )
 
@@ -202,15 +241,12 @@ async def pop_partition(request: Request, queue: str, partition: str) -> Respons
 
 
 def _ack_item(it: AckItem, group: str | None) -> ack_engine.AckItem:
-    status = it.status.lower()
-    if status not in ack_engine.STATUSES:
-        raise bad_request(f"status must be one of {sorted(ack_engine.STATUSES)}, got {it.status!r}")
     if it.consumerGroup is not None:
         check_name("consumerGroup", it.consumerGroup)
     return ack_engine.AckItem(
         transaction_id=it.transactionId,
         partition_id=str(it.partitionId),
-        status=status,
+        status=it.status.lower(),
         error=it.error,
         group=it.consumerGroup or group,
         lease_id=it.leaseId,
@@ -235,7 +271,7 @@ async def _settle(request: Request, items: list[ack_engine.AckItem], route: str)
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
 async def ack(request: Request) -> Response:
-    it = await parse_body(request, AckItem)
+    it = await read(request, AckItem)
     item = _ack_item(it, None)
     return await _settle(request, [item], "ack")
 
@@ -248,7 +284,7 @@ async def ack(request: Request) -> Response:
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
 async def ack_batch(request: Request) -> Response:
-    body = await parse_body(request, AckBatchBody)
+    body = await read(request, AckBatchBody)
     if body.consumerGroup is not None:
         check_name("consumerGroup", body.consumerGroup)
     items = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
@@ -265,6 +301,8 @@ async def ack_batch(request: Request) -> Response:
     responses=answers({200: LeaseAnswer}, 429),
 )
 async def extend(request: Request, lease_id: str) -> Response:
+    if "\x00" in lease_id:
+        raise bad_request("a lease id must not contain U+0000")
     st = state(request)
     async with permit(request, "ack"):
         return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))
