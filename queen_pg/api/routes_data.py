@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api import params as P
-from queen_pg.api.body import MAX_TXN_BYTES, Name, NewTxnId, PartitionId, Text, TxnId, read, stored_json
+from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, read, stored_json
 from queen_pg.api.common import check_name, json_response, permit, state, tenant
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.request_key import replay_headers, request_once
@@ -52,7 +52,13 @@ AckStatus = Annotated[
         description="completed (or success), failed, retry, dlq; any letter case",
     ),
 ]
-JSON_VALUE = "any JSON value; integers within 64 bits, no U+0000 in strings"
+# An ack names the partition as a pop returned it; anything else is that item's `success: false`
+# ("unknown partitionId"), never a refusal of the whole call.
+AckPartitionId = Annotated[
+    Annotated[str, msgspec.Meta(pattern=NO_NUL)] | int,
+    msgspec.Meta(description="the partition's numeric id as a pop returned it; an unknown one fails the item only"),
+]
+JSON_VALUE = "any JSON value; integers within 64 bits"
 
 
 class PushItem(msgspec.Struct):
@@ -72,7 +78,7 @@ class PushBody(msgspec.Struct):
 
 class AckItem(msgspec.Struct):
     transactionId: TxnId
-    partitionId: PartitionId
+    partitionId: AckPartitionId
     status: AckStatus = "completed"
     error: Text | None = None
     consumerGroup: Name | None = None
@@ -93,7 +99,9 @@ def new_message(it: PushItem, where: str) -> push_engine.NewMessage:
     txn = it.transactionId
     if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
         raise bad_request(f"{where}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
-    payload = stored_json(it.data if it.payload is msgspec.UNSET else it.payload, f"{where}.payload")
+    # U+0000 is fine in a payload: it is stored in a segment, not a text column (a dead letter whose
+    # payload jsonb refuses is kept by dlq_fill without one)
+    payload = stored_json(it.data if it.payload is msgspec.UNSET else it.payload, f"{where}.payload", nul_ok=True)
     return push_engine.NewMessage(it.queue, it.partition, payload, txn, uuid.UUID(it.traceId) if it.traceId else None)
 
 

@@ -8,12 +8,12 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.body import Name, PartitionId, Text, TxnId, decode
+from queen_pg.api.body import Name, Text, TxnId, decode
 from queen_pg.api.common import check_name, json_response, permit, refuse_when_storage_full, state, tenant
 from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops
 from queen_pg.api.request_key import replay_headers, request_once
-from queen_pg.api.routes_data import AckStatus, PushItem, new_message
+from queen_pg.api.routes_data import AckPartitionId, AckStatus, PushItem, new_message
 from queen_pg.api.routes_kv import TxKvOp
 from queen_pg.api.routes_system import refuse_push_in_maintenance
 from queen_pg.api.routes_timers import TimerOp
@@ -32,7 +32,7 @@ KV_WRITES = {"put", "putIfAbsent", "delete", "incr"}
 
 class TxAckOp(msgspec.Struct, tag="ack", tag_field="type"):
     transactionId: TxnId
-    partitionId: PartitionId
+    partitionId: AckPartitionId
     status: AckStatus = "completed"
     consumerGroup: Name | None = None
     leaseId: Text | None = None
