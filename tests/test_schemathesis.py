@@ -48,7 +48,7 @@ async def schemathesis(broker: Broker, log: Path, checks: tuple[str, ...], *sele
     )
     out, _ = await proc.communicate()
     text = out.decode(errors="replace")
-    log.write_text(text)
+    await asyncio.to_thread(log.write_text, text)
     assert proc.returncode is not None
     return proc.returncode, text
 

@@ -65,7 +65,7 @@ async def record(request: Request) -> Response:
     for n in names:
         check_name("trace", n)
     event = trace_engine.TraceEvent(
-        pid, body.transactionId, group, names, body.eventType, stored_json(body.data, "data")
+        pid, body.transactionId, group, names, body.eventType, stored_json(body.data, "data", nul_ok=True)
     )
     st = state(request)
     result = await trace_engine.record(st.db, tenant(request), event)
