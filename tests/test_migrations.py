@@ -21,6 +21,7 @@ from queen_pg.migrate import sqlalchemy_url, upgrade
 from tests.conftest import ROOT, PgServer, empty_database
 
 SCHEMA = "queen"
+HEAD = "0002"
 IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]
@@ -197,7 +198,7 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     upgrade(migrated)
     out = capsys.readouterr().out
     assert "migrate: applying 0001_baseline ..." in out
-    assert "migrate: at head 0001" in out
+    assert f"migrate: at head {HEAD}" in out
     await boot_apply(booted)
 
     by_migration = catalog(migrated)
@@ -207,7 +208,7 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     assert_same_catalog(by_migration, catalog(booted), "alembic upgrade head", "apply_sql (boot)")
 
     # alembic's own table: in public, never in queen.
-    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == HEAD
     assert scalar(migrated, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
 
     # upgrade at head: nothing runs, not even a CREATE OR REPLACE.
@@ -215,25 +216,64 @@ async def test_migrate_and_boot_give_the_same_catalog(pg_server: PgServer, capsy
     upgrade(migrated)
     out = capsys.readouterr().out
     assert "applying" not in out
-    assert "migrate: at head 0001" in out
+    assert f"migrate: at head {HEAD}" in out
     assert catalog_row_versions(migrated) == versions
     assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade again")
 
     # boot on a migrated database: same catalog.
     await boot_apply(migrated)
     assert_same_catalog(by_migration, catalog(migrated), "after upgrade", "after upgrade + apply_sql")
-    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(migrated, "SELECT version_num FROM public.alembic_version") == HEAD
 
 
 async def test_migrate_a_database_set_up_by_boot(pg_server: PgServer) -> None:
-    """A database that boot set up before alembic existed: the baseline is a no-op that stamps 0001."""
+    """A database that boot set up before alembic existed: every revision is a no-op; it is stamped at head."""
     url = empty_database(pg_server)
     await boot_apply(url)
     before = catalog(url)
     upgrade(url)
     assert_same_catalog(before, catalog(url), "apply_sql (boot)", "apply_sql + alembic upgrade head")
-    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
     assert scalar(url, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
+
+
+# What a database made before revision 0002 held (the 0.1 shape): the out-of-order `acked` array, the
+# view reading it, log_dlq's foreign key to log_partitions, no log_passes.
+OLD_SHAPE_0001 = """
+    DROP TABLE queen.log_passes;
+    DROP INDEX queen.log_dlq_partition_idx;
+    ALTER TABLE queen.log_consumers ADD COLUMN acked bigint[] NOT NULL DEFAULT '{}';
+    ALTER TABLE queen.log_dlq ADD CONSTRAINT log_dlq_partition_id_fkey
+        FOREIGN KEY (partition_id) REFERENCES queen.log_partitions (id) ON DELETE CASCADE;
+"""
+
+
+def old_views() -> str:
+    """sql/procedures/090_views.sql as it was: v_partitions read the array (so it blocks the drop)."""
+    text = (ROOT / "sql" / "procedures" / "090_views.sql").read_text()
+    new = "'{}'::bigint[]                                   AS acked_ahead"
+    assert new in text
+    return text.replace(new, "lc.acked AS acked_ahead")
+
+
+@pytest.mark.parametrize("way", ["alembic", "boot"])
+async def test_a_0001_database_reaches_the_same_catalog(pg_server: PgServer, way: str) -> None:
+    """A database in the shape before the offset-commit ack, brought forward by revision 0002 (then
+    boot) or by boot alone (schema.sql's guarded drops), ends with the catalog of a new one."""
+    fresh = empty_database(pg_server)
+    await boot_apply(fresh)
+    old = empty_database(pg_server)
+    upgrade(old, "0001", out=lambda *_: None)
+    with psycopg.connect(old, autocommit=True) as c:
+        c.execute(OLD_SHAPE_0001)
+        c.execute(old_views())
+        assert c.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'queen.log_consumers'::regclass "
+                         "AND attname = 'acked'").fetchone() == (1,)
+    if way == "alembic":
+        upgrade(old, out=lambda *_: None)
+        assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
+    await boot_apply(old)
+    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0001 shape + {way}")
 
 
 def run_alembic(*args: str) -> subprocess.CompletedProcess[str]:
@@ -254,7 +294,7 @@ def test_alembic_command_line_upgrade_head(pg_server: PgServer) -> None:
     assert result.returncode == 0, f"alembic upgrade head failed:\n{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr
     assert scalar(url, "SELECT to_regclass('queen.log_segments') IS NOT NULL") is True
-    assert scalar(url, "SELECT version_num FROM public.alembic_version") == "0001"
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
 
     result = run_alembic("-x", f"url={url}", "downgrade", "base")
     assert result.returncode == 0, f"alembic downgrade base failed:\n{result.stdout}\n{result.stderr}"
