@@ -166,7 +166,7 @@ BEGIN
                         r_error[it.ord] := 'message is not part of this lease';
                         CONTINUE;
                     END IF;
-                ELSIF NOT (c.released_lease_id = it.lease AND v_off < v_start) THEN
+                ELSIF c.released_lease_id IS DISTINCT FROM it.lease OR v_off >= v_start THEN
                     r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
                         ELSE 'lease is not held (expired or taken by another consumer)' END;
                     CONTINUE;
