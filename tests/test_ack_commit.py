@@ -81,9 +81,7 @@ async def test_a_nack_clamps_the_cursor_in_the_same_call(broker: Broker, conn: a
         assert again[0]["retryCount"] == 1
 
 
-async def test_retry_clamps_without_charging_and_failed_charges_once(
-    broker: Broker, conn: asyncpg.Connection
-) -> None:
+async def test_retry_clamps_without_charging_and_failed_charges_once(broker: Broker, conn: asyncpg.Connection) -> None:
     async with Queen(broker.url) as client:
         await fill(client, "rc", 3, retry_limit=1)
         msgs = await take(client, "rc", 3)
@@ -219,10 +217,13 @@ async def test_transaction_ack_commits_through_n(broker: Broker, conn: asyncpg.C
             .commit()
         )
         assert res and res["results"][0]["noop"] is True
-        assert await conn.fetchval(
-            "SELECT sum(next_offset) FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id "
-            "WHERE q.name = 'tc-out'"
-        ) == 2
+        assert (
+            await conn.fetchval(
+                "SELECT sum(next_offset) FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id "
+                "WHERE q.name = 'tc-out'"
+            )
+            == 2
+        )
 
 
 async def test_transaction_nack_clamps(broker: Broker, conn: asyncpg.Connection) -> None:

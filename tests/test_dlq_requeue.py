@@ -40,7 +40,9 @@ async def test_requeue_right_after_the_retry_limit_is_consumed(broker: Broker, c
     job runs at all (the test broker starts none); the segment holds zstd frames of several messages."""
     async with Queen(broker.url) as client:
         await client.queue("rl").config({"retry_limit": 1}).create()
-        await client.queue("rl").push([{"data": {"i": i, "blob": "x" * 50}, "transactionId": f"rl-{i}"} for i in range(3)])
+        await client.queue("rl").push(
+            [{"data": {"i": i, "blob": "x" * 50}, "transactionId": f"rl-{i}"} for i in range(3)]
+        )
         for attempt in range(2):  # fails past the retry limit
             (m,) = await client.queue("rl").group("g").batch(1).wait(False).pop()
             assert m["transactionId"] == "rl-0"

@@ -29,8 +29,13 @@ async def blocked_on_a_lock(conn: asyncpg.Connection, query_part: str) -> bool:
 async def ack_items(http: httpx.AsyncClient, msgs: list[dict[str, Any]], status: str = "completed") -> Any:
     body = {
         "acknowledgments": [
-            {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
-             "status": status, "error": "x"}
+            {
+                "transactionId": m["transactionId"],
+                "partitionId": m["partitionId"],
+                "leaseId": m["leaseId"],
+                "status": status,
+                "error": "x",
+            }
             for m in msgs
         ],
         "consumerGroup": "g",
@@ -123,7 +128,13 @@ async def test_ack_to_dlq_takes_no_lock_on_the_partition(
         rows = await asyncio.wait_for(
             conn.fetch(
                 "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7)",
-                [pid], [txn_hash("x")], ["x"], [uuid.UUID(m["leaseId"])], ["g"], ["dlq"], ["boom"],
+                [pid],
+                [txn_hash("x")],
+                ["x"],
+                [uuid.UUID(m["leaseId"])],
+                ["g"],
+                ["dlq"],
+                ["boom"],
             ),
             10,
         )

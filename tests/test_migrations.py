@@ -267,8 +267,9 @@ async def test_a_0001_database_reaches_the_same_catalog(pg_server: PgServer, way
     with psycopg.connect(old, autocommit=True) as c:
         c.execute(OLD_SHAPE_0001)
         c.execute(old_views())
-        assert c.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'queen.log_consumers'::regclass "
-                         "AND attname = 'acked'").fetchone() == (1,)
+        assert c.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'acked'"
+        ).fetchone() == (1,)
     if way == "alembic":
         upgrade(old, out=lambda *_: None)
         assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
