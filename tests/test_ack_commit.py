@@ -12,7 +12,7 @@ import pytest
 from queen import Queen
 
 from tests.conftest import Broker
-from tests.helpers import pop, push
+from tests.helpers import pop, push, until
 
 
 @pytest.fixture(autouse=True)
@@ -301,3 +301,33 @@ async def test_transaction_without_lease_below_the_cursor_is_refused(
     assert r.status_code == 200
     assert r.json()["reason"] == "rejected_ack" and "already committed" in r.json()["error"]
     assert await conn.fetchval("SELECT count(*) FROM queen.queues WHERE name = 'tl-out'") == 0
+
+
+async def test_a_committed_step_resent_after_its_lease_ran_out_is_a_duplicate(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """Regression (test_crash stalled on it): the step committed, its answer was lost (broker killed),
+    and the lease ran out before the client's resend. The offset is below the cursor under the row's
+    own last lease, so the resend is answered as committed (duplicate), not `lease expired` (which
+    left the message committed and its step never counted)."""
+    assert (await http.post("/api/v1/configure", json={"queue": "rs", "options": {"leaseTime": 1}})).status_code == 200
+    await push(http, "rs", [{"payload": i, "transactionId": f"in-{i}"} for i in range(2)])
+    ms = (await pop(http, "rs", batch=2))["messages"]
+    body = {
+        "operations": [
+            {"type": "ack", "transactionId": "in-0", "partitionId": ms[0]["partitionId"], "leaseId": ms[0]["leaseId"]},
+            {"type": "push", "items": [{"queue": "rs-out", "transactionId": "out-0", "payload": 0}]},
+        ],
+        "requiredLeases": [],
+    }
+    assert (await http.post("/api/v1/transaction", json=body)).json()["success"] is True
+    await until(
+        lambda: conn.fetchval("SELECT clock_timestamp() > lease_expires_at FROM queen.log_consumers"),
+        "the lease to run out",
+    )
+    again = (await http.post("/api/v1/transaction", json=body)).json()
+    assert again["success"] is False and again["reason"] == "duplicate"
+    (item,) = (await http.post("/api/v1/ack", json={**ms[0], "status": "completed"})).json()
+    assert item["success"] is True and item["noop"] is True
+    (late,) = (await http.post("/api/v1/ack", json={**ms[1], "status": "completed"})).json()  # at the cursor
+    assert late["success"] is False and "expired" in late["error"]

@@ -18,8 +18,10 @@
 --          `unresolvable` (success=false; it changes nothing, and the rest of the call, the real
 --          leased batch included, is judged as if it were not there).
 -- Lease:   with a lease id, the lease must be the row's live lease (same id, not expired) and the
---          message inside the leased range, or the lease that the cursor row last released (an ack
---          resent after it applied). Without a lease id the check is skipped.
+--          message inside the leased range; or, for an offset below the cursor, the row's last lease
+--          (released by its acks, or run out with nobody claiming since: only its holder can have
+--          committed the offset, so a resent ack is answered as one below the cursor). Without a
+--          lease id the check is skipped.
 -- Rules, per cursor row and call (the offsets are those of the items that passed the checks above):
 --   * completed / dlq at N commits the cursor through N: every earlier offset of that lease that was
 --     not acked explicitly is completed with it. noop=false.
@@ -166,12 +168,14 @@ BEGIN
                         r_error[it.ord] := 'message is not part of this lease';
                         CONTINUE;
                     END IF;
-                ELSIF c.released_lease_id IS DISTINCT FROM it.lease OR v_off >= v_start THEN
+                ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it.lease, false)
+                                                OR coalesce(c.released_lease_id = it.lease, false))) THEN
                     r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
                         ELSE 'lease is not held (expired or taken by another consumer)' END;
                     CONTINUE;
                 END IF;
-                -- (the released lease and an offset below the cursor: resent after it applied)
+                -- (below the cursor under the row's last lease, released or run out with nobody
+                -- claiming since: only its holder committed it; a resent ack, answered as such)
             END IF;
 
             IF v_off < v_start THEN

@@ -32,8 +32,9 @@
 --          (queen.push_v1), log_consumers FOR UPDATE NOWAIT ascending. Acks are pre-validated on an
 --          unlocked read BEFORE the pushes so that their verdict takes precedence, then validated
 --          again under the row locks. Time: p_now, or the clock read after each lock wait (after the
---          key locks for the pre-validation; push_v1 and ack_v1 get p_now and read it after their
---          own locks; the ack re-validation, KV and timers read it after the cursor rows' locks).
+--          key locks for the pre-validation; push_v1 gets p_now and reads it after its own locks;
+--          the ack re-validation and ack_v1 share one reading taken after the cursor rows' locks; KV
+--          and timers read it after that).
 
 DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
 
@@ -66,9 +67,11 @@ BEGIN
         RETURN CASE WHEN v_done THEN format('offset %s is already committed (the cursor is at %s)',
                                             v_off, c.cursor_offset) END;
     END IF;
-    IF (c.lease_id = p_lease AND c.lease_expires_at > p_now) OR (c.released_lease_id = p_lease AND v_done) THEN
-        -- its own lease (live, or released by the acks that committed it: a resent bundle, whose
-        -- pushes decide: duplicate)
+    IF (c.lease_id = p_lease AND c.lease_expires_at > p_now)
+       OR (v_done AND (coalesce(c.lease_id = p_lease, false) OR coalesce(c.released_lease_id = p_lease, false))) THEN
+        -- its own lease: live; or, below the cursor, the row's last lease (released by its acks, or
+        -- run out with nobody claiming since): a resent bundle whose answer was lost, its pushes decide
+        -- (duplicate)
         IF v_done AND v_nack THEN
             RETURN format('offset %s is already committed (the cursor is at %s): a nack cannot take it back',
                           v_off, c.cursor_offset);
@@ -205,7 +208,20 @@ BEGIN
                          ORDER BY a.idx)
           INTO v_acks
           FROM queen.ack_v1(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
-                            p_ack_statuses, array_fill(NULL::text, ARRAY[v_nacks]), p_now) AS a;
+                            p_ack_statuses, array_fill(NULL::text, ARRAY[v_nacks]), v_now) AS a;
+        -- v_now: read after the cursor rows' locks (the last wait; ack_v1 takes them again without
+        -- waiting), the time the re-validation above judged the leases at: one verdict, one time
+        -- A safety net: an ack that ack_v1 refused never commits beside the bundle's other effects.
+        SELECT e.ord::integer AS ord, e.v INTO r
+          FROM jsonb_array_elements(v_acks) WITH ORDINALITY AS e(v, ord)
+         WHERE NOT (e.v ->> 'success')::boolean ORDER BY e.ord LIMIT 1;
+        IF FOUND THEN
+            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
+                'failedIndex', p_ack_index[r.ord], 'transactionId', p_ack_txns[r.ord],
+                'partitionId', p_ack_pids[r.ord]::text,
+                'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[r.ord],
+                                r.v ->> 'error')));
+        END IF;
     END IF;
     v_now := coalesce(p_now, clock_timestamp());  -- for KV and timers: after every lock wait
 
