@@ -226,9 +226,12 @@ async def _dead_letter_then_delete(http: httpx.AsyncClient) -> None:
     got = (await http.get(f"{M}/{pid}/dead")).json()
     assert got["groups"] == [{"name": "g", "queueMode": False, "cursor": 1, "state": "dead"}]
     assert got["deadLetters"][0]["consumerGroup"] == "g"
-    # POST .../retry reaches the DLQ route (not the GET/DELETE ones): 503 until the payload is copied out
+    # POST .../retry reaches the DLQ route (not the GET/DELETE ones): requeued at once, for g only
     r = await http.post(f"{M}/{pid}/dead/retry")
-    assert r.status_code == 503 and r.json()["code"] == "retry"
+    assert r.status_code == 200 and r.json()["status"] == "requeued" and r.json()["consumerGroups"] == ["g"]
+    m = (await pop(http, "r", consumerGroup="g", batch=1))["messages"][0]
+    assert m["offset"] == 1 and m["data"] == {"v": 1}
+    assert (await ack(http, m, "dlq", "g"))["dlq"] is True
     deleted = (await http.delete(f"{M}/{pid}/dead")).json()
     assert deleted["deadLettersRemoved"] == 1 and deleted["groupsSettled"] == 0
     assert (await http.get("/api/v1/dlq", params={"queue": "r"})).json()["total"] == 0

@@ -115,7 +115,7 @@ async def test_ack_of_an_already_acked_message_is_rejected(http: httpx.AsyncClie
     (m,) = (await pop(http, "q"))["messages"]
     await http.post("/api/v1/ack", json={"transactionId": "a", "partitionId": m["partitionId"]})
     res = await tx(http, {"operations": [{"type": "ack", "transactionId": "a", "partitionId": m["partitionId"]}]})
-    assert res["reason"] == "rejected_ack" and "already acked" in res["error"]
+    assert res["reason"] == "rejected_ack" and "already committed" in res["error"]
 
 
 async def test_retry_of_a_committed_step_is_a_duplicate_and_the_first_stands(

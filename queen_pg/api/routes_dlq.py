@@ -48,9 +48,12 @@ async def list_dlq(request: Request) -> Response:
 
 @router.post(
     "/messages/{partition_id}/{transaction_id:path}/retry",
-    summary="Put a dead letter back at the end of its partition (no body)",
-    description="Takes no body (the client sends `Content-Length: 0`). 404 when the partition holds no such "
-    "dead letter; 503 `retry` (with Retry-After) while its payload is still being copied out of its segment.",
+    summary="Put a dead letter back at the end of its partition, for the groups that dead-lettered it (no body)",
+    description="Takes no body (the client sends `Content-Length: 0`). Works at once after the message was "
+    "dead-lettered (it does not wait for the dlq_fill job). Only the consumer groups that dead-lettered it "
+    "(`consumerGroups`; null = queue mode) receive it again; the partition's other groups pass over it. 404 "
+    "when the partition holds no such dead letter; 503 `retry` (with Retry-After) only if its segment is "
+    "gone and the payload not copied out yet.",
     responses=answers({200: RetryAnswer}, 400, 404),
 )
 async def retry_message(request: Request, partition_id: str, transaction_id: str) -> Response:
@@ -60,5 +63,5 @@ async def retry_message(request: Request, partition_id: str, transaction_id: str
     if result["status"] == "not_found":
         raise QueenError(NOT_FOUND, detail=f"no dead letter {transaction_id!r} in partition {partition_id}")
     if result["status"] == "not_ready":
-        raise QueenError(RETRY, detail="the dead letter's payload is still being copied out of its segment")
+        raise QueenError(RETRY, detail="the dead letter's segment is gone and its payload not copied out yet")
     return json_response({"success": True, **result})

@@ -74,7 +74,7 @@ SELECT lp.tenant,
        lc.consumer_group = '__QUEUE_MODE__'             AS queue_mode,
        lc.cursor_offset,
        lp.next_offset - lc.cursor_offset                AS lag,
-       lc.acked                                         AS acked_ahead,  -- done out of order, above the cursor
+       '{}'::bigint[]                                   AS acked_ahead,  -- always empty: an ack is an offset commit
        lc.lease_id,
        lc.lease_expires_at,
        lc.lease_end,

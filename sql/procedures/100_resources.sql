@@ -53,8 +53,7 @@ LANGUAGE sql STABLE AS $$
     ), cons AS (
         SELECT lc.consumer_group, p.next_offset - lc.cursor_offset AS lag,
                CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > p_now
-                    THEN greatest(lc.lease_end - lc.cursor_offset
-                                  - (SELECT count(*) FROM unnest(lc.acked) a WHERE a < lc.lease_end), 0)
+                    THEN greatest(lc.lease_end - lc.cursor_offset, 0)
                     ELSE 0 END AS in_flight
           FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
          WHERE lc.queue_id = p_queue_id
@@ -274,8 +273,7 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT max(page.next_offset - lc.cursor_offset) AS max_lag, count(*) AS groups,
                           sum(CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
-                                   THEN greatest(lc.lease_end - lc.cursor_offset
-                                                 - (SELECT count(*) FROM unnest(lc.acked) a WHERE a < lc.lease_end), 0)
+                                   THEN greatest(lc.lease_end - lc.cursor_offset, 0)
                                    ELSE 0 END) AS in_flight
                      FROM queen.log_consumers lc WHERE lc.partition_id = page.id) c
         )
