@@ -52,6 +52,7 @@ from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
+from queen_pg.security import crypto
 from queen_pg.security import install as install_security
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
@@ -90,6 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
             admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
             storage=storage,
         )
+        crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))
         fuser = app.state.queen.fuser = Fuser(
             db, FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight)
         )
@@ -101,8 +103,9 @@ def create_app(settings: Settings) -> FastAPI:
         # in every process, jobs or not: it gates this process's pushes and pops
         refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
         mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
-        if mesh is not None:  # binds now (a port in use fails the boot); dials under the supervisor
-            await mesh.start()
+        if mesh is not None:
+            mesh.on_config = crypto.forgetting(crypto.vault(db), mesh.on_config)  # a peer configured a queue
+            await mesh.start()  # binds now (a port in use fails the boot); dials under the supervisor
             jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
             await storage.refresh(db)

@@ -29,6 +29,8 @@ import orjson
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.waiters import Waiters
+from queen_pg.errors import QueenError
+from queen_pg.security import crypto
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
@@ -59,8 +61,11 @@ def iso_ms(ts: datetime) -> str:
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
 
 
-def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str, Any] | None:
-    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty."""
+def render(
+    req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None
+) -> dict[str, Any] | None:
+    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty. Sealed
+    payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
     messages: list[dict[str, Any]] = []
     claims: list[tuple[str, str, str]] = []
     lease = None if req.auto_ack else str(lease_id)
@@ -89,7 +94,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
                         "queue": queue,
                         "leaseId": lease,
                         "consumerGroup": group,
-                        "data": orjson.Fragment(frame.payload),
+                        "data": orjson.Fragment(crypto.opened(vault, frame)),
                         "createdAt": created,
                         "traceId": str(frame.trace_id) if frame.trace_id else None,
                         "producerSub": frame.producer_sub,
@@ -184,7 +189,14 @@ async def _claim(
         return None, None
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
-    return render(req, lease_id, rows), (None if req.auto_ack else _claimed(lease_id, rows))
+    got = None if req.auto_ack else _claimed(lease_id, rows)
+    try:
+        answer = render(req, lease_id, rows, crypto.vault(db))
+    except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
+        if got is not None:
+            await release(db, tenant, req, got)
+        raise
+    return answer, got
 
 
 async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
