@@ -54,6 +54,7 @@ from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
 from queen_pg.security import install as install_security
+from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
@@ -88,7 +89,12 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.max_waiters, settings.pop_poll_interval_ms / 1000, settings.pop_poll_max_ms / 1000
             ),
             limiters=build_limiters(_limiter_config(settings)),
-            admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
+            admission=ByteBudget(
+                settings.admit_max_mb * MIB,
+                settings.max_body_bytes,
+                settings.admit_hold_ms / 1000,
+                tenant_share=settings.admit_tenant_share if tenancy_enabled(settings) else 1.0,
+            ),
             storage=storage,
         )
         crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))

@@ -134,6 +134,14 @@ class Settings(BaseSettings):
         le=600_000,
         description="A push waits this long (jittered +-20 %) for admission or a limiter permit, then 429.",
     )
+    admit_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With tenancy on: the most of the admission budget one tenant's pushes and transactions "
+        "may hold or wait for (at least one largest body), so one tenant's flood cannot starve another; "
+        "1 = no per-tenant share.",
+    )
     limiter_initial: int = Field(64, ge=1, description="Starting concurrency limit of each route family.")
     limiter_min: int = Field(32, ge=1, description="Lowest concurrency limit the Vegas limiter may set.")
     limiter_max: int = Field(1000, ge=1, description="Highest concurrency limit the Vegas limiter may set.")

@@ -95,7 +95,7 @@ def test_sealing_round_trip_key_ids_and_refusals() -> None:
         ({"encryption_key": K1, "encryption_keys_old": f"{K2},12"}, "QUEEN_ENCRYPTION_KEYS_OLD must be 64 hex"),
     ],
 )
-def test_a_malformed_key_refuses_to_start_without_printing_it(over: dict[str, str], says: str) -> None:
+def test_a_malformed_key_refuses_to_start_without_printing_it(over: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError) as err:
         Settings(database_url="postgresql://x/y", **over)
     assert says in str(err.value)
