@@ -415,3 +415,15 @@ async def test_message_detail_is_decrypted(start_broker: Any) -> None:
         await http.post("/api/v1/push", json={"items": [{"queue": "clear", "payload": 1, "transactionId": "c"}]})
         pid = (await http.get("/api/v1/messages", params={"queue": "clear"})).json()["messages"][0]["partitionId"]
         assert (await http.get(f"/api/v1/messages/{pid}/c")).json()["isEncrypted"] is False
+
+
+def test_a_framed_pop_blob_is_reframed_with_opened_payloads() -> None:
+    v = crypto.Vault(bytes.fromhex(K1))
+    mid, trace = uuid.uuid4(), uuid.uuid4()
+    plain = codec.pack([codec.encode_frame(mid, "t", b'{"a":1}', trace, "sub")])
+    assert crypto.opened_blob(v, plain, codec.CODEC_ZSTD) == (plain, codec.CODEC_ZSTD)
+    sealed = codec.pack([codec.encode_frame(mid, "t", v.seal(b'{"a":1}'), trace, "sub", sealed=True)])
+    blob, codec_id = crypto.opened_blob(v, sealed, codec.CODEC_ZSTD)
+    assert codec_id == codec.CODEC_RAW
+    (f,) = codec.unpack(blob, codec_id)
+    assert (f.payload, f.sealed, f.message_id, f.trace_id, f.producer_sub) == (b'{"a":1}', False, mid, trace, "sub")

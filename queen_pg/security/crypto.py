@@ -219,3 +219,17 @@ def opened(v: Vault | None, frame: _Framed) -> bytes:
     if not frame.sealed:
         return frame.payload
     return (v or _NO_KEYS).open(frame.payload)
+
+
+def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
+    """A stored segment blob as a framed pop may ship it (WIRE §3.3: clients refuse flag 4): as it is
+    when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
+    from queen_pg.engine import codec  # the engine imports this module
+
+    frames = list(codec.unpack(blob, codec_id))
+    if not any(f.sealed for f in frames):
+        return blob, codec_id
+    raw = b"".join(
+        codec.encode_frame(f.message_id, f.transaction_id, opened(v, f), f.trace_id, f.producer_sub) for f in frames
+    )
+    return raw, codec.CODEC_RAW
