@@ -427,3 +427,35 @@ def test_a_framed_pop_blob_is_reframed_with_opened_payloads() -> None:
     assert codec_id == codec.CODEC_RAW
     (f,) = codec.unpack(blob, codec_id)
     assert (f.payload, f.sealed, f.message_id, f.trace_id, f.producer_sub) == (b'{"a":1}', False, mid, trace, "sub")
+
+
+async def test_a_peer_config_frame_drops_the_cached_answer(start_broker: Any) -> None:
+    """The mesh's CONFIG handler (a peer configured a queue) also forgets the vault's answer for it."""
+    b: Broker = await start_broker(encryption_key=K1, jobs_enabled=False, mesh_port=0)
+    st = b.app.state.queen
+    v = crypto.vault(st.db)
+    v.learn("default", "q", True)
+    assert st.mesh is not None
+    st.mesh.on_config("default", "q")
+    assert not v.encrypted("default", "q")
+
+
+async def test_the_key_never_reaches_logs_answers_or_metrics(
+    start_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    b: Broker = await start_broker(encryption_key=K1, encryption_keys_old=K2, jobs_enabled=False, log_level="debug")
+    seen: list[str] = []
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        await http.post("/api/v1/configure", json={"queue": "s", "options": {"encryptionEnabled": True}})
+        await http.post("/api/v1/push", json={"items": [{"queue": "s", "payload": 1}]})
+        seen.append((await http.get("/api/v1/pop/queue/s")).text)
+        seen.append((await http.get("/metrics")).text)
+        seen.append((await http.get("/api/v1/resources/queues/s")).text)
+    plain: Broker = await start_broker(jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=plain.url) as http:
+        seen.append((await http.get("/api/v1/messages", params={"queue": "s"})).text)  # a 409
+    assert "encryption_key_unknown" in seen[-1]
+    everything = caplog.text + "".join(seen) + repr(b.settings) + str(b.settings.model_dump().keys())
+    for secret in (K1, K2, bytes.fromhex(K1).decode("latin-1")):
+        assert secret not in everything
