@@ -70,6 +70,7 @@ UNSUPPORTED_MEDIA_TYPE = ErrorKind("unsupported_media_type", 415, "{detail}")
 BAD_HOST = ErrorKind("bad_host", 400, "{detail}")
 CATALOG.update({k.code: k for k in (UNAUTHORIZED, FORBIDDEN, UNSUPPORTED_MEDIA_TYPE, BAD_HOST)})
 
+
 class QueenError(Exception):
     """A failure with a catalog code; rendered as JSON by the API's single handler."""
 

@@ -188,17 +188,13 @@ class Settings(BaseSettings):
     )
 
     # security (queen_pg/security/): the 0.x reference's JWT names, read exactly as written
-    jwt_enabled: bool = Field(
-        False, validation_alias="JWT_ENABLED", description="Require a JWT on every route."
-    )
+    jwt_enabled: bool = Field(False, validation_alias="JWT_ENABLED", description="Require a JWT on every route.")
     jwt_algorithm: Literal["HS256", "RS256", "EdDSA", "auto"] = Field(
         "HS256",
         validation_alias="JWT_ALGORITHM",
         description="HS256, RS256, EdDSA, or auto (by the token's header among the keys configured); never none.",
     )
-    jwt_secret: str = Field(
-        "", validation_alias="JWT_SECRET", description="HS256 shared secret."
-    )
+    jwt_secret: str = Field("", validation_alias="JWT_SECRET", description="HS256 shared secret.")
     jwt_public_key: str = Field(
         "",
         validation_alias="JWT_PUBLIC_KEY",
@@ -221,12 +217,8 @@ class Settings(BaseSettings):
         validation_alias="JWT_JWKS_TIMEOUT_MS",
         description="Timeout of one JWKS fetch (ms).",
     )
-    jwt_issuer: str = Field(
-        "", validation_alias="JWT_ISSUER", description="Required `iss` (empty: any)."
-    )
-    jwt_audience: str = Field(
-        "", validation_alias="JWT_AUDIENCE", description="Required `aud` (empty: any)."
-    )
+    jwt_issuer: str = Field("", validation_alias="JWT_ISSUER", description="Required `iss` (empty: any).")
+    jwt_audience: str = Field("", validation_alias="JWT_AUDIENCE", description="Required `aud` (empty: any).")
     jwt_clock_skew: int = Field(
         30,
         ge=0,
@@ -238,17 +230,13 @@ class Settings(BaseSettings):
         validation_alias="JWT_SKIP_PATHS",
         description="Comma-separated exact paths answered without a token.",
     )
-    jwt_roles_claim: str = Field(
-        "role", validation_alias="JWT_ROLES_CLAIM", description="Claim with one role."
-    )
+    jwt_roles_claim: str = Field("role", validation_alias="JWT_ROLES_CLAIM", description="Claim with one role.")
     jwt_roles_array_claim: str = Field(
         "roles",
         validation_alias="JWT_ROLES_ARRAY_CLAIM",
         description="Claim with a list of roles.",
     )
-    jwt_role_admin: str = Field(
-        "admin", validation_alias="JWT_ROLE_ADMIN", description="Role name: admin."
-    )
+    jwt_role_admin: str = Field("admin", validation_alias="JWT_ROLE_ADMIN", description="Role name: admin.")
     jwt_role_read_write: str = Field(
         "read-write",
         validation_alias="JWT_ROLE_READ_WRITE",

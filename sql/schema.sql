@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS queen.log_partitions (
 
 -- One row per append: the appended messages as QPF1 frames (WIRE.md §3.3), zstd-compressed by the
 -- broker (codec 1), or raw (codec 0) when SQL wrote the frame itself (a dead letter put back). `dropped` lists frame indexes (0-based) that are not part of the log: items of the append
--- that turned out to be duplicates of stored messages. Message k of the log (k = 0, 1, ...) inside
+-- that turned out to be duplicates of stored messages, or (a dead letter put back before the dlq_fill
+-- job copied its payload out) every frame of the copied segment but the one put back. Message k of the log (k = 0, 1, ...) inside
 -- this segment is the k-th frame that is not dropped; offsets stay gapless.
 CREATE TABLE IF NOT EXISTS queen.log_segments (
     partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
@@ -110,15 +111,15 @@ CREATE TABLE IF NOT EXISTS queen.log_groups (
     CONSTRAINT log_groups_pkey PRIMARY KEY (queue_id, name)
 );
 
--- One cursor and lease per (partition, group). No per-message state beyond `acked`, the offsets at
--- or above the cursor completed out of order (bounded by the batch size).
+-- One cursor and lease per (partition, group). An ack is an offset commit (WIRE.md §9.1): the group
+-- has completed everything below cursor_offset and nothing at or above it; there is no per-message
+-- state (the `acked` out-of-order array of 0.1 is gone: log_passes holds the rare admin exceptions).
 CREATE TABLE IF NOT EXISTS queen.log_consumers (
     partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
     consumer_group      text NOT NULL,
     queue_id            bigint NOT NULL,
     tenant              text NOT NULL,
     cursor_offset       bigint NOT NULL DEFAULT 0,
-    acked               bigint[] NOT NULL DEFAULT '{}',
     lease_id            uuid,
     lease_expires_at    timestamptz,
     lease_end           bigint,
@@ -133,16 +134,44 @@ CREATE TABLE IF NOT EXISTS queen.log_consumers (
 ) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx ON queen.log_consumers (queue_id, consumer_group);
 CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id) WHERE lease_id IS NOT NULL;
+-- Databases made before the offset-commit ack (revision 0002): drop the out-of-order array. Only when
+-- it is there: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a booting replica must not take on
+-- every boot.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'acked' AND NOT attisdropped) THEN
+        DROP VIEW IF EXISTS queen.v_partitions CASCADE;  -- reads it; sql/procedures/090_views.sql makes it again
+        ALTER TABLE queen.log_consumers DROP COLUMN acked;
+    END IF;
+END;
+$$;
+
+-- Offsets a consumer group passes over without receiving them (the only per-offset state of a group):
+-- a dead letter put back on its partition is for the groups that dead-lettered it, so every other
+-- group of the queue gets a row for the new offset; a message deleted ahead of a group's cursor gets
+-- one too. A pop or an ack that moves the cursor onto a row moves it past (queen._pass_over) and
+-- deletes the rows below the cursor; rows go with their cursor row (group or queue deleted).
+CREATE TABLE IF NOT EXISTS queen.log_passes (
+    partition_id        bigint NOT NULL,
+    consumer_group      text NOT NULL,
+    msg_offset          bigint NOT NULL,
+    CONSTRAINT log_passes_pkey PRIMARY KEY (partition_id, consumer_group, msg_offset),
+    CONSTRAINT log_passes_consumer_fkey FOREIGN KEY (partition_id, consumer_group)
+        REFERENCES queen.log_consumers (partition_id, consumer_group) ON DELETE CASCADE
+);
 
 -- Dead letters, payload readable as jsonb.
 CREATE TABLE IF NOT EXISTS queen.log_dlq (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant              text NOT NULL,
-    -- No foreign key to queues: the ack inserts dead letters while it holds cursor rows (lock level 3),
-    -- and a FK check would take KEY SHARE on the queue row (level 1), against the lock order
-    -- (docs/locks.md). The partition_id FK already cascades a queue delete.
+    -- No foreign keys: the ack inserts dead letters while it holds cursor rows (lock level 3), and a
+    -- FK check would take KEY SHARE on the queue row (level 1) or the partition row (level 2), against
+    -- the lock order (docs/locks.md): a queue delete that holds the partition rows and waits for the
+    -- cursor rows would deadlock with it. queen.delete_queue_v1 deletes the queue's dead letters
+    -- itself, after the cascade (which waits for every ack holding a cursor row of the queue).
     queue_id            bigint NOT NULL,
-    partition_id        bigint NOT NULL REFERENCES queen.log_partitions (id) ON DELETE CASCADE,
+    partition_id        bigint NOT NULL,
     consumer_group      text NOT NULL,
     msg_offset          bigint NOT NULL,
     message_id          uuid,
@@ -154,7 +183,16 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     failed_at           timestamptz NOT NULL DEFAULT now()
 );
 ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_queue_id_fkey;  -- databases made before 0.1.0
+DO $$  -- databases made before revision 0002; only when it is there (ACCESS EXCLUSIVE)
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'log_dlq_partition_id_fkey'
+                AND conrelid = 'queen.log_dlq'::regclass) THEN
+        ALTER TABLE queen.log_dlq DROP CONSTRAINT log_dlq_partition_id_fkey;
+    END IF;
+END;
+$$;
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
+CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
 
 -- Key-value state. `version` comes from one sequence, so it only grows (per key and globally) and
 -- can serve as a fencing token: a lock permit is the row ('queen-locks', '<name>#<slot>') and its
@@ -211,7 +249,7 @@ $$;
 CREATE INDEX IF NOT EXISTS timers_deliver_idx ON queen.timers (deliver_at);
 
 -- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
--- for them).
+-- for them; a requeue does not: it copies the segment's frame).
 CREATE INDEX IF NOT EXISTS log_dlq_unfilled_idx ON queen.log_dlq (partition_id, msg_offset) WHERE payload IS NULL;
 
 -- Operations (sql/procedures/1NN_*.sql) -----------------------------------------------------------

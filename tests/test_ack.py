@@ -47,19 +47,22 @@ async def test_single_ack_answers_a_one_item_list(http: httpx.AsyncClient) -> No
     assert item["success"] is True and item["transactionId"] == "only" and item["leaseReleased"] is True
 
 
-async def test_out_of_order_acks_move_cursor_only_when_contiguous(
+async def test_an_ack_out_of_order_commits_everything_below_it(
     http: httpx.AsyncClient, conn: asyncpg.Connection
 ) -> None:
+    """Replaces the 0.1 out-of-order `acked` array: acking offset 1 first commits 0 with it."""
     await push(http, "q", [{"payload": i, "transactionId": f"t{i}"} for i in range(3)])
     ms = (await pop(http, "q", batch=3))["messages"]
-    await http.post("/api/v1/ack", json=ack_body(ms[2]))
-    await http.post("/api/v1/ack", json=ack_body(ms[1]))
-    row = await conn.fetchrow("SELECT cursor_offset, acked, lease_id FROM queen.log_consumers")
-    assert row["cursor_offset"] == 0 and sorted(row["acked"]) == [1, 2] and row["lease_id"] is not None
+    (item,) = (await http.post("/api/v1/ack", json=ack_body(ms[1]))).json()
+    assert item["success"] is True and item["noop"] is False and item["leaseReleased"] is False
+    row = await conn.fetchrow("SELECT cursor_offset, lease_id FROM queen.log_consumers")
+    assert row["cursor_offset"] == 2 and row["lease_id"] is not None
     (item,) = (await http.post("/api/v1/ack", json=ack_body(ms[0]))).json()
+    assert item["success"] is True and item["noop"] is True
+    (item,) = (await http.post("/api/v1/ack", json=ack_body(ms[2]))).json()
     assert item["leaseReleased"] is True
-    row = await conn.fetchrow("SELECT cursor_offset, acked, lease_id FROM queen.log_consumers")
-    assert row["cursor_offset"] == 3 and row["acked"] == [] and row["lease_id"] is None
+    row = await conn.fetchrow("SELECT cursor_offset, lease_id FROM queen.log_consumers")
+    assert row["cursor_offset"] == 3 and row["lease_id"] is None
 
 
 async def test_ack_with_someone_elses_lease_is_refused(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:

@@ -80,7 +80,7 @@ class BrokerProcess:
 
 def _committed_already(error: Exception) -> bool:
     text = str(error)
-    return "duplicate" in text or "already acked" in text
+    return "duplicate" in text or "already committed" in text
 
 
 async def test_kill_9_during_a_thousand_transactions(db_url: str, conn: asyncpg.Connection, tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ async def test_dlq_paging_and_bad_params(http: httpx.AsyncClient) -> None:
         assert r.status_code == 400 and r.json()["code"] == "bad_request"
 
 
-async def test_requeue_unknown_and_not_yet_copied(http: httpx.AsyncClient) -> None:
+async def test_requeue_unknown_and_bad(http: httpx.AsyncClient) -> None:
     r = await http.post("/api/v1/messages/1/none/retry")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = await http.post("/api/v1/messages/abc/none/retry")
@@ -123,8 +123,10 @@ async def test_requeue_unknown_and_not_yet_copied(http: httpx.AsyncClient) -> No
     await push(http, "nr", [{"payload": 1, "transactionId": "x"}])
     (m,) = (await pop(http, "nr"))["messages"]
     await fail(http, m, status="dlq")
-    r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")  # payload not copied out yet
-    assert r.status_code == 503 and r.json()["code"] == "retry" and r.headers["retry-after"] == "1"
+    r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")  # payload not copied out yet: fine
+    assert r.status_code == 200 and r.json()["status"] == "requeued"
+    r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")  # once only
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
 
 
 async def test_requeue_puts_the_dead_letter_back(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:

@@ -143,8 +143,8 @@ async def test_client_015_push_pop_ack_transaction_dlq_and_delete(broker: Broker
     # the 0.x consume loop: batches as asked, auto-acked, stops at the limit
     assert w["consume"] == [[0, 1], [2]]
 
-    # an ack of an unknown message is refused (HTTP 200, success:false)
-    assert w["ack_unknown"]["success"] is False and "not found" in w["ack_unknown"]["error"]
+    # an ack of an unknown message is refused (HTTP 200, success:false, WIRE §9.1 rule 4)
+    assert w["ack_unknown"]["success"] is False and "unresolvable" in w["ack_unknown"]["error"]
 
     # the database agrees
     parts = {

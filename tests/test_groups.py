@@ -116,7 +116,7 @@ async def test_seek_to_end_and_start_breaks_the_live_lease(http: httpx.AsyncClie
     }
     row = await conn.fetchrow("SELECT * FROM queen.log_consumers WHERE consumer_group = 'g'")
     assert row["lease_id"] is None and row["lease_end"] is None and row["released_lease_id"] is None
-    assert row["acked"] == [] and row["delivered_end"] == 5 and row["attempts"] == 0
+    assert "acked" not in row.keys() and row["delivered_end"] == 5 and row["attempts"] == 0
     assert await pop(http, "q", consumerGroup="g") is None
     # the broken lease's holder can no longer ack
     m = held["messages"][0]

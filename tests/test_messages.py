@@ -108,8 +108,6 @@ async def test_browse_with_a_groups_state(http: httpx.AsyncClient) -> None:
         ({"queue": "q", "partition": "nope"}, 404, "not_found"),
         ({"queue": "q", "consumerGroup": "ghost"}, 404, "not_found"),
         ({"queue": "q", "fromOffset": "x"}, 400, "bad_request"),
-        ({"queue": "q", "fromOffset": 5, "toOffset": 5}, 400, "bad_request"),
-        ({"queue": "q", "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, 400, "bad_request"),
         ({"queue": "q", "from": "yesterday"}, 400, "bad_request"),
         ({"queue": "q", "order": "sideways"}, 400, "bad_request"),
         ({"queue": "q", "status": "pending"}, 400, "bad_request"),
@@ -120,6 +118,23 @@ async def test_browse_with_a_groups_state(http: httpx.AsyncClient) -> None:
 async def test_browse_errors(http: httpx.AsyncClient, params: dict[str, Any], status: int, code: str) -> None:
     await push(http, "q", [{"payload": 1}])
     assert_error(await http.get(M, params=params), status, code)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"fromOffset": 5, "toOffset": 5},
+        {"fromOffset": 1, "toOffset": 0},
+        {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"},
+    ],
+)
+async def test_an_empty_range_is_an_empty_page(http: httpx.AsyncClient, params: dict[str, Any]) -> None:
+    """A range at or below its start selects nothing (JSON Schema cannot relate two parameters, so the
+    broker does not refuse what the schema calls valid)."""
+    await push(http, "q", [{"payload": i} for i in range(7)])
+    r = await http.get(M, params={"queue": "q", **params})
+    assert r.status_code == 200, r.text
+    assert (r.json()["messages"], r.json()["total"]) == ([], 0)
 
 
 async def test_get_one_message_with_its_state_per_group(http: httpx.AsyncClient) -> None:
@@ -211,9 +226,12 @@ async def _dead_letter_then_delete(http: httpx.AsyncClient) -> None:
     got = (await http.get(f"{M}/{pid}/dead")).json()
     assert got["groups"] == [{"name": "g", "queueMode": False, "cursor": 1, "state": "dead"}]
     assert got["deadLetters"][0]["consumerGroup"] == "g"
-    # POST .../retry reaches the DLQ route (not the GET/DELETE ones): 503 until the payload is copied out
+    # POST .../retry reaches the DLQ route (not the GET/DELETE ones): requeued at once, for g only
     r = await http.post(f"{M}/{pid}/dead/retry")
-    assert r.status_code == 503 and r.json()["code"] == "retry"
+    assert r.status_code == 200 and r.json()["status"] == "requeued" and r.json()["consumerGroups"] == ["g"]
+    m = (await pop(http, "r", consumerGroup="g", batch=1))["messages"][0]
+    assert m["offset"] == 1 and m["data"] == {"v": 1}
+    assert (await ack(http, m, "dlq", "g"))["dlq"] is True
     deleted = (await http.delete(f"{M}/{pid}/dead")).json()
     assert deleted["deadLettersRemoved"] == 1 and deleted["groupsSettled"] == 0
     assert (await http.get("/api/v1/dlq", params={"queue": "r"})).json()["total"] == 0

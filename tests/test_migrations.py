@@ -238,6 +238,46 @@ async def test_migrate_a_database_set_up_by_boot(pg_server: PgServer) -> None:
     assert scalar(url, "SELECT to_regclass('queen.alembic_version') IS NULL") is True
 
 
+# What a database made before revision 0002 held (the 0.1 shape): the out-of-order `acked` array, the
+# view reading it, log_dlq's foreign key to log_partitions, no log_passes.
+OLD_SHAPE_0001 = """
+    DROP TABLE queen.log_passes;
+    DROP INDEX queen.log_dlq_partition_idx;
+    ALTER TABLE queen.log_consumers ADD COLUMN acked bigint[] NOT NULL DEFAULT '{}';
+    ALTER TABLE queen.log_dlq ADD CONSTRAINT log_dlq_partition_id_fkey
+        FOREIGN KEY (partition_id) REFERENCES queen.log_partitions (id) ON DELETE CASCADE;
+"""
+
+
+def old_views() -> str:
+    """sql/procedures/090_views.sql as it was: v_partitions read the array (so it blocks the drop)."""
+    text = (ROOT / "sql" / "procedures" / "090_views.sql").read_text()
+    new = "'{}'::bigint[]                                   AS acked_ahead"
+    assert new in text
+    return text.replace(new, "lc.acked AS acked_ahead")
+
+
+@pytest.mark.parametrize("way", ["alembic", "boot"])
+async def test_a_0001_database_reaches_the_same_catalog(pg_server: PgServer, way: str) -> None:
+    """A database in the shape before the offset-commit ack, brought forward by revision 0002 (then
+    boot) or by boot alone (schema.sql's guarded drops), ends with the catalog of a new one."""
+    fresh = empty_database(pg_server)
+    await boot_apply(fresh)
+    old = empty_database(pg_server)
+    upgrade(old, "0001", out=lambda *_: None)
+    with psycopg.connect(old, autocommit=True) as c:
+        c.execute(OLD_SHAPE_0001)
+        c.execute(old_views())
+        assert c.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'acked'"
+        ).fetchone() == (1,)
+    if way == "alembic":
+        upgrade(old, out=lambda *_: None)
+        assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
+    await boot_apply(old)
+    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0001 shape + {way}")
+
+
 def run_alembic(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "alembic", *args],

@@ -131,7 +131,6 @@ async def test_parked_pop_holds_no_connection(start_broker) -> None:  # type: ig
     [
         {"batch": 0},
         {"batch": "ten"},
-        {"batch": 10_000_000},
         {"wait": "maybe"},
         {"timeout": -1},
         {"partitions": 0},

@@ -148,8 +148,6 @@ async def test_status_and_analytics_routes(qhttp: httpx.AsyncClient, conn: async
     ("path", "params", "status"),
     [
         ("/api/v1/status/analytics", {"interval": "week"}, 400),
-        ("/api/v1/status/analytics", {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, 400),
-        ("/api/v1/status/analytics", {"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, 400),
         ("/api/v1/status/analytics", {"from": "noon"}, 400),
         ("/api/v1/status/analytics", {"queue": "nope"}, 404),
         ("/api/v1/status/queues", {"limit": 0}, 400),

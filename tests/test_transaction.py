@@ -115,7 +115,7 @@ async def test_ack_of_an_already_acked_message_is_rejected(http: httpx.AsyncClie
     (m,) = (await pop(http, "q"))["messages"]
     await http.post("/api/v1/ack", json={"transactionId": "a", "partitionId": m["partitionId"]})
     res = await tx(http, {"operations": [{"type": "ack", "transactionId": "a", "partitionId": m["partitionId"]}]})
-    assert res["reason"] == "rejected_ack" and "already acked" in res["error"]
+    assert res["reason"] == "rejected_ack" and "already committed" in res["error"]
 
 
 async def test_retry_of_a_committed_step_is_a_duplicate_and_the_first_stands(
@@ -201,6 +201,14 @@ async def test_limits(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None
     assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
 
 
+async def test_an_empty_transaction_is_an_empty_commit(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Valid by the documented schema, so not refused: nothing to commit, nothing written."""
+    for body in ({"operations": [], "requiredLeases": []}, {}):
+        r = await http.post("/api/v1/transaction", json=body)
+        assert r.status_code == 200 and r.json() == {"transactionId": "", "success": True, "results": []}, r.text
+    assert (await state(conn))["messages"] == 0
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -210,7 +218,6 @@ async def test_limits(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None
         b'{"operations": [{"type": "timers"}]}',
         b'{"operations": [{"type": "ack"}]}',
         b'{"operations": [{"type": "push", "items": []}]}',
-        b'{"operations": [], "requiredLeases": []}',
         b'{"operations": [], "kv": [{"op": "getPrefix", "ns": "n", "prefix": "a"}]}',
         b'{"operations": [], "kv": [{"op": "put", "ns": "n", "key": "k", "value": 1}]}',
         b'{"operations": [], "timers": [{"op": "schedule", "queue": "q", "timerKey": "k", "payload": "!!", '

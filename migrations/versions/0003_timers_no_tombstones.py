@@ -1,7 +1,7 @@
 """timers: no tombstones (WIRE §9.5)
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-01
 
 A fired timer's row is now deleted by the fire (sql/procedures/086_timers.sql) instead of being kept
@@ -23,7 +23,7 @@ from queen_pg.migrate import execute_sql
 
 # revision identifiers, used by Alembic.
 revision: str = "0003"
-down_revision: str | Sequence[str] | None = "0001"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -12,13 +12,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import Field, StrictStr
+from pydantic import Field
 
-from queen_pg.api.common import check_name, json_response, parse_body, state, tenant
-from queen_pg.api.docs import answers, body, query
-from queen_pg.api.models import _Body
+from queen_pg.api import params as P
+from queen_pg.api.body import NO_NUL, Name, read
+from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.docs import answers, body
 from queen_pg.api.routes_messages import message_key
 from queen_pg.api.schemas import Answer
 from queen_pg.engine import admin_moves
@@ -27,14 +31,24 @@ from queen_pg.errors import bad_request
 router = APIRouter(prefix="/api/v1")
 
 MAX_ERROR_BYTES = 4096
-GROUP_PARAM = query("consumerGroup", "the group to dead-letter it for (wins over the body's); default queue mode")
+GROUP = P.Param("consumerGroup", "the group to dead-letter it for (wins over the body's); default queue mode")
+PARTITION = P.Param("partition", "clear only this partition (by name)")
+# the byte limit is checked in the route; the schema states it in characters (what JSON Schema counts)
+DlqError = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=NO_NUL,
+        description=f"the dead letter's error message, at most {MAX_ERROR_BYTES} bytes of UTF-8",
+        extra_json_schema={"maxLength": MAX_ERROR_BYTES},
+    ),
+]
 
 
-class MoveToDlqBody(_Body):
+class MoveToDlqBody(msgspec.Struct):
     """Optional: the 0.x client sends ``{}`` (or nothing)."""
 
-    consumerGroup: StrictStr | None = Field(None, description="the group (default queue mode, `__QUEUE_MODE__`)")
-    error: StrictStr | None = Field(None, description="the dead letter's error message")
+    consumerGroup: Annotated[Name, msgspec.Meta(description="the group (default queue mode)")] | None = None
+    error: DlqError | None = None
 
 
 class MovedToDlq(Answer):
@@ -69,17 +83,15 @@ class QueueCleared(Answer):
     "group's cursor moves over the message, other groups are not touched. 404 when the partition, the "
     "group's cursor on it or the message is unknown; 409 `conflict` when the group already completed or "
     "dead-lettered it (nothing written).",
-    openapi_extra=body(MoveToDlqBody, required=False, parameters=(GROUP_PARAM,)),
+    openapi_extra=body(MoveToDlqBody, required=False, parameters=(GROUP.doc(),)),
     responses=answers({200: MovedToDlq}, 400, 404, 409, 413),
 )
 async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
-    doc = await parse_body(request, MoveToDlqBody, empty_ok=True)
-    group = request.query_params.get("consumerGroup") or doc.consumerGroup or None
-    if group is not None:
-        check_name("consumerGroup", group)
-    if doc.error is not None and (len(doc.error.encode()) > MAX_ERROR_BYTES or "\x00" in doc.error):
-        raise bad_request(f"error must be at most {MAX_ERROR_BYTES} bytes, without NUL characters")
+    doc = await read(request, MoveToDlqBody, empty_ok=True)
+    group = GROUP.read(request) or doc.consumerGroup
+    if doc.error is not None and len(doc.error.encode()) > MAX_ERROR_BYTES:
+        raise bad_request(f"error must be at most {MAX_ERROR_BYTES} bytes of UTF-8")
     if "\x00" in txn:
         raise bad_request("transactionId must not contain NUL characters")
     st = state(request)
@@ -93,13 +105,11 @@ async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) 
     "stay. Offsets are not reused: every group's cursor moves to the end, so nothing is pending and new "
     "pushes are read as usual. Live leases are broken (their acks find no message). Pending timers stay. "
     "404 for an unknown queue or partition.",
-    openapi_extra={"parameters": [query("partition", "clear only this partition (by name)")]},
+    openapi_extra={"parameters": [PARTITION.doc()]},
     responses=answers({200: QueueCleared}, 400, 404, 413),
 )
 async def clear_queue(request: Request, queue: str) -> Response:
-    check_name("queue", queue)
-    partition = request.query_params.get("partition") or None
-    if partition is not None:
-        check_name("partition", partition)
+    P.check_name("queue", queue)
+    partition = PARTITION.read(request)
     st = state(request)
     return json_response(await admin_moves.clear_queue(st.db, tenant(request), queue, partition))

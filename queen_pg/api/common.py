@@ -1,34 +1,31 @@
-"""Shared pieces of the routes: JSON responses, body parsing, name and query-param checks."""
+"""Shared pieces of the routes: app state, permits, JSON responses (bodies: ``body.py``; query
+parameters and names: ``params.py``)."""
 
 from __future__ import annotations
 
-import re
 import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
 
 from queen_pg.api.admission import ByteBudget
+from queen_pg.api.params import check_name
 from queen_pg.db.pool import Database
 from queen_pg.engine.fusion import Fuser
 from queen_pg.engine.maintenance import Maintenance
 from queen_pg.engine.waiters import Waiters
-from queen_pg.errors import BAD_JSON, NAME_TOO_LONG, STORAGE_FULL, QueenError, bad_request
+from queen_pg.errors import STORAGE_FULL, QueenError
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.limiter import Limiter
 from queen_pg.mesh.node import Mesh
 from queen_pg.security import principal
 from queen_pg.settings import Settings
 
-MAX_NAME_BYTES = 255
-_CONTROL = re.compile(r"[\x00-\x1f]")  # checked per pushed item: a regex, not a per-character loop
-M = TypeVar("M", bound=BaseModel)
+__all__ = ["AppState", "check_name", "json_response", "permit", "refuse_when_storage_full", "state", "tenant"]
 
 
 @dataclass(slots=True)
@@ -81,70 +78,3 @@ def producer_sub(request: Request) -> str | None:
 
 def json_response(data: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), status_code=status_code, media_type="application/json", headers=headers)
-
-
-def _describe(err: ValidationError) -> str:
-    first = err.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-    return f"{where}: {first.get('msg', 'invalid')}"
-
-
-async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
-    """Read and validate a JSON body; malformed JSON and wrong shapes are 400s."""
-    raw = await request.body()
-    if not raw.strip():
-        if empty_ok:
-            return model.model_validate({})
-        raise bad_request("request body is empty; a JSON object is required")
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as err:
-        if any(e.get("type") == "json_invalid" for e in err.errors(include_url=False)):
-            raise QueenError(BAD_JSON, detail=err.errors(include_url=False)[0].get("msg", "")) from None
-        raise bad_request(_describe(err)) from None
-
-
-def check_name(what: str, name: str) -> str:
-    if not name:
-        raise bad_request(f"{what} name must be a non-empty string")
-    size = len(name.encode())
-    if size > MAX_NAME_BYTES:
-        raise QueenError(NAME_TOO_LONG, what=what, size=size, limit=MAX_NAME_BYTES)
-    if _CONTROL.search(name):
-        raise bad_request(f"{what} name must not contain control characters")
-    return name
-
-
-def q_bool(request: Request, name: str, default: bool) -> bool:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    low = raw.lower()
-    if low in ("true", "1", "yes"):
-        return True
-    if low in ("false", "0", "no"):
-        return False
-    raise bad_request(f"query parameter {name} must be true or false, got {raw!r}")
-
-
-def q_int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"query parameter {name} must be an integer, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise bad_request(f"query parameter {name} must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def parse_timestamp(name: str, raw: str) -> datetime:
-    try:
-        ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise bad_request(f"{name} must be an ISO-8601 timestamp or 'now', got {raw!r}") from None
-    if ts.tzinfo is None:
-        raise bad_request(f"{name} must carry a timezone (e.g. 2026-01-01T00:00:00Z)")
-    return ts

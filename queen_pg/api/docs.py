@@ -1,12 +1,12 @@
 """OpenAPI for routes that parse their own bodies and query strings.
 
-Most routes read the body themselves (orjson/pydantic ``model_validate_json``, empty bodies allowed
-where the client sends none) and their query parameters by hand (``q_int``, ``q_bool``), so FastAPI
-can infer neither. ``body(Model)`` documents the request body in the route decorator
-(``openapi_extra=body(Model)``), ``params(...)`` the query parameters and headers (``query(...)``,
-``header(...)``), ``answers({200: Model}, 400, 404)`` the success models and the error statuses
-(``ErrorBody``), and ``install(app)`` adds every documented request model to ``components/schemas``.
-The request models are documentation only: validation stays where it is.
+Routes read their bodies themselves (a msgspec Struct per body, ``queen_pg/api/body.py``; empty bodies
+allowed where the client sends none) and their query parameters through ``queen_pg/api/params.py``
+specs, so FastAPI can infer neither. ``body(Struct)`` documents the request body in the route decorator
+(``openapi_extra=body(Struct)``) with the JSON Schema of the very Struct that decodes it, ``params(...)``
+the query parameters (``Param.doc()``) and headers (``header(...)``), ``answers({200: Model}, 400, 404)``
+the success models (pydantic, documentation only: answers are built as dicts) and the error statuses
+(``ErrorBody``), and ``install(app)`` adds every request Struct to ``components/schemas``.
 
 ``install`` also serves the two documentation pages, ``/docs`` (Swagger UI) and ``/redoc`` (ReDoc),
 with their scripts, stylesheet and icon from the broker itself (``/docs/assets/...``, the copies the
@@ -20,13 +20,14 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
-_MODELS: dict[str, type[BaseModel]] = {}
+_MODELS: dict[str, type[msgspec.Struct]] = {}
+_EXTRA: dict[str, dict[str, Any]] = {}  # JSON Schema a Struct cannot carry (``oneOf`` across fields)
 _REF = "#/components/schemas/{model}"
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 
@@ -41,20 +42,27 @@ class ErrorBody(BaseModel):
 
 
 def body(
-    model: type[BaseModel], *, required: bool = True, parameters: tuple[dict[str, Any], ...] = ()
+    model: type[msgspec.Struct],
+    *,
+    required: bool = True,
+    parameters: tuple[Any, ...] = (),
+    schema_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``openapi_extra`` for a JSON request body validated by ``model`` (plus query/header ``parameters``)."""
+    """``openapi_extra`` for a JSON request body: the Struct that also decodes it (``queen_pg/api/body.py``),
+    plus query/header ``parameters``."""
     _MODELS[model.__name__] = model
+    if schema_extra:
+        _EXTRA[model.__name__] = schema_extra
     schema = {"$ref": _REF.format(model=model.__name__)}
     extra: dict[str, Any] = {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
     if parameters:
-        extra["parameters"] = [dict(p) for p in parameters]
+        extra["parameters"] = [p.doc() if hasattr(p, "doc") else dict(p) for p in parameters]
     return extra
 
 
-def params(*parameters: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` for query parameters and headers read by hand (no request body)."""
-    return {"parameters": [dict(p) for p in parameters]}
+def params(*parameters: Any) -> dict[str, Any]:
+    """``openapi_extra`` for query parameters (``params.Param`` specs, or dicts) and headers (no request body)."""
+    return {"parameters": [p.doc() if hasattr(p, "doc") else dict(p) for p in parameters]}
 
 
 def query(name: str, description: str, *, required: bool = False, **schema: Any) -> dict[str, Any]:
@@ -111,6 +119,29 @@ def _drop_fastapi_422(schema: dict[str, Any]) -> None:
             components.pop("ValidationError", None)
 
 
+# Path parameters by name: FastAPI sees them as plain strings; the routes check them by these rules.
+_NAME_PATH = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^\x00-\x1f]*$"}
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "queue": _NAME_PATH,
+    "partition": _NAME_PATH,
+    "group": _NAME_PATH,
+    "name": _NAME_PATH,
+    "partition_id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "transaction_id": {"type": "string", "minLength": 1, "pattern": r"^[^\x00]*$"},
+    "lease_id": {"type": "string", "minLength": 1, "pattern": r"^[^\x00]*$"},
+    # timers: the queue (percent-encoded, so a `/` in it stays the queue's), then `/` and a timer key
+    "target": {**_NAME_PATH, "maxLength": 255 + 1 + 1024},
+}
+
+
+def _path_params(schema: dict[str, Any]) -> None:
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for p in operation.get("parameters", []):
+                if p.get("in") == "path" and p.get("name") in PATH_PARAMS:
+                    p["schema"] = dict(PATH_PARAMS[p["name"]])
+
+
 def install(app: FastAPI) -> None:
     built = app.openapi
 
@@ -119,9 +150,14 @@ def install(app: FastAPI) -> None:
             return app.openapi_schema
         schema = built()
         if _MODELS:
-            _, defs = models_json_schema([(m, "validation") for m in _MODELS.values()], ref_template=_REF)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+            _, defs = msgspec.json.schema_components(
+                list(_MODELS.values()), ref_template=_REF.replace("{model}", "{name}")
+            )
+            for name, extra in _EXTRA.items():
+                defs[name] = {**defs[name], **extra}
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs)
         _drop_fastapi_422(schema)
+        _path_params(schema)
         app.openapi_schema = schema
         return schema
 

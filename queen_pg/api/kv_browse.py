@@ -11,13 +11,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from queen_pg.api.common import check_name, json_response, permit, q_bool, q_int, state, tenant
-from queen_pg.api.docs import answers, params, query
+from queen_pg.api import params as P
+from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.docs import answers, params
 from queen_pg.api.schemas import Answer
 from queen_pg.engine import kv as kv_engine
-from queen_pg.errors import bad_request
 
 router = APIRouter()
+
+AFTER_NS = P.Param("after", "the page after this namespace (exclusive)", "text")
+LIMIT = P.Param("limit", "rows per page", "int", 100, 1, 1000)
+NS = P.Param("ns", "the namespace", "name", required=True)
+PREFIX = P.Param("prefix", "keys starting with this (default: every key)", "text", "")
+AFTER_KEY = P.Param("after", "the page after this key (exclusive)", "text")
+KEYS_ONLY = P.Param("keysOnly", "leave the values out", "bool", False)
 
 
 class KvNamespaces(Answer):
@@ -29,15 +36,12 @@ class KvNamespaces(Answer):
 @router.get(
     "/api/v1/kv/namespaces",
     summary="KV namespaces, ascending, a keyset page (after, limit)",
-    openapi_extra=params(
-        query("after", "the page after this namespace (exclusive)"),
-        query("limit", "rows per page, 1-1000", type="integer", default=100),
-    ),
+    openapi_extra=params(AFTER_NS.doc(), LIMIT.doc()),
     responses=answers({200: KvNamespaces}, 400, 429),
 )
 async def namespaces(request: Request) -> Response:
-    after = request.query_params.get("after") or None
-    limit = q_int(request, "limit", 100, 1, 1000) or 100
+    after = AFTER_NS.read(request)
+    limit = LIMIT.read(request)
     async with permit(request, "kv"):
         page = await kv_engine.namespaces(state(request).db, tenant(request), after, limit)
     return json_response(page)
@@ -61,24 +65,15 @@ class KvKeys(Answer):
 @router.get(
     "/api/v1/kv/keys",
     summary="A namespace's live keys by prefix (empty = all), byte order, a keyset page",
-    openapi_extra=params(
-        query("ns", "the namespace", required=True),
-        query("prefix", "keys starting with this (default: every key)"),
-        query("after", "the page after this key (exclusive)"),
-        query("limit", "rows per page, 1-1000", type="integer", default=100),
-        query("keysOnly", "leave the values out", type="boolean", default=False),
-    ),
+    openapi_extra=params(NS.doc(), PREFIX.doc(), AFTER_KEY.doc(), LIMIT.doc(), KEYS_ONLY.doc()),
     responses=answers({200: KvKeys}, 400, 429),
 )
 async def keys(request: Request) -> Response:
-    ns = request.query_params.get("ns")
-    if ns is None:
-        raise bad_request("query parameter ns is required")
-    check_name("namespace", ns)
-    prefix = request.query_params.get("prefix") or ""
-    after = request.query_params.get("after") or None
-    limit = q_int(request, "limit", 100, 1, 1000) or 100
-    keys_only = q_bool(request, "keysOnly", False)
+    ns = NS.read(request)
+    prefix = PREFIX.read(request)
+    after = AFTER_KEY.read(request)
+    limit = LIMIT.read(request)
+    keys_only = KEYS_ONLY.read(request)
     async with permit(request, "kv"):
         page = await kv_engine.keys(state(request).db, tenant(request), ns, prefix, after, limit, keys_only)
     return json_response(page)

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from queen_pg.api.body import has_nul
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError
 
 LOCKS_NS = "queen-locks"  # permits live here; written only through /api/v1/locks
@@ -108,6 +109,8 @@ class _Checker:
             return None
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail("bad_field", field, f"must be a number (not a bool), got {v!r}")
+        if isinstance(v, int) and not -(2**63) <= v < 2**64:
+            raise self.fail("bad_field", field, "must be an integer within 64 bits (or a float)")
         return v
 
     def flag(self, field: str) -> bool:
@@ -182,10 +185,15 @@ def _kv_op(c: _Checker, *, in_transaction: bool) -> dict[str, Any]:
     if op in ("put", "putIfAbsent"):
         if "value" not in c.op:
             raise c.fail("missing_field", "value", "is required (null is a value)")
-        encoded = orjson.dumps(c.op["value"])
+        try:
+            encoded = orjson.dumps(c.op["value"])
+        except orjson.JSONEncodeError as err:
+            raise c.fail(
+                "bad_field", "value", f"cannot be stored exactly ({err}): integers must fit in 64 bits"
+            ) from None
         if len(encoded) > MAX_VALUE_BYTES:
             raise c.fail("too_large", "value", f"is {len(encoded)} bytes as JSON; the limit is {MAX_VALUE_BYTES}")
-        if b"\\u0000" in encoded:
+        if has_nul(encoded):
             raise c.fail("bad_field", "value", "must not contain the character U+0000 (PostgreSQL jsonb refuses it)")
         out["value"] = c.op["value"]
     if op in ("put", "putIfAbsent", "incr"):

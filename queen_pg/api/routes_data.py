@@ -4,38 +4,21 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Annotated, Any
 
-import orjson
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import (
-    check_name,
-    json_response,
-    parse_body,
-    parse_timestamp,
-    permit,
-    producer_sub,
-    q_bool,
-    q_int,
-    state,
-    tenant,
-)
+from queen_pg.api import params as P
+from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, read, stored_json
+from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.longpoll import run_pop
-from queen_pg.api.models import AckBatchBody, AckItem, PushBody, PushItem
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_ack, count_pop, count_push
 from queen_pg.api.routes_system import pop_in_maintenance, refuse_push_in_maintenance
-from queen_pg.api.schemas import (
-    POP_PARAMS,
-    POP_TAGGED_PARAMS,
-    REQUEST_KEY,
-    AckResult,
-    LeaseAnswer,
-    PopAnswer,
-    PushResult,
-)
+from queen_pg.api.schemas import REQUEST_KEY, AckResult, LeaseAnswer, PopAnswer, PushResult
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
@@ -60,21 +43,72 @@ ACK_DESCRIPTION = (
 )
 
 
+# --- request bodies (queen_pg/api/body.py) -------------------------------------------------------
+
+_UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+TraceId = Annotated[str, msgspec.Meta(pattern=_UUID, description="a UUID")]
+_STATUS_WORDS = tuple(ack_engine.STATUSES)
+AckStatus = Annotated[
+    str,
+    msgspec.Meta(
+        # case-insensitive, as clients send it; JSON Schema regexes have no flags, hence [Cc][Oo]...
+        pattern="^(?:" + "|".join("".join(f"[{c.upper()}{c}]" for c in w) for w in _STATUS_WORDS) + ")$",
+        description="completed (or success), failed, retry, dlq; any letter case",
+    ),
+]
+# An ack names the partition as a pop returned it; anything else is that item's `success: false`
+# ("unknown partitionId"), never a refusal of the whole call.
+AckPartitionId = Annotated[
+    Annotated[str, msgspec.Meta(pattern=NO_NUL)] | int,
+    msgspec.Meta(description="the partition's numeric id as a pop returned it; an unknown one fails the item only"),
+]
+JSON_VALUE = "any JSON value; integers within 64 bits"
+
+
+class PushItem(msgspec.Struct):
+    """One message. ``payload`` (or ``data``, the 0.x name) is stored as given and must come back exactly."""
+
+    queue: Name
+    partition: Name = "Default"
+    payload: Annotated[Any, msgspec.Meta(description=JSON_VALUE)] = msgspec.UNSET
+    data: Annotated[Any, msgspec.Meta(description="the payload, when `payload` is absent")] = None
+    transactionId: NewTxnId | None = None
+    traceId: TraceId | None = None
+
+
+class PushBody(msgspec.Struct):
+    items: Annotated[list[PushItem], msgspec.Meta(min_length=1)]
+
+
+class AckItem(msgspec.Struct):
+    transactionId: TxnId
+    partitionId: AckPartitionId
+    status: AckStatus = "completed"
+    error: Text | None = None
+    consumerGroup: Name | None = None
+    leaseId: Text | None = None
+
+
+class AckBatchBody(msgspec.Struct):
+    acknowledgments: list[AckItem]
+    consumerGroup: Name | None = None
+
+
 def new_message(it: PushItem, where: str, producer: str | None = None) -> push_engine.NewMessage:
-    """A validated push item (also used by the transaction route); ``producer`` = the token's sub
-    (``producer_sub(request)``), a body ``producerSub`` is never read."""
+    """A decoded push item as the engine takes it (also used by the transaction route). The Struct
+    said everything but the byte limits and whether the payload can be stored exactly. ``producer`` =
+    the token's sub (``producer_sub(request)``); a body ``producerSub`` is never read."""
     check_name("queue", it.queue)
-    check_name("partition", it.partition)
-    payload = it.payload if "payload" in it.model_fields_set else it.data
-    trace: uuid.UUID | None = None
-    if it.traceId:
-        try:
-            trace = uuid.UUID(it.traceId)
-        except ValueError:
-            raise bad_request(f"{where}.traceId: must be a UUID, got {it.traceId!r}") from None
-    if it.transactionId == "":
-        raise bad_request(f"{where}.transactionId: must be a non-empty string when given")
-    return push_engine.NewMessage(it.queue, it.partition, orjson.dumps(payload), it.transactionId, trace, producer)
+    if it.partition != "Default":
+        check_name("partition", it.partition)
+    txn = it.transactionId
+    if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
+        raise bad_request(f"{where}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
+    # U+0000 is fine in a payload: it is stored in a segment, not a text column (a dead letter whose
+    # payload jsonb refuses is kept by dlq_fill without one)
+    payload = stored_json(it.data if it.payload is msgspec.UNSET else it.payload, f"{where}.payload", nul_ok=True)
+    trace = uuid.UUID(it.traceId) if it.traceId else None
+    return push_engine.NewMessage(it.queue, it.partition, payload, txn, trace, producer)
 
 
 @router.post(
@@ -89,7 +123,7 @@ def new_message(it: PushItem, where: str, producer: str | None = None) -> push_e
 )
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
-    body = await parse_body(request, PushBody)
+    body = await read(request, PushBody)
     sub = producer_sub(request)
     items = [new_message(it, f"items.{i}", sub) for i, it in enumerate(body.items)]
     st = state(request)
@@ -104,52 +138,95 @@ async def push(request: Request) -> Response:
     return json_response(results, 201, replay_headers(once))
 
 
-def subscription(mode: str | None, raw_from: str | None) -> tuple[str, datetime | None]:
+# --- pop query parameters: documented and read from these specs ------------------------------------
+
+NAMESPACE = P.Param("namespace", "pop from the queues tagged with this namespace (namespace and/or task is required)")
+TASK = P.Param("task", "pop from the queues tagged with this task (namespace and/or task is required)")
+BATCH = P.Param(
+    "batch",
+    "messages to claim; default 1, or 100 under autopilot; above QUEEN_MAX_BATCH reads as QUEEN_MAX_BATCH",
+    "int",
+    lo=1,
+    hi=P.INT64,
+)
+WAIT = P.Param("wait", "long-poll: park until a message arrives or `timeout` passes", "bool", False)
+TIMEOUT = P.Param("timeout", "long-poll budget in ms", "int", 30_000, 0, MAX_TIMEOUT_MS)
+GROUP = P.Param("consumerGroup", "read as this consumer group; absent = queue mode")
+AUTOPILOT = P.Param(
+    "autopilot", "the broker chooses batch and partitions, and echoes them in `autopilot`", "bool", False
+)
+PARTITIONS = P.Param("partitions", "partitions one pop may claim; default 1, 4 under autopilot", "int", None, 1, 1000)
+AUTO_ACK = P.Param("autoAck", "at-most-once: the claimed messages are acked on delivery (no lease)", "bool", False)
+MODE = P.Param(
+    "subscriptionMode",
+    "where a new consumer group starts (WIRE §9.2): `new`/`new-only` = messages written after its first pop; "
+    "anything else (`all`, `from_beginning`, an unknown word) = from the first retained message",
+    "text",
+)
+SUB_FROM = P.Param(
+    "subscriptionFrom",
+    f"where a new consumer group starts: {P.ISO} (wins over subscriptionMode), or `now`",
+    "time",
+    now_ok=True,
+)
+LEASE_SECONDS = P.Param(
+    "leaseSeconds",
+    "this claim's lease length in seconds, instead of the queue's leaseTime (WIRE §9.3)",
+    "int",
+    None,
+    1,
+    MAX_LEASE_SECONDS,
+)
+_POP_COMMON = (BATCH, WAIT, TIMEOUT, GROUP, AUTOPILOT, PARTITIONS, AUTO_ACK, MODE, SUB_FROM, LEASE_SECONDS)
+POP_PARAMS = tuple(p.doc() for p in _POP_COMMON)
+POP_TAGGED_PARAMS = tuple(p.doc() for p in (NAMESPACE, TASK, *_POP_COMMON))
+
+
+def subscription(request: Request) -> tuple[str, datetime | None]:
     """Where a new consumer group starts (WIRE §9.2), decided in this order: a subscriptionFrom other
     than `now` → from that time (`from`); subscriptionMode `new`/`new-only` or subscriptionFrom=now →
     messages written after the group's first pop (`new`, timed by the database); anything else (`all`,
     `from_beginning`, an unknown word, nothing) → from the first retained message (`all`). A mode is
     never a reason for a 400; a malformed subscriptionFrom timestamp is."""
-    if raw_from is not None and raw_from != "now":
-        return "from", parse_timestamp("subscriptionFrom", raw_from)
-    if raw_from == "now" or mode in NEW_MODES:
+    mode: str | None = MODE.read(request)
+    if request.query_params.get("subscriptionFrom") == "now":
         return "new", None
-    return "all", None
+    since: datetime | None = SUB_FROM.read(request)
+    if since is not None:
+        return "from", since
+    return ("new" if mode in NEW_MODES else "all"), None
 
 
 def _pop_request(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
     st = state(request)
-    qp = request.query_params
-    namespace = qp.get("namespace") or None
-    task = qp.get("task") or None
+    namespace = task = None
     if queue is not None:
         check_name("queue", queue)
-    elif namespace is None and task is None:
-        raise bad_request("a pop without a queue needs namespace and/or task")
+    else:
+        namespace, task = NAMESPACE.read(request), TASK.read(request)
+        if namespace is None and task is None:
+            raise bad_request("a pop without a queue needs namespace and/or task")
     if partition is not None:
         check_name("partition", partition)
-    autopilot = q_bool(request, "autopilot", False)
-    batch = q_int(request, "batch", None, 1, st.settings.max_batch)
-    partitions = q_int(request, "partitions", AUTOPILOT_PARTITIONS if autopilot else 1, 1, 1000) or 1
-    group = qp.get("consumerGroup") or None
-    if group is not None:
-        check_name("consumerGroup", group)
-    mode, sub_from = subscription(qp.get("subscriptionMode") or None, qp.get("subscriptionFrom") or None)
+    autopilot: bool = AUTOPILOT.read(request)
+    batch: int | None = BATCH.read(request)
+    partitions: int | None = PARTITIONS.read(request)
+    mode, sub_from = subscription(request)
     return pop_engine.PopRequest(
         queue=queue,
-        namespace=namespace if queue is None else None,
-        task=task if queue is None else None,
+        namespace=namespace,
+        task=task,
         partition=partition,
-        group=group,
-        batch=batch if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
-        partitions=partitions,
-        wait=q_bool(request, "wait", False),
-        timeout_ms=q_int(request, "timeout", 30_000, 0, MAX_TIMEOUT_MS) or 0,
-        auto_ack=q_bool(request, "autoAck", False),
+        group=GROUP.read(request),
+        batch=min(batch, st.settings.max_batch) if batch is not None else (AUTOPILOT_BATCH if autopilot else 1),
+        partitions=partitions if partitions is not None else (AUTOPILOT_PARTITIONS if autopilot else 1),
+        wait=WAIT.read(request),
+        timeout_ms=TIMEOUT.read(request),
+        auto_ack=AUTO_ACK.read(request),
         subscription_mode=mode,
         subscription_from=sub_from,
         autopilot=autopilot,
-        lease_seconds=q_int(request, "leaseSeconds", None, 1, MAX_LEASE_SECONDS),
+        lease_seconds=LEASE_SECONDS.read(request),
     )
 
 
@@ -205,15 +282,12 @@ async def pop_partition(request: Request, queue: str, partition: str) -> Respons
 
 
 def _ack_item(it: AckItem, group: str | None) -> ack_engine.AckItem:
-    status = it.status.lower()
-    if status not in ack_engine.STATUSES:
-        raise bad_request(f"status must be one of {sorted(ack_engine.STATUSES)}, got {it.status!r}")
     if it.consumerGroup is not None:
         check_name("consumerGroup", it.consumerGroup)
     return ack_engine.AckItem(
         transaction_id=it.transactionId,
         partition_id=str(it.partitionId),
-        status=status,
+        status=it.status.lower(),
         error=it.error,
         group=it.consumerGroup or group,
         lease_id=it.leaseId,
@@ -238,7 +312,7 @@ async def _settle(request: Request, items: list[ack_engine.AckItem], route: str)
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
 async def ack(request: Request) -> Response:
-    it = await parse_body(request, AckItem)
+    it = await read(request, AckItem)
     item = _ack_item(it, None)
     return await _settle(request, [item], "ack")
 
@@ -251,7 +325,7 @@ async def ack(request: Request) -> Response:
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
 async def ack_batch(request: Request) -> Response:
-    body = await parse_body(request, AckBatchBody)
+    body = await read(request, AckBatchBody)
     if body.consumerGroup is not None:
         check_name("consumerGroup", body.consumerGroup)
     items = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
@@ -268,6 +342,8 @@ async def ack_batch(request: Request) -> Response:
     responses=answers({200: LeaseAnswer}, 429),
 )
 async def extend(request: Request, lease_id: str) -> Response:
+    if "\x00" in lease_id:
+        raise bad_request("a lease id must not contain U+0000")
     st = state(request)
     async with permit(request, "ack"):
         return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))

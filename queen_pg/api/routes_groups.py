@@ -8,15 +8,16 @@ Path names are URL-decoded by the router; a group or queue name containing ``/``
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from typing import Annotated, Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
-from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, q_bool, q_int, state, tenant
-from queen_pg.api.docs import answers, body, params, query
-from queen_pg.api.schemas import page
+from queen_pg.api.body import read
+from queen_pg.api.common import check_name, json_response, state, tenant
+from queen_pg.api.docs import answers, body, params
+from queen_pg.api.params import Param, page, parse_timestamp, read_page, time_schema
 from queen_pg.api.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
 from queen_pg.engine import groups as group_engine
 from queen_pg.errors import bad_request
@@ -31,28 +32,38 @@ SUBSCRIPTION_NOTE = (
 )
 
 
-class SeekBody(BaseModel):
-    """Exactly one target: ``toEnd: true``, ``toStart: true`` or ``timestamp`` (ISO-8601 with a zone)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    toEnd: StrictBool | None = None
-    toStart: StrictBool | None = None
-    timestamp: StrictStr | None = None
-
-
-class SubscriptionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    subscriptionTimestamp: StrictStr | None = None
+Timestamp = Annotated[
+    str, msgspec.Meta(extra_json_schema=time_schema(True), description="RFC 3339 with a zone, or `now`")
+]
+_ONE_TARGET: dict[str, Any] = {
+    "oneOf": [
+        {"required": ["toEnd"], "properties": {"toEnd": {"const": True}}},
+        {"required": ["toStart"], "properties": {"toStart": {"const": True}}},
+        {"required": ["timestamp"], "properties": {"timestamp": {"type": "string"}}},
+    ]
+}
 
 
-DELETE_METADATA = query(
+class SeekBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one target: ``toEnd: true``, ``toStart: true`` or ``timestamp``; the schema's ``oneOf`` says so,
+    and ``_seek`` checks it (a schema constraint msgspec does not evaluate)."""
+
+    toEnd: bool | None = None
+    toStart: bool | None = None
+    timestamp: Timestamp | None = None
+
+
+class SubscriptionBody(msgspec.Struct, forbid_unknown_fields=True):
+    subscriptionTimestamp: Timestamp
+
+
+DELETE_METADATA = Param(
     "deleteMetadata",
     "true: forget the group's subscription too; false: keep it and recreate the cursors from it at once",
-    type="boolean",
-    default=True,
+    "bool",
+    True,
 )
+PAGE = page(DEFAULT_PAGE, MAX_PAGE)
 DELETE_DESCRIPTION = "Live leases on the deleted cursors are broken. 404 when the group (or the queue) is unknown."
 SEEK_DESCRIPTION = (
     'Exactly one target: `{"toEnd": true}`, `{"toStart": true}` (the first retained message) or '
@@ -61,19 +72,14 @@ SEEK_DESCRIPTION = (
 )
 
 
-def _timestamp(name: str, raw: str) -> datetime:
-    return datetime.now(UTC) if raw == "now" else parse_timestamp(name, raw)
-
-
 @router.get(
     "",
     summary="List consumer groups per queue, with lag and leases (paginated)",
-    openapi_extra=params(*page()),
+    openapi_extra=params(*PAGE),
     responses=answers({200: GroupList}, 400),
 )
 async def list_groups(request: Request) -> Response:
-    limit = q_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE) or DEFAULT_PAGE
-    offset = q_int(request, "offset", 0, 0, 2**31 - 1) or 0
+    limit, offset = read_page(request, PAGE)
     st = state(request)
     return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
 
@@ -115,7 +121,7 @@ async def delete_group(request: Request, group: str) -> Response:
 
 
 async def _delete(request: Request, group: str, queue: str | None) -> Response:
-    delete_metadata = q_bool(request, "deleteMetadata", True)
+    delete_metadata: bool = DELETE_METADATA.read(request)
     st = state(request)
     ten = tenant(request)
     result = await group_engine.delete_group(st.db, ten, group, queue, delete_metadata)
@@ -129,7 +135,7 @@ async def _delete(request: Request, group: str, queue: str | None) -> Response:
     "/{group}/queues/{queue}/seek",
     summary="Move a group's cursors on a queue: end, start or time",
     description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody),
+    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
     responses=answers({200: SeekAnswer}, 400, 404, 413),
 )
 async def seek_queue(request: Request, group: str, queue: str) -> Response:
@@ -140,7 +146,7 @@ async def seek_queue(request: Request, group: str, queue: str) -> Response:
     "/{group}/queues/{queue}/partitions/{partition}/seek",
     summary="Move a group's cursor on one partition: end, start or time",
     description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody),
+    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
     responses=answers({200: SeekAnswer}, 400, 404, 413),
 )
 async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
@@ -151,7 +157,7 @@ async def seek_partition(request: Request, group: str, queue: str, partition: st
 async def _seek(request: Request, group: str, queue: str, partition: str | None) -> Response:
     check_name("consumer group", group)
     check_name("queue", queue)
-    body = await parse_body(request, SeekBody, empty_ok=True)
+    body = await read(request, SeekBody, empty_ok=True)
     chosen = [name for name, on in (("toEnd", body.toEnd), ("toStart", body.toStart)) if on]
     if body.timestamp is not None:
         chosen.append("timestamp")
@@ -162,7 +168,7 @@ async def _seek(request: Request, group: str, queue: str, partition: str | None)
             '{"timestamp": "<ISO-8601 with zone>"}' + given
         )
     target: group_engine.SeekTarget = "end" if body.toEnd else "start" if body.toStart else "timestamp"
-    ts = _timestamp("timestamp", body.timestamp) if body.timestamp is not None else None
+    ts = parse_timestamp("timestamp", body.timestamp, now_ok=True) if body.timestamp is not None else None
     st = state(request)
     ten = tenant(request)
     result = await group_engine.seek(st.db, ten, group, queue, partition, target, ts)
@@ -181,10 +187,8 @@ async def _seek(request: Request, group: str, queue: str, partition: str | None)
 )
 async def set_subscription(request: Request, group: str) -> Response:
     check_name("consumer group", group)
-    body = await parse_body(request, SubscriptionBody, empty_ok=True)
-    if body.subscriptionTimestamp is None:
-        raise bad_request('subscriptionTimestamp is required: {"subscriptionTimestamp": "<ISO-8601 with zone>"}')
-    ts = _timestamp("subscriptionTimestamp", body.subscriptionTimestamp)
+    body = await read(request, SubscriptionBody, empty_ok=True)
+    ts = parse_timestamp("subscriptionTimestamp", body.subscriptionTimestamp, now_ok=True)
     st = state(request)
     result = await group_engine.set_subscription(st.db, tenant(request), group, ts)
     return json_response({**result, "note": SUBSCRIPTION_NOTE})

@@ -10,9 +10,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import json_response, parse_timestamp, q_int, state, tenant
-from queen_pg.api.docs import answers, params, query
-from queen_pg.api.routes_resources import name_param, page_params
+from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.docs import answers, params
+from queen_pg.api.params import Param
+from queen_pg.api.routes_resources import page_params
 from queen_pg.api.schemas import ISO, page
 from queen_pg.api.schemas_browse import MessageDeleted, MessageDetail, MessagePage
 from queen_pg.engine import messages as message_engine
@@ -21,6 +22,16 @@ from queen_pg.errors import bad_request
 router = APIRouter(prefix="/api/v1")
 
 MAX_OFFSET = 2**62
+QUEUE = Param("queue", "the queue to browse", required=True)
+PARTITION = Param("partition", "only this partition (by name)")
+FROM_OFFSET = Param("fromOffset", "first log offset (inclusive)", "int", None, 0, MAX_OFFSET)
+TO_OFFSET = Param(
+    "toOffset", "end log offset (exclusive); at or below fromOffset: an empty page", "int", None, 0, MAX_OFFSET
+)
+SINCE = Param("from", f"written at or after, {ISO}", "time")
+UNTIL = Param("to", f"written before, {ISO}; at or before `from`: an empty page", "time")
+ORDER = Param("order", "desc: newest first", "choice", "desc", choices=("asc", "desc"))
+GROUP = Param("consumerGroup", "add each message's status for this group (`__QUEUE_MODE__`: queue mode)")
 
 
 def partition_id_param(raw: str) -> int:
@@ -34,8 +45,8 @@ def partition_id_param(raw: str) -> int:
 
 
 def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
-    if not transaction_id:
-        raise bad_request("transactionId is required")
+    if not transaction_id or "\x00" in transaction_id:
+        raise bad_request("transactionId is required and must not contain U+0000")
     return partition_id_param(partition_id), transaction_id
 
 
@@ -45,47 +56,24 @@ def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
     description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
     "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
     "status for that group: consumed, leased, pending or dead), limit (1-1000, default 100), offset.",
-    openapi_extra=params(
-        query("queue", "the queue to browse", required=True),
-        query("partition", "only this partition (by name)"),
-        query("fromOffset", "first log offset (inclusive)", type="integer", minimum=0),
-        query("toOffset", "last log offset (exclusive); above fromOffset", type="integer", minimum=0),
-        query("from", f"written at or after, {ISO}", format="date-time"),
-        query("to", f"written before, {ISO}", format="date-time"),
-        query("order", "desc: newest first", enum=["asc", "desc"], default="desc"),
-        query("consumerGroup", "add each message's status for this group (`__QUEUE_MODE__`: queue mode)"),
-        *page(),
-    ),
+    openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, *page()),
     responses=answers({200: MessagePage}, 400, 404, 413),
 )
 async def list_messages(request: Request) -> Response:
-    qp = request.query_params
-    queue = name_param(request, "queue")
-    if queue is None:
-        raise bad_request("query parameter queue is required")
-    if qp.get("status"):
+    queue = QUEUE.read(request)
+    if request.query_params.get("status"):
         raise bad_request("a status filter is not supported: pass consumerGroup to see each message's status")
-    order = (qp.get("order") or "desc").lower()
-    if order not in ("asc", "desc"):
-        raise bad_request(f"order must be asc or desc, got {qp.get('order')!r}")
-    from_offset = q_int(request, "fromOffset", None, 0, MAX_OFFSET)
-    to_offset = q_int(request, "toOffset", None, 0, MAX_OFFSET)
-    if from_offset is not None and to_offset is not None and from_offset >= to_offset:
-        raise bad_request(f"fromOffset ({from_offset}) must be below toOffset ({to_offset})")
-    since = parse_timestamp("from", qp["from"]) if qp.get("from") else None
-    until = parse_timestamp("to", qp["to"]) if qp.get("to") else None
-    if since is not None and until is not None and since >= until:
-        raise bad_request("from must be before to")
+    order = ORDER.read(request)
     page = page_params(request)
     query = message_engine.MessageQuery(
         queue=queue,
-        partition=name_param(request, "partition"),
-        from_offset=from_offset,
-        to_offset=to_offset,
-        since=since,
-        until=until,
+        partition=PARTITION.read(request),
+        from_offset=FROM_OFFSET.read(request),
+        to_offset=TO_OFFSET.read(request),  # ranges at or below their start select nothing
+        since=SINCE.read(request),
+        until=UNTIL.read(request),
         descending=order == "desc",
-        group=name_param(request, "consumerGroup"),
+        group=GROUP.read(request),
         limit=page.limit,
         offset=page.offset,
     )

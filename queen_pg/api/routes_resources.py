@@ -13,9 +13,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import check_name, json_response, q_int, state, tenant
-from queen_pg.api.docs import answers, params, query
-from queen_pg.api.schemas import page
+from queen_pg.api.common import check_name, json_response, state, tenant
+from queen_pg.api.docs import answers, params
+from queen_pg.api.params import Param, page, read_page
 from queen_pg.api.schemas_admin import (
     LaggingGroups,
     NamespaceList,
@@ -35,17 +35,19 @@ MAX_PAGE = 1000
 MAX_OFFSET = 2**31 - 1
 
 
-def page_params(request: Request, default: int = DEFAULT_PAGE, most: int = MAX_PAGE) -> admin.Page:
-    """``limit`` (1..most) and ``offset`` (>= 0) of a paged list; anything else is a 400."""
-    limit = q_int(request, "limit", default, 1, most) or default
-    offset = q_int(request, "offset", 0, 0, MAX_OFFSET) or 0
-    return admin.Page(limit, offset)
+PAGE = page(DEFAULT_PAGE, MAX_PAGE, MAX_OFFSET)
+DEPTH_PAGE = page(MAX_PAGE, 10 * MAX_PAGE, MAX_OFFSET)
+SEARCH = Param("search", "case-insensitive substring of the queue name", "text")
+NAMESPACE = Param("namespace", "only queues tagged with this namespace")
+TASK = Param("task", "only queues tagged with this task")
+GROUP = Param("group", "this consumer group's lag (`__QUEUE_MODE__`: queue mode); absent: each partition's backlog")
+QUEUE = Param("queue", "only this queue's partitions")
+MIN_LAG = Param("minLagSeconds", "age of the oldest pending message", "int", 60, 0, 10 * 365 * 86400)
 
 
-def name_param(request: Request, name: str) -> str | None:
-    """An optional name filter from the query string (empty = absent)."""
-    value = request.query_params.get(name) or None
-    return check_name(name, value) if value is not None else None
+def page_params(request: Request, spec: tuple[Param, Param] = PAGE) -> admin.Page:
+    """``limit`` and ``offset`` of a paged list (documented by the same ``spec``); anything else is a 400."""
+    return admin.Page(*read_page(request, spec))
 
 
 @router.get(
@@ -61,19 +63,14 @@ async def overview(request: Request) -> Response:
 @router.get(
     "/resources/queues",
     summary="Queues with partitions, backlog, in flight, DLQ and per-group lag",
-    openapi_extra=params(
-        query("search", "case-insensitive substring of the queue name"),
-        query("namespace", "only queues tagged with this namespace"),
-        query("task", "only queues tagged with this task"),
-        *page(),
-    ),
+    openapi_extra=params(SEARCH, NAMESPACE, TASK, *PAGE),
     responses=answers({200: QueueList}, 400, 413),
 )
 async def list_queues(request: Request) -> Response:
     page = page_params(request)
-    search = request.query_params.get("search") or None
-    namespace = name_param(request, "namespace")
-    task = name_param(request, "task")
+    search = SEARCH.read(request)
+    namespace = NAMESPACE.read(request)
+    task = TASK.read(request)
     st = state(request)
     return json_response(await admin.list_queues(st.db, tenant(request), page, search, namespace, task))
 
@@ -82,7 +79,7 @@ async def list_queues(request: Request) -> Response:
     "/resources/queues/{queue}",
     summary="One queue: summary, config, groups, a page of partitions",
     description="`limit`/`offset` page the partitions (by name); `partitionsTotal` counts them all.",
-    openapi_extra=params(*page()),
+    openapi_extra=params(*PAGE),
     responses=answers({200: QueueDetail}, 400, 404, 413),
 )
 async def get_queue(request: Request, queue: str) -> Response:
@@ -95,16 +92,13 @@ async def get_queue(request: Request, queue: str) -> Response:
 @router.get(
     "/resources/queues/{queue}/depth",
     summary="Pending messages per partition (a group's, or the worst)",
-    openapi_extra=params(
-        query("group", "this consumer group's lag (`__QUEUE_MODE__`: queue mode); absent: each partition's backlog"),
-        *page(default=MAX_PAGE, most=10 * MAX_PAGE),
-    ),
+    openapi_extra=params(GROUP, *DEPTH_PAGE),
     responses=answers({200: QueueDepth}, 400, 404, 413),
 )
 async def queue_depth(request: Request, queue: str) -> Response:
     check_name("queue", queue)
-    group = name_param(request, "group")
-    page = page_params(request, default=MAX_PAGE, most=10 * MAX_PAGE)
+    group = GROUP.read(request)
+    page = page_params(request, DEPTH_PAGE)
     st = state(request)
     return json_response(await admin.queue_depth(st.db, tenant(request), queue, group, page))
 
@@ -112,11 +106,11 @@ async def queue_depth(request: Request, queue: str) -> Response:
 @router.get(
     "/resources/partitions",
     summary="Partitions (of one queue, or all) with backlog and in flight",
-    openapi_extra=params(query("queue", "only this queue's partitions"), *page()),
+    openapi_extra=params(QUEUE, *PAGE),
     responses=answers({200: PartitionList}, 400, 404, 413),
 )
 async def list_partitions(request: Request) -> Response:
-    queue = name_param(request, "queue")
+    queue = QUEUE.read(request)
     page = page_params(request)
     st = state(request)
     return json_response(await admin.list_partitions(st.db, tenant(request), queue, page))
@@ -125,7 +119,7 @@ async def list_partitions(request: Request) -> Response:
 @router.get(
     "/resources/namespaces",
     summary="Namespaces with their queues, messages and backlog",
-    openapi_extra=params(*page()),
+    openapi_extra=params(*PAGE),
     responses=answers({200: NamespaceList}, 400),
 )
 async def namespaces(request: Request) -> Response:
@@ -137,7 +131,7 @@ async def namespaces(request: Request) -> Response:
 @router.get(
     "/resources/tasks",
     summary="Tasks with their queues, messages and backlog",
-    openapi_extra=params(*page()),
+    openapi_extra=params(*PAGE),
     responses=answers({200: TaskList}, 400),
 )
 async def tasks(request: Request) -> Response:
@@ -149,14 +143,11 @@ async def tasks(request: Request) -> Response:
 @router.get(
     "/consumer-groups/lagging",
     summary="Consumer groups whose oldest pending message is older than minLagSeconds (default 60)",
-    openapi_extra=params(
-        query("minLagSeconds", "age of the oldest pending message", type="integer", minimum=0, default=60),
-        *page(),
-    ),
+    openapi_extra=params(MIN_LAG, *PAGE),
     responses=answers({200: LaggingGroups}, 400),
 )
 async def lagging(request: Request) -> Response:
-    min_lag = q_int(request, "minLagSeconds", 60, 0, 10 * 365 * 86400)
+    min_lag: int = MIN_LAG.read(request)
     page = page_params(request)
     st = state(request)
-    return json_response(await admin.lagging_groups(st.db, tenant(request), min_lag or 0, page))
+    return json_response(await admin.lagging_groups(st.db, tenant(request), min_lag, page))

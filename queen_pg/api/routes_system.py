@@ -16,15 +16,16 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, StrictBool
 
 from queen_pg import __version__
-from queen_pg.api.common import json_response, parse_body, parse_timestamp, state, tenant
+from queen_pg.api.body import read
+from queen_pg.api.common import check_name, json_response, state, tenant
 from queen_pg.api.docs import answers, body, params
-from queen_pg.api.routes_resources import name_param, page_params
-from queen_pg.api.schemas import page, window
+from queen_pg.api.routes_resources import PAGE, page_params
+from queen_pg.api.schemas import window
 from queen_pg.api.schemas_admin import (
     Analytics,
     MaintenanceAnswer,
@@ -37,13 +38,15 @@ from queen_pg.api.schemas_admin import (
 )
 from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
-from queen_pg.errors import MAINTENANCE, QueenError, bad_request
+from queen_pg.errors import MAINTENANCE, QueenError
 
 router = APIRouter(prefix="/api/v1")
 
 BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
 MAX_BUCKETS = 10_080  # a week of minutes
 DEFAULT_WINDOW = timedelta(hours=1)
+FUTURE = timedelta(days=1)  # a window's end beyond now + FUTURE reads as now + FUTURE
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def refuse_push_in_maintenance(request: Request, pushes: bool = True) -> None:
@@ -57,10 +60,8 @@ def pop_in_maintenance(request: Request) -> bool:
     return state(request).maintenance.pop
 
 
-class SwitchBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    enabled: StrictBool
+class SwitchBody(msgspec.Struct):
+    enabled: bool
 
 
 SWITCH_DESCRIPTION = (
@@ -70,7 +71,7 @@ SWITCH_DESCRIPTION = (
 
 
 async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response:
-    body = await parse_body(request, SwitchBody)
+    body = await read(request, SwitchBody)
     st = state(request)
     await maintenance_engine.set_switch(st.db, st.maintenance, switch, body.enabled)
     if st.mesh is not None:  # the other replicas re-read the switches now, not at their next tick
@@ -136,24 +137,24 @@ async def stats_refresh(request: Request) -> Response:
     return json_response({"success": True, "refreshed": False, "note": "statistics are computed on read"})
 
 
+WINDOW = window()
+QUEUE_WINDOW = window(queue=True)
+
+
 def window_params(request: Request) -> admin.Window:
-    """``from``/``to`` (ISO with zone; default the last hour) and ``interval`` (minute, hour, day)."""
-    qp = request.query_params
+    """``from``/``to`` (default: the hour before now) and ``interval``. A window at or before its start
+    is empty; one wider than MAX_BUCKETS buckets is cut to the MAX_BUCKETS ending at ``to`` (the answer's
+    ``from`` says where it starts)."""
+    since_p, until_p, interval_p = WINDOW
     now = datetime.now(UTC)
-    until = parse_timestamp("to", qp["to"]) if qp.get("to") else now
-    since = parse_timestamp("from", qp["from"]) if qp.get("from") else until - DEFAULT_WINDOW
-    if since >= until:
-        raise bad_request("from must be before to")
-    interval = qp.get("interval") or "minute"
-    if interval not in BUCKETS:
-        raise bad_request(f"interval must be one of {', '.join(BUCKETS)}, got {interval!r}")
-    bucket = BUCKETS[interval]
-    buckets = (until - since).total_seconds() / bucket
-    if buckets > MAX_BUCKETS:
-        raise bad_request(
-            f"from..to holds {buckets:.0f} {interval}s; at most {MAX_BUCKETS}: narrow it or widen interval"
-        )
-    return admin.Window(since, until, bucket)
+    # no samples lie ahead or before 1970 (the buckets' origin): a window's ends are clamped to that span
+    until = min(max(until_p.read(request) or now, EPOCH), now + FUTURE)
+    since = max(since_p.read(request) or until - DEFAULT_WINDOW, EPOCH)
+    bucket = BUCKETS[interval_p.read(request)]
+    widest = timedelta(seconds=bucket * MAX_BUCKETS)
+    if until - since > widest:
+        since = until - widest
+    return admin.Window(min(since, until), until, bucket)
 
 
 @router.get(
@@ -170,7 +171,7 @@ async def status(request: Request) -> Response:
 @router.get(
     "/status/queues",
     summary="Per-queue status with throughput over from..to (default: last hour)",
-    openapi_extra=params(*window(), *page()),
+    openapi_extra=params(*WINDOW, *PAGE),
     responses=answers({200: StatusQueues}, 400),
 )
 async def status_queues(request: Request) -> Response:
@@ -183,10 +184,11 @@ async def status_queues(request: Request) -> Response:
 @router.get(
     "/status/queues/{queue}",
     summary="One queue's status: groups, lag, throughput series",
-    openapi_extra=params(*window()),
+    openapi_extra=params(*WINDOW),
     responses=answers({200: StatusQueueDetail}, 400, 404),
 )
 async def status_queue(request: Request, queue: str) -> Response:
+    check_name("queue", queue)
     window = window_params(request)
     st = state(request)
     return json_response(await admin.status_queue(st.db, tenant(request), queue, window))
@@ -197,15 +199,15 @@ async def status_queue(request: Request, queue: str) -> Response:
     summary="Time series per minute/hour/day: pushed, acked, backlog, lag (queue, from, to, interval)",
     description="Buckets come from the per-minute samples of the stats job, so they trail live counters by a "
     "few seconds; a bucket with no sample reads pushed 0, acked 0, backlog and lagSeconds null.",
-    openapi_extra=params(*window(queue=True)),
+    openapi_extra=params(*QUEUE_WINDOW),
     responses=answers({200: Analytics}, 400, 404, 413),
 )
 async def analytics(request: Request) -> Response:
-    queue = name_param(request, "queue")
+    queue = QUEUE_WINDOW[0].read(request)
     window = window_params(request)
     st = state(request)
     body = await admin.analytics(st.db, tenant(request), queue, window)
-    return json_response({**body, "interval": request.query_params.get("interval") or "minute"})
+    return json_response({**body, "interval": WINDOW[2].read(request)})
 
 
 def _process(request: Request) -> dict[str, Any]:

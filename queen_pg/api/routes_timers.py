@@ -15,19 +15,34 @@ the client into ``TimerError``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 from urllib.parse import unquote
 
-import orjson
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from queen_pg.api.body import Name, decode_family
 from queen_pg.api.common import json_response, permit, state, tenant
-from queen_pg.api.docs import answers, body, params, query
-from queen_pg.api.schemas_timers import TimerPage, TimerPeek, TimerResult, TimersAnswer, TimersRequest
-from queen_pg.api.timer_ops import check_queue_name, check_timer_key, prepare_timer_ops, refuse
+from queen_pg.api.docs import answers, body, params
+from queen_pg.api.params import Param
+from queen_pg.api.routes_kv import exact_ops
+from queen_pg.api.routes_kv import family_envelope as family_error
+from queen_pg.api.schemas_timers import TimerPage, TimerPeek, TimerResult, TimersAnswer
+from queen_pg.api.timer_ops import (
+    MAX_DELAY_MS,
+    MAX_OPS,
+    MAX_TIMER_KEY_BYTES,
+    MAX_TXN_BYTES,
+    check_queue_name,
+    check_timer_key,
+    is_server_owned,
+    prepare_timer_ops,
+    refuse,
+)
 from queen_pg.engine import timers as timers_engine
-from queen_pg.errors import QueenError
+from queen_pg.errors import NOT_FOUND, TIMERS_BAD_REQUEST, QueenError
 
 router = APIRouter(prefix="/api/v1")
 
@@ -35,29 +50,93 @@ PREFIX = "/api/v1/timers/"
 LIST_DEFAULT = 100
 LIST_MAX = 1000
 
+# --- request bodies: the Structs decode; timer_ops.py keeps byte limits, base64/zstd/JSON payloads
+# --- and one op per (queue, timerKey) -----------------------------------------------------------
 
-def family_error(exc: QueenError) -> Response:
-    """The timers error envelope; 503s and 429s keep ``Retry-After`` like every other route."""
-    body = {
-        "error": exc.code,
-        "code": exc.code,
-        "reason": str(exc.fields.get("reason") or exc.code),
-        "detail": str(exc),
-    }
-    return json_response(body, exc.status, exc.headers())
+TimerQueue = Name  # the byte limit: check_queue_name (timers_bad_request too_long)
+TimerKey = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_TIMER_KEY_BYTES,
+        pattern=r"^[^\x00-\x1f\x7f-\x9f]+$",
+        description="1-1024 bytes of UTF-8, no control characters; '/' is fine",
+    ),
+]
+Txn = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_TXN_BYTES,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="the fired message's transactionId (1-65535 bytes, no control characters)",
+    ),
+]
+
+
+class _TimerOp(msgspec.Struct, tag_field="op", forbid_unknown_fields=True):
+    pass
+
+
+class _Schedule(_TimerOp):
+    """Server-owned fields (messageId, deliverAt, tenant..., _...) are refused."""
+
+    queue: TimerQueue
+    timerKey: TimerKey
+    payload: Annotated[
+        str, msgspec.Meta(description="base64 of the JSON payload (zstd-compressed first with payloadZstd)")
+    ]
+    delayMs: Annotated[
+        float,
+        msgspec.Meta(
+            ge=-MAX_DELAY_MS, le=MAX_DELAY_MS, description="milliseconds from now; negative = now; within ±100 years"
+        ),
+    ]
+    txn: Txn | None = None
+    partition: TimerQueue | None = None
+    payloadZstd: bool = False
+
+
+class TimerSchedule(_Schedule, tag="schedule"):
+    """Schedule (upsert: a second schedule answers `rescheduled`)."""
+
+
+class TimerReschedule(_Schedule, tag="reschedule"):
+    """The same as schedule."""
+
+
+class TimerCancel(_TimerOp, tag="cancel"):
+    queue: TimerQueue
+    timerKey: TimerKey
+    txn: Txn | None = None
+
+
+TimerOp = TimerSchedule | TimerReschedule | TimerCancel
+
+
+class TimersRequest(msgspec.Struct):
+    """At most 1000 ops, one per (queue, timerKey)."""
+
+    operations: Annotated[list[TimerOp], msgspec.Meta(max_length=MAX_OPS)]
+
+
+AFTER = Param("after", "list: the page after this timerKey (exclusive)", "text")
+LIMIT = Param("limit", "list: rows per page, clamped to 1-1000", "int", LIST_DEFAULT, 1, LIST_MAX, clamp=True)
+TXN = Param("txn", "cancel only if the pending timer has this txn", "text")
 
 
 async def _operations(request: Request) -> object:
     raw = await request.body()
-    if not raw.strip():
-        raise refuse("bad_body", 'request body is empty; expected {"operations": [...]}')
+    decode_family(raw, TimersRequest, TIMERS_BAD_REQUEST, owned=is_server_owned)
+    return exact_ops(raw)
+
+
+def _family(read: Callable[[], Any]) -> Any:
+    """A query parameter, its 400 in this family's envelope."""
     try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise refuse("bad_json", f"request body is not valid JSON: {err}") from None
-    if not isinstance(body, dict) or "operations" not in body:
-        raise refuse("bad_body", 'request body must be an object {"operations": [...]}')
-    return body["operations"]
+        return read()
+    except QueenError as exc:
+        raise refuse("bad_field", str(exc)) from None
 
 
 def _target(request: Request) -> tuple[str, str | None]:
@@ -75,17 +154,6 @@ def _target(request: Request) -> tuple[str, str | None]:
     if key is not None:
         check_timer_key(key, "path timerKey")
     return queue, key
-
-
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit")
-    if raw is None or raw == "":
-        return LIST_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        raise refuse("bad_field", f"query parameter limit must be an integer, got {raw!r}") from None
-    return min(max(value, 1), LIST_MAX)  # clamped, never refused (the client's list() contract)
 
 
 @router.post(
@@ -115,15 +183,15 @@ async def schedule(request: Request) -> Response:
     summary="Cancel a pending timer: /timers/{queue}/{timerKey...}[?txn=]",
     description="`target` is the queue (percent-encoded, `/` as %2F), a `/`, then the timer key (raw `/` "
     "allowed). A timer that is not pending is 200 `{ok: false, status: absent}`; `too_late` when it is firing.",
-    openapi_extra=params(query("txn", "cancel only if the pending timer has this txn")),
-    responses=answers({200: TimerResult}, 400, 429),
+    openapi_extra=params(TXN),
+    responses=answers({200: TimerResult}, 400, 404, 429),
 )
 async def cancel(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
-        if key is None:
-            raise refuse("missing_field", "the timer key is missing from the path: /api/v1/timers/{queue}/{timerKey}")
-        txn = request.query_params.get("txn") or None
+        if key is None:  # the queue's collection of timers is not a thing to delete
+            raise QueenError(NOT_FOUND, detail="no timer key in the path: /api/v1/timers/{queue}/{timerKey}")
+        txn = _family(lambda: TXN.read(request))
         st = state(request)
         async with permit(request, "kv"):
             result = await timers_engine.cancel(st.db, tenant(request), queue, key, txn)
@@ -138,18 +206,15 @@ async def cancel(request: Request, target: str) -> Response:
     description="`target` = the queue (percent-encoded) alone: a keyset page of its pending timers by timerKey "
     "(`TimerPage`; follow `nextAfter` while `truncated`); the queue, `/`, a timer key: that timer, or 200 "
     "`{found: false}` (`TimerPeek`).",
-    openapi_extra=params(
-        query("after", "list: the page after this timerKey (exclusive)"),
-        query("limit", "list: rows per page, clamped to 1-1000", type="integer", default=100),
-    ),
+    openapi_extra=params(AFTER, LIMIT),
     responses=answers({200: TimerPeek | TimerPage}, 400, 429),
 )
 async def read(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
         st = state(request)
-        after = request.query_params.get("after") or None
-        limit = _limit(request)
+        after = _family(lambda: AFTER.read(request))
+        limit = _family(lambda: LIMIT.read(request))
         async with permit(request, "kv"):
             if key is not None:
                 return json_response(await timers_engine.get(st.db, tenant(request), queue, key))

@@ -7,37 +7,41 @@ Kept for ``trace_retention_hours`` (the ``trace_retention`` job). ``/traces/by-n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-import orjson
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import Field, StrictInt, StrictStr
 
-from queen_pg.api.common import check_name, json_response, parse_body, parse_timestamp, state, tenant
-from queen_pg.api.docs import answers, body, params, query
-from queen_pg.api.models import _Body
+from queen_pg.api.body import Name, PartitionId, TxnId, read, stored_json
+from queen_pg.api.common import check_name, json_response, state, tenant
+from queen_pg.api.docs import answers, body, params
+from queen_pg.api.params import Param
 from queen_pg.api.routes_messages import message_key, partition_id_param
 from queen_pg.api.routes_resources import page_params
 from queen_pg.api.schemas import ISO, page
 from queen_pg.api.schemas_browse import MessageTraces, TraceNames, TraceRecorded, TracesByName
 from queen_pg.engine import traces as trace_engine
 from queen_pg.engine.pop import QUEUE_MODE
-from queen_pg.errors import bad_request
 
 router = APIRouter(prefix="/api/v1/traces")
 
 MAX_NAMES = 32
 
 
-class TraceBody(_Body):
-    transactionId: StrictStr = Field(min_length=1)
-    partitionId: StrictStr | StrictInt
-    consumerGroup: StrictStr | None = None
-    traceNames: list[StrictStr] | None = None
-    traceName: StrictStr | list[StrictStr] | None = None  # accepted as well (the client sends traceNames)
-    eventType: StrictStr = "info"
-    data: Any
+class TraceBody(msgspec.Struct):
+    transactionId: TxnId
+    partitionId: PartitionId
+    data: Annotated[Any, msgspec.Meta(description="any JSON value; integers within 64 bits")]
+    consumerGroup: Name | None = None
+    traceNames: Annotated[list[Name], msgspec.Meta(max_length=MAX_NAMES)] | None = None
+    traceName: Name | Annotated[list[Name], msgspec.Meta(max_length=MAX_NAMES)] | None = None  # also accepted
+    eventType: Name = "info"
+
+
+SEARCH = Param("search", "case-insensitive substring of the name", "text")
+SINCE = Param("from", f"created at or after, {ISO}", "time")
+UNTIL = Param("to", f"created before, {ISO}", "time")
 
 
 @router.post(
@@ -51,18 +55,18 @@ class TraceBody(_Body):
     responses=answers({201: TraceRecorded}, 400, 404, 413),
 )
 async def record(request: Request) -> Response:
-    body = await parse_body(request, TraceBody)
+    body = await read(request, TraceBody)
     pid = partition_id_param(str(body.partitionId))
     group = body.consumerGroup or QUEUE_MODE
     check_name("consumerGroup", group)
     check_name("eventType", body.eventType)
     raw_names = body.traceNames if body.traceNames is not None else body.traceName
     names = [raw_names] if isinstance(raw_names, str) else list(raw_names or [])
-    if len(names) > MAX_NAMES:
-        raise bad_request(f"traceNames holds at most {MAX_NAMES} names, got {len(names)}")
     for n in names:
         check_name("trace", n)
-    event = trace_engine.TraceEvent(pid, body.transactionId, group, names, body.eventType, orjson.dumps(body.data))
+    event = trace_engine.TraceEvent(
+        pid, body.transactionId, group, names, body.eventType, stored_json(body.data, "data", nul_ok=True)
+    )
     st = state(request)
     result = await trace_engine.record(st.db, tenant(request), event)
     return json_response({"success": True, "id": result["id"], "createdAt": result["createdAt"]}, 201)
@@ -71,11 +75,11 @@ async def record(request: Request) -> Response:
 @router.get(
     "/names",
     summary="Trace names in use, with counts (search, limit, offset)",
-    openapi_extra=params(query("search", "case-insensitive substring of the name"), *page()),
+    openapi_extra=params(SEARCH, *page()),
     responses=answers({200: TraceNames}, 400),
 )
 async def names(request: Request) -> Response:
-    search = request.query_params.get("search") or None
+    search = SEARCH.read(request)
     page = page_params(request)
     st = state(request)
     return json_response(await trace_engine.names(st.db, tenant(request), search, page))
@@ -84,20 +88,12 @@ async def names(request: Request) -> Response:
 @router.get(
     "/by-name/{name}",
     summary="Traces carrying a name, newest first (from, to, limit, offset)",
-    openapi_extra=params(
-        query("from", f"created at or after, {ISO}", format="date-time"),
-        query("to", f"created before, {ISO}", format="date-time"),
-        *page(),
-    ),
+    openapi_extra=params(SINCE, UNTIL, *page()),
     responses=answers({200: TracesByName}, 400, 413),
 )
 async def by_name(request: Request, name: str) -> Response:
     check_name("trace", name)
-    qp = request.query_params
-    since = parse_timestamp("from", qp["from"]) if qp.get("from") else None
-    until = parse_timestamp("to", qp["to"]) if qp.get("to") else None
-    if since is not None and until is not None and since >= until:
-        raise bad_request("from must be before to")
+    since, until = SINCE.read(request), UNTIL.read(request)  # from >= to: an empty window, an empty page
     page = page_params(request)
     st = state(request)
     return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page))

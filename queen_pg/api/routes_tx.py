@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-import orjson
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import Field, StrictInt, StrictStr
 
+from queen_pg.api.body import Name, Text, TxnId, decode
 from queen_pg.api.common import (
     check_name,
     json_response,
-    parse_body,
     permit,
     producer_sub,
     refuse_when_storage_full,
@@ -21,15 +20,14 @@ from queen_pg.api.common import (
 )
 from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops
-from queen_pg.api.models import PushItem, _Body
 from queen_pg.api.request_key import replay_headers, request_once
-from queen_pg.api.routes_data import new_message
+from queen_pg.api.routes_data import AckPartitionId, AckStatus, PushItem, new_message
+from queen_pg.api.routes_kv import TxKvOp
 from queen_pg.api.routes_system import refuse_push_in_maintenance
+from queen_pg.api.routes_timers import TimerOp
 from queen_pg.api.schemas import REQUEST_KEY
-from queen_pg.api.schemas_ops import TransactionDone, TransactionVerdict, TxKvOp
-from queen_pg.api.schemas_timers import TimerOp
+from queen_pg.api.schemas_ops import TransactionDone, TransactionVerdict
 from queen_pg.api.timer_ops import prepare_timer_ops
-from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import transaction as tx_engine
 from queen_pg.errors import Verdict, bad_request
 
@@ -40,33 +38,26 @@ MAX_KV_KEYS = 256
 KV_WRITES = {"put", "putIfAbsent", "delete", "incr"}
 
 
-class TxAckOp(_Body):
-    type: Literal["ack"]
-    transactionId: StrictStr = Field(min_length=1)
-    partitionId: StrictStr | StrictInt
-    status: StrictStr = "completed"
-    consumerGroup: StrictStr | None = None
-    leaseId: StrictStr | None = None
+class TxAckOp(msgspec.Struct, tag="ack", tag_field="type"):
+    transactionId: TxnId
+    partitionId: AckPartitionId
+    status: AckStatus = "completed"
+    consumerGroup: Name | None = None
+    leaseId: Text | None = None
 
 
-class TxPushOp(_Body):
-    type: Literal["push"]
-    items: list[PushItem] = Field(min_length=1)
+class TxPushOp(msgspec.Struct, tag="push", tag_field="type"):
+    items: Annotated[list[PushItem], msgspec.Meta(min_length=1)]
 
 
-class TransactionBody(_Body):
-    operations: list[Annotated[TxAckOp | TxPushOp, Field(discriminator="type")]]
-    requiredLeases: list[StrictStr] = Field(default_factory=list)
-    kv: list[Any] | None = None
-    timers: list[Any] | None = None
+class TransactionRequest(msgspec.Struct):
+    """``kv`` and ``timers`` are top-level arrays (not operations). The ops are as POST /api/v1/kv
+    (no getPrefix) and POST /api/v1/timers take them."""
 
-
-class TransactionRequest(TransactionBody):
-    """The body as ``/docs`` shows it: ``kv`` and ``timers`` as ``validate_kv_ops`` and
-    ``prepare_timer_ops`` accept them (documentation only; ``TransactionBody`` validates)."""
-
-    kv: list[TxKvOp] | None = Field(None, description="KV ops, as POST /api/v1/kv takes them (no getPrefix)")
-    timers: list[TimerOp] | None = Field(None, description="timer ops, as POST /api/v1/timers takes them")
+    operations: list[TxAckOp | TxPushOp] = []
+    requiredLeases: list[Text] = []
+    kv: list[TxKvOp] | None = None
+    timers: list[TimerOp] | None = None
 
 
 def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
@@ -115,16 +106,16 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
     responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
 )
 async def transaction(request: Request) -> Response:
-    await _refuse_misplaced_riders(request)
-    body = await parse_body(request, TransactionBody)
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("request body is empty; a JSON object is required")
+    body = decode(raw, TransactionRequest)
     acks: list[tx_engine.TxAck] = []
     pushes: list[tx_engine.TxPush] = []
     slot = 0
     for n, op in enumerate(body.operations):
         if isinstance(op, TxAckOp):
             status = op.status.lower()
-            if status not in ack_engine.STATUSES:
-                raise bad_request(f"operations.{n}.status must be one of {sorted(ack_engine.STATUSES)}")
             if op.consumerGroup is not None:
                 check_name("consumerGroup", op.consumerGroup)
             acks.append(
@@ -136,8 +127,9 @@ async def transaction(request: Request) -> Response:
                 msg = new_message(item, f"operations.{n}.items.{i}", producer_sub(request))
                 pushes.append(tx_engine.TxPush(slot, msg))
                 slot += 1
-    kv_raw = body.kv or []
-    timers_raw = body.timers or []
+    riders: dict[str, Any] = msgspec.json.decode(raw) if (body.kv or body.timers) else {}
+    kv_raw: list[Any] = riders.get("kv") or []  # as plain JSON (integers exact) for the semantic checks
+    timers_raw: list[Any] = riders.get("timers") or []
     st = state(request)
     try:
         _planner_limits(kv_raw, timers_raw)
@@ -146,7 +138,7 @@ async def transaction(request: Request) -> Response:
     except Verdict as v:
         return json_response({"success": False, "reason": v.reason, **v.detail})
     if not (acks or pushes or kv or (prepared and prepared.ops)):
-        raise bad_request("an empty transaction: give operations, kv or timers")
+        return json_response({"transactionId": "", "success": True, "results": []})  # nothing to commit
     refuse_push_in_maintenance(request, bool(pushes))  # 503; acks, KV and timers alone still commit
     timers = tx_engine.TxTimers()
     if prepared is not None:
@@ -161,18 +153,3 @@ async def transaction(request: Request) -> Response:
     for q in {p.item.queue for p in pushes}:
         st.waiters.notify(ten, q)
     return json_response(answer, headers=replay_headers(once))
-
-
-async def _refuse_misplaced_riders(request: Request) -> None:
-    """`kv` and `timers` are top-level arrays; inside operations they are a 400 with a clear message."""
-    raw = await request.body()
-    try:
-        doc = orjson.loads(raw) if raw.strip() else None
-    except orjson.JSONDecodeError:
-        return  # parse_body answers bad_json
-    if isinstance(doc, dict) and isinstance(doc.get("operations"), list):
-        for n, op in enumerate(doc["operations"]):
-            if isinstance(op, dict) and op.get("type") in ("kv", "timer", "timers"):
-                raise bad_request(f"operations.{n}: kv and timers are top-level arrays of the body, not operations")
-            if isinstance(op, dict) and op.get("type") not in ("ack", "push"):
-                raise bad_request(f"operations.{n}.type must be 'ack' or 'push', got {op.get('type')!r}")

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from queen_pg.api.docs import header, query
+from queen_pg.api.docs import header
+from queen_pg.api.params import ISO, Param, page
 
 
 class Answer(BaseModel):
@@ -24,7 +25,7 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-ISO = "ISO-8601 timestamp with a zone (e.g. 2026-01-01T00:00:00Z)"
+__all__ = ["ISO", "REQUEST_KEY", "Answer", "page", "window"]
 
 # --- parameters read by hand (documented through openapi_extra) ---------------------------------
 
@@ -39,59 +40,16 @@ REQUEST_KEY = (
 )
 
 
-def page(default: int = 100, most: int = 1000) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``limit`` and ``offset`` of a paged list (anything else is 400 ``bad_request``)."""
-    return (
-        query("limit", f"page size, 1-{most}", type="integer", minimum=1, maximum=most, default=default),
-        query("offset", "rows to skip", type="integer", minimum=0, default=0),
-    )
-
-
-def window(*, queue: bool = False) -> tuple[dict[str, Any], ...]:
-    """``from``/``to``/``interval`` of a time series (``to - from`` holds at most 10080 buckets)."""
+def window(*, queue: bool = False) -> tuple[Param, ...]:
+    """``from``/``to``/``interval`` of a time series (a wider window is cut to the 10080 buckets ending
+    at ``to``; one at or before its start is empty)."""
     out = (
-        query("from", f"start of the window, {ISO}; default `to` minus one hour", format="date-time"),
-        query("to", f"end of the window, {ISO}; default now", format="date-time"),
-        query("interval", "bucket size", enum=["minute", "hour", "day"], default="minute"),
+        Param("from", f"start of the window, {ISO}; default `to` minus one hour; before 1970 reads as 1970", "time"),
+        Param("to", f"end of the window, {ISO}; default now; clamped to 1970..a day ahead", "time"),
+        Param("interval", "bucket size", "choice", "minute", choices=("minute", "hour", "day")),
     )
-    return (query("queue", "only this queue"), *out) if queue else out
+    return (Param("queue", "only this queue"), *out) if queue else out
 
-
-_POP_COMMON = (
-    query(
-        "batch", "messages to claim (1..QUEEN_MAX_BATCH); default 1, or 100 under autopilot", type="integer", minimum=1
-    ),
-    query("wait", "long-poll: park until a message arrives or `timeout` passes", type="boolean", default=False),
-    query("timeout", "long-poll budget in ms (0-600000)", type="integer", minimum=0, maximum=600000, default=30000),
-    query("consumerGroup", "read as this consumer group; absent = queue mode"),
-    query(
-        "autopilot",
-        "the broker chooses batch and partitions, and echoes them in `autopilot`",
-        type="boolean",
-        default=False,
-    ),
-    query("partitions", "partitions one pop may claim (1-1000); default 1, 4 under autopilot", type="integer"),
-    query("autoAck", "at-most-once: the claimed messages are acked on delivery (no lease)", type="boolean"),
-    query(
-        "subscriptionMode",
-        "where a new consumer group starts (WIRE §9.2): `new`/`new-only` = messages written after its first pop; "
-        "anything else (`all`, `from_beginning`, an unknown word) = from the first retained message",
-    ),
-    query("subscriptionFrom", f"where a new consumer group starts: {ISO} (wins over subscriptionMode), or `now`"),
-    query(
-        "leaseSeconds",
-        "this claim's lease length in seconds, instead of the queue's leaseTime (WIRE §9.3)",
-        type="integer",
-        minimum=1,
-        maximum=7 * 86400,
-    ),
-)
-POP_PARAMS = _POP_COMMON
-POP_TAGGED_PARAMS = (
-    query("namespace", "pop from the queues tagged with this namespace (namespace and/or task is required)"),
-    query("task", "pop from the queues tagged with this task (namespace and/or task is required)"),
-    *_POP_COMMON,
-)
 
 # --- push ----------------------------------------------------------------------------------------
 

@@ -113,6 +113,9 @@ class RetryAnswer(Answer):
     partition: str
     partitionId: str
     transactionId: str | None
+    consumerGroups: list[str | None] = Field(
+        description="the groups that receive it again (those that dead-lettered it; null = queue mode)"
+    )
 
 
 # --- DLQ -----------------------------------------------------------------------------------------

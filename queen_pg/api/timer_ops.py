@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 import zstandard
 
-from queen_pg.api.common import check_name
+from queen_pg.api.body import has_nul
+from queen_pg.api.params import check_name
 from queen_pg.engine import codec
 from queen_pg.errors import TIMERS_BAD_REQUEST, QueenError
 
@@ -172,7 +173,12 @@ class _Op:
         if len(data) > MAX_PAYLOAD_BYTES:
             raise self.fail("too_large", "payload", f"is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
         if not is_json(data):
-            raise self.fail("not_json", "payload", "does not decode to a JSON document (UTF-8)")
+            raise self.fail(
+                "not_json",
+                "payload",
+                "does not decode to a JSON document (UTF-8) that can be stored exactly (integers within 64 bits, "
+                "no U+0000)",
+            )
         return data
 
     def _decompress(self, data: bytes) -> bytes:
@@ -191,24 +197,15 @@ class _Op:
         return bytes(out)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def is_json(data: bytes) -> bool:
-    """Whether ``data`` is one JSON document in UTF-8 (RFC 8259; no NaN/Infinity, no BOM)."""
+    """Whether ``data`` is one JSON document in UTF-8 that comes back exactly once stored (RFC 8259;
+    no NaN/Infinity, no BOM, integers within 64 bits, no U+0000: a fired timer is a message, and a
+    message's payload may be copied into jsonb when it is dead-lettered)."""
     try:
-        orjson.loads(data)
-        return True
-    except orjson.JSONDecodeError:
-        pass
-    # orjson refuses some valid documents (integers past 64 bits as exact, lone surrogate escapes,
-    # very deep nesting); the standard library decides those, on strict UTF-8 text.
-    try:
-        json.loads(data.decode("utf-8"), parse_constant=_no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = msgspec.json.decode(data)
+        return not has_nul(orjson.dumps(value))
+    except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONEncodeError):
         return False
-    return True
 
 
 def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], bytes]:

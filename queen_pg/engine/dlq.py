@@ -1,4 +1,5 @@
-"""Dead letters: list (decoding payloads not yet copied out of their segment) and requeue."""
+"""Dead letters: list (decoding payloads not yet copied out of their segment) and requeue (at once, for
+the consumer groups that dead-lettered the message: ``queen.dlq_requeue_v1``)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,13 @@ KEYS_SQL = "SELECT queen.kv_keys_v1($1, $2, $3, $4, $5, $6, $7)"
 
 
 async def keys(
-    db: Database, tenant: str, ns: str, prefix: str, after: str | None, limit: int, keys_only: bool,
+    db: Database,
+    tenant: str,
+    ns: str,
+    prefix: str,
+    after: str | None,
+    limit: int,
+    keys_only: bool,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """A keyset page of a namespace's live keys starting with ``prefix`` (``""``: all), as getPrefix."""

@@ -1,10 +1,12 @@
 """dlq_fill: copy dead letters' payloads out of their segments through ``queen.dlq_fill_v1``.
 
 ack_v1 writes a dead letter with payload NULL: the payload sits in its segment as a QPF1 frame, mostly
-zstd-compressed, which SQL cannot decompress. Each call writes the payloads decoded from the previous call's rows and
-hands out the next rows, so :meth:`DlqFill.more` keeps the loop going while a decoded batch waits to
-be written. A dead letter whose segment is gone (retention waits for it, so it should not happen) or
-unreadable gets JSON ``null`` and a logged warning, so it never blocks the loop.
+zstd-compressed, which SQL cannot decompress. Nothing waits for this job: the DLQ list decodes unfilled
+payloads itself and a requeue copies the segment's frame (queen.dlq_requeue_v1); the job makes the
+payload readable as jsonb and lets retention drop the segment. Each call writes the payloads decoded
+from the previous call's rows and hands out the next rows, so :meth:`DlqFill.more` keeps the loop
+going while a decoded batch waits to be written. A dead letter whose segment is gone (retention waits
+for it, so it should not happen) or unreadable gets JSON ``null`` and a logged warning, so it never blocks the loop.
 """
 
 from __future__ import annotations

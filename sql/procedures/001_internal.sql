@@ -9,9 +9,10 @@
 -- queen._create_group(queue_id, tenant, group, mode, from, now) -> void
 --   Creates a consumer group and one cursor row per existing partition. A `from` timestamp starts each
 --   cursor at the first message written at or after it; mode 'new' (or 'new-only') at the first message
---   written after now (the group's first pop); any other mode (all, from_beginning, unknown) at the
---   first retained message (WIRE §9.2; the broker normalizes the mode before it gets here).
---   Locks: the queue row FOR UPDATE (docs/locks.md #1).
+--   written after the group came to be (its first pop); any other mode (all, from_beginning, unknown) at
+--   the first retained message (WIRE §9.2; the broker normalizes the mode before it gets here).
+--   Locks: the queue row FOR UPDATE (docs/locks.md #1). `now` NULL = the clock, read after that lock
+--   wait ('new' mode starts at the time the group really came to be).
 --
 -- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
 -- queen._frame(message_id, transaction_id, payload JSON bytes) -> bytea: one QPF1 frame (WIRE.md §3.3,
@@ -56,16 +57,18 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_from timestamptz;
+    v_now  timestamptz;
 BEGIN
     PERFORM 1 FROM queen.queues WHERE id = p_queue_id FOR UPDATE;
     IF EXISTS (SELECT 1 FROM queen.log_groups WHERE queue_id = p_queue_id AND name = p_group) THEN
         RETURN;  -- created by a concurrent pop while we waited for the lock
     END IF;
+    v_now := coalesce(p_now, clock_timestamp());  -- after the lock wait
     v_from := CASE WHEN p_from IS NOT NULL THEN p_from
-                   WHEN p_mode IN ('new', 'new-only') THEN p_now
+                   WHEN p_mode IN ('new', 'new-only') THEN v_now
                    ELSE NULL END;
     INSERT INTO queen.log_groups (queue_id, name, tenant, subscription_mode, subscribed_from, created_at)
-    VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, p_now);
+    VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, v_now);
 
     INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
     SELECT p.id, p_group, p_queue_id, p_tenant,

@@ -61,11 +61,16 @@ $$;
 CREATE OR REPLACE FUNCTION queen.delete_queue_v1(p_tenant text, p_queue text)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_qid bigint;
 BEGIN
-    DELETE FROM queen.queues WHERE tenant = p_tenant AND name = p_queue;
+    DELETE FROM queen.queues WHERE tenant = p_tenant AND name = p_queue RETURNING id INTO v_qid;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- log_dlq has no foreign keys (docs/locks.md): its rows go here, in a statement that starts after
+    -- the cascade above waited for every ack holding a cursor row of the queue, so it sees their rows.
+    DELETE FROM queen.log_dlq WHERE queue_id = v_qid;
     DELETE FROM queen.timers WHERE tenant = p_tenant AND queue = p_queue;  -- a pending timer would recreate it
     RETURN true;
 END;

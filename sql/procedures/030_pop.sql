@@ -12,8 +12,8 @@
 -- Result:  one row per segment that overlaps a claimed range, claims in claim order, segments in
 --          offset order: queue and partition, the leased range [lease_start, lease_end), the
 --          redelivery boundary (messages below redelivered_end were delivered before and now count
---          `attempts`; the others are attempt 1), offsets already acked out of order (skip them), the
---          lease expiry, and the segment (base_offset, end_offset, created_at, dropped, payload).
+--          `attempts`; the others are attempt 1), `acked`: offsets of the range this group passes over
+--          (queen.log_passes: skip them), the lease expiry, and the segment (base_offset, end_offset, created_at, dropped, payload).
 --          No rows = nothing claimable (or no such queue).
 -- Claimable: cursor below next_offset; no live lease; the message at the cursor is older than the
 --          queue's delayedProcessing; the partition has been quiet for the queue's windowBuffer. A
@@ -21,7 +21,8 @@
 -- Claim order: oldest pending message first (time of the segment holding the cursor).
 -- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new on it
 --          (queen._create_group); log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never
---          wait on each other.
+--          wait on each other. The clock is read after the last lock wait (the group creation).
+--          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
 -- Guarantees: a partition is leased to at most one holder at a time per group; an expired lease is
 --          claimable again and its range counts one more delivery attempt.
 
@@ -53,7 +54,7 @@ CREATE OR REPLACE FUNCTION queen.pop_v1(
                  created_at timestamptz, dropped integer[], codec smallint, payload bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_now     timestamptz;
     v_qids    bigint[];
     v_budget  integer := greatest(p_batch, 1);
     v_take    bigint;
@@ -77,11 +78,12 @@ BEGIN
     FOR q IN SELECT u.id FROM unnest(v_qids) AS u(id)
               WHERE NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = u.id AND g.name = p_group)
     LOOP
-        PERFORM queen._create_group(q.id, p_tenant, p_group, p_sub_mode, p_sub_from, v_now);
+        PERFORM queen._create_group(q.id, p_tenant, p_group, p_sub_mode, p_sub_from, p_now);
     END LOOP;
+    v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait (_create_group)
 
     FOR c IN
-        SELECT lc.partition_id, lc.cursor_offset, lc.acked, lc.delivered_end, lc.attempts AS old_attempts,
+        SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
                p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing
           FROM queen.log_consumers lc
           JOIN queen.log_partitions p ON p.id = lc.partition_id
@@ -103,6 +105,12 @@ BEGIN
          LIMIT greatest(p_max_partitions, 1)
            FOR UPDATE OF lc SKIP LOCKED
     LOOP
+        c.cursor_offset := queen._pass_over(c.partition_id, p_group, c.cursor_offset);
+        IF c.cursor_offset >= c.next_offset THEN  -- nothing left for this group but passed-over offsets
+            UPDATE queen.log_consumers lc SET cursor_offset = c.cursor_offset
+             WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group;
+            CONTINUE;
+        END IF;
         v_end := c.cursor_offset + least(v_budget, c.next_offset - c.cursor_offset);
         IF c.delayed_processing > 0 THEN
             -- stop before the first segment that is still too young
@@ -118,7 +126,6 @@ BEGIN
         IF p_auto_ack THEN
             UPDATE queen.log_consumers lc
                SET cursor_offset = v_end,
-                   acked = ARRAY(SELECT a FROM unnest(lc.acked) AS a WHERE a >= v_end ORDER BY a),
                    delivered_end = greatest(lc.delivered_end, v_end),
                    attempts = 0, fail_offset = NULL, failures = 0,
                    acked_total = lc.acked_total + v_take,
@@ -127,7 +134,8 @@ BEGIN
              WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group;
         ELSE
             UPDATE queen.log_consumers lc
-               SET lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
+               SET cursor_offset = c.cursor_offset,
+                   lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
                    attempts = v_attempt,
                    delivered_end = greatest(lc.delivered_end, v_end),
                    claimed_at = v_now
@@ -136,7 +144,10 @@ BEGIN
 
         RETURN QUERY
         SELECT c.qname, c.partition_id, c.pname, c.cursor_offset, v_end,
-               least(c.delivered_end, v_end), v_attempt, c.acked,
+               least(c.delivered_end, v_end), v_attempt,
+               ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
+                      WHERE lp.partition_id = c.partition_id AND lp.consumer_group = p_group
+                        AND lp.msg_offset >= c.cursor_offset AND lp.msg_offset < v_end ORDER BY 1),
                CASE WHEN p_auto_ack THEN NULL ELSE v_expires END,
                s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
           FROM queen.log_segments s

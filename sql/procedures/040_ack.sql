@@ -1,25 +1,65 @@
--- queen.ack_v1: settle delivered messages for their consumer groups.
+-- queen.ack_v1: settle delivered messages for their consumer groups. An ack is an offset commit
+-- (WIRE.md §9.1): a group's position in a partition is one cursor, and nothing above it is remembered.
 --
--- Called by: POST /api/v1/ack and POST /api/v1/ack/batch (queen_pg/engine/ack.py).
+-- Called by: POST /api/v1/ack and POST /api/v1/ack/batch (queen_pg/engine/ack.py, through
+--          queen.ack_v2 under a request key), and queen.transaction_v1 for its acks.
 -- Inputs:  parallel arrays, one entry per ack item: partition id, xxh3-128 hash of the transactionId,
 --          transactionId text (for the DLQ row), lease id (NULL = no lease check), consumer group,
 --          status ('completed' | 'failed' | 'retry' | 'dlq'; the broker maps 'success' to
---          'completed'), error text.
+--          'completed'), error text; p_now (NULL = the clock, read after each cursor row's lock).
 -- Result:  one row per item, in input order: (idx, success, error, lease_released, dlq, noop).
 --          A refused item is success=false with a readable error; the call itself never raises for
 --          a refused item.
--- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group).
--- Rules:   With a lease id, the lease must be the row's live lease (same id, not expired) and the
---          message inside the leased range; an ack resent after its lease was released by the acks
---          that completed it is answered as the first one was (noop). Without a lease id the check
---          is skipped. 'completed' marks the offset done and moves the cursor over every contiguous
---          done offset; when the leased range is done the lease is released. 'failed' ends the lease
---          (the rest of the batch is redelivered) and charges the queue's retryLimit once per call,
---          against the lowest failed message (fail_offset/failures on the cursor row); when that
---          message has failed more than retryLimit times it goes to log_dlq and counts as done, in
---          the same transaction. 'retry' ends the lease without charging; 'dlq' dead-letters at once.
---          Lease release applies after every item of the call for that cursor row; leaseReleased is
---          reported on the row's last item. The DLQ row's payload is filled by the dlq_fill job.
+-- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
+--          them it inserts log_dlq rows (no foreign keys: no lock on a partition or queue row) and
+--          deletes the cursor's log_passes rows. Nothing else.
+-- Resolve: an item's transactionId names the oldest of its messages at or above the cursor (the one
+--          the group has not settled), else the newest below it. None in that partition: the item is
+--          `unresolvable` (success=false; it changes nothing, and the rest of the call, the real
+--          leased batch included, is judged as if it were not there).
+-- Lease:   with a lease id, the lease must be the row's live lease (same id, not expired) and the
+--          message inside the leased range; or, for an offset below the cursor, the row's last lease
+--          (released by its acks, or run out with nobody claiming since: only its holder can have
+--          committed the offset, so a resent ack is answered as one below the cursor). Without a
+--          lease id the check is skipped.
+-- Rules, per cursor row and call (the offsets are those of the items that passed the checks above):
+--   * completed / dlq at N commits the cursor through N: every earlier offset of that lease that was
+--     not acked explicitly is completed with it. noop=false.
+--   * a nack (failed / retry) at N with the lowest such N: the cursor stops at N (everything below N
+--     is committed, N and everything after it are delivered again: completed items above N are
+--     success with noop=true, they come back too), and the lease is released. `failed` at the lowest
+--     nack charges the queue's retryLimit once per call (fail_offset/failures on the cursor row);
+--     `retry` does not charge. When the charged message has failed more than retryLimit times it goes
+--     to log_dlq and counts as done: the cursor moves past it up to the next nack (or through the
+--     highest completed item).
+--   * below the cursor: completed / dlq succeeds with noop=true; a nack is refused (success=false,
+--     "already committed"): it cannot be taken back.
+--   * 'dlq' dead-letters its message at once (and commits through it).
+--   The cursor then passes over the group's log_passes offsets. The lease is released when the cursor
+--   reached lease_end or a nack applied; leaseReleased is reported on the row's last item.
+
+CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+-- The cursor moved past the offsets the group passes over (queen.log_passes) that start at p_cursor;
+-- the rows below the result are deleted. The caller holds the cursor row (docs/locks.md #3).
+DECLARE
+    v_cursor bigint := p_cursor;
+    v_offs   bigint[];
+BEGIN
+    SELECT array_agg(lp.msg_offset ORDER BY lp.msg_offset) INTO v_offs
+      FROM queen.log_passes lp WHERE lp.partition_id = p_pid AND lp.consumer_group = p_group;
+    IF v_offs IS NULL THEN
+        RETURN v_cursor;
+    END IF;
+    WHILE v_cursor = ANY (v_offs) LOOP
+        v_cursor := v_cursor + 1;
+    END LOOP;
+    DELETE FROM queen.log_passes lp
+     WHERE lp.partition_id = p_pid AND lp.consumer_group = p_group AND lp.msg_offset < v_cursor;
+    RETURN v_cursor;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_tenant         text,
@@ -35,31 +75,37 @@ CREATE OR REPLACE FUNCTION queen.ack_v1(
                  noop boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now       timestamptz := coalesce(p_now, clock_timestamp());
+    v_now       timestamptz;
     v_n_items   integer := cardinality(p_partition_ids);
     r_success   boolean[] := array_fill(false, ARRAY[v_n_items]);
     r_error     text[] := array_fill(NULL::text, ARRAY[v_n_items]);
     r_released  boolean[] := array_fill(false, ARRAY[v_n_items]);
     r_dlq       boolean[] := array_fill(false, ARRAY[v_n_items]);
     r_noop      boolean[] := array_fill(false, ARRAY[v_n_items]);
+    r_off       bigint[] := array_fill(NULL::bigint, ARRAY[v_n_items]);
+    r_msgid     uuid[] := array_fill(NULL::uuid, ARRAY[v_n_items]);
+    r_created   timestamptz[] := array_fill(NULL::timestamptz, ARRAY[v_n_items]);
     k           record;
     it          record;
     c           queen.log_consumers%ROWTYPE;
     v_limit     integer;
     v_live      boolean;
+    v_start     bigint;     -- the cursor when the call took the row
+    v_new       bigint;     -- the cursor the call leaves
+    v_hi        bigint;     -- highest completed/dlq offset at or above v_start
+    v_pend      integer[];  -- items at or above v_start that passed the checks
+    v_nacks     bigint[];   -- their nack offsets
+    v_next      bigint;
+    v_dead      bigint[];   -- offsets dead-lettered by this call on this row
     v_off       bigint;
     v_msgid     uuid;
     v_created   timestamptz;
-    v_end_lease boolean;
-    v_n         integer;
     v_last      integer;
-    -- the lowest offset failed in this call for the current cursor row, and its item
+    v_is_nack   boolean;
+    o           integer;
+    -- the lowest `failed` item of the call on this row
     f_off       bigint;
     f_ord       integer;
-    f_txn       text;
-    f_msgid     uuid;
-    f_created   timestamptz;
-    f_err       text;
 BEGIN
     FOR k IN
         SELECT u.pid, u.grp, array_agg(u.ord::integer ORDER BY u.ord) AS ords
@@ -74,7 +120,7 @@ BEGIN
            FOR UPDATE OF lc;
         v_now := coalesce(p_now, clock_timestamp());  -- after the row lock: the lease is judged now
         IF NOT FOUND THEN
-            FOR it IN SELECT o AS ord FROM unnest(k.ords) AS o
+            FOR it IN SELECT u AS ord FROM unnest(k.ords) AS u
             LOOP
                 r_error[it.ord] := CASE WHEN k.grp = '__QUEUE_MODE__'
                     THEN format('partition %s has no queue-mode cursor (never popped, or deleted)', k.pid)
@@ -84,128 +130,152 @@ BEGIN
         END IF;
         SELECT q.retry_limit INTO v_limit FROM queen.queues q WHERE q.id = c.queue_id;
         v_live := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now;
-        v_end_lease := false;
-        v_n := 0;
+        v_start := c.cursor_offset;
+        v_hi := NULL;
+        v_pend := '{}';
+        v_nacks := '{}';
+        v_dead := '{}';
         f_off := NULL;
+        f_ord := NULL;
 
+        -- 1. resolve and judge every item against the cursor as the call found it
         FOR it IN
-            SELECT o AS ord, p_hashes[o] AS hash, p_txn_ids[o] AS txn, p_lease_ids[o] AS lease,
-                   p_statuses[o] AS status, p_errors[o] AS err
-              FROM unnest(k.ords) AS o
+            SELECT u AS ord, p_hashes[u] AS hash, p_txn_ids[u] AS txn, p_lease_ids[u] AS lease,
+                   p_statuses[u] AS status
+              FROM unnest(k.ords) AS u
         LOOP
             v_last := it.ord;
-            -- the oldest message of that transactionId this group has not settled; else the newest
+            v_is_nack := it.status IN ('failed', 'retry');
             SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
               FROM queen.log_txns t
              WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
-             ORDER BY (t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)),
-                      CASE WHEN t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)
-                           THEN -t.msg_offset ELSE t.msg_offset END
+             ORDER BY (t.msg_offset < v_start),
+                      CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
              LIMIT 1;
             IF NOT FOUND THEN
-                r_error[it.ord] := format('message %s not found in partition %s', it.txn, k.pid);
+                r_error[it.ord] := format('transactionId %s is unresolvable in partition %s '
+                                          '(never pushed there, or its hash is gone): nothing changed',
+                                          it.txn, k.pid);
                 CONTINUE;
             END IF;
+            r_off[it.ord] := v_off;
+            r_msgid[it.ord] := v_msgid;
+            r_created[it.ord] := v_created;
 
             IF it.lease IS NOT NULL THEN
                 IF v_live AND c.lease_id = it.lease THEN
-                    IF v_off >= c.lease_end AND v_off >= c.cursor_offset AND NOT v_off = ANY (c.acked) THEN
+                    IF v_off >= c.lease_end AND v_off >= v_start THEN
                         r_error[it.ord] := 'message is not part of this lease';
                         CONTINUE;
                     END IF;
-                ELSIF c.released_lease_id = it.lease
-                      AND (v_off < c.cursor_offset OR v_off = ANY (c.acked)) THEN
-                    r_success[it.ord] := true;   -- resent after it applied: answered alike
-                    r_noop[it.ord] := true;
-                    CONTINUE;
-                ELSE
+                ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it.lease, false)
+                                                OR coalesce(c.released_lease_id = it.lease, false))) THEN
                     r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
                         ELSE 'lease is not held (expired or taken by another consumer)' END;
                     CONTINUE;
                 END IF;
+                -- (below the cursor under the row's last lease, released or run out with nobody
+                -- claiming since: only its holder committed it; a resent ack, answered as such)
             END IF;
 
-            IF v_off < c.cursor_offset OR v_off = ANY (c.acked) THEN
-                r_success[it.ord] := true;
-                r_noop[it.ord] := true;
-                CONTINUE;
-            END IF;
-
-            r_success[it.ord] := true;
-            IF it.status = 'failed' THEN
-                v_end_lease := true;
-                IF f_off IS NULL OR v_off < f_off THEN
-                    f_off := v_off; f_ord := it.ord; f_txn := it.txn; f_msgid := v_msgid;
-                    f_created := v_created; f_err := it.err;
+            IF v_off < v_start THEN
+                IF v_is_nack THEN
+                    r_error[it.ord] := format('offset %s is already committed (the cursor is at %s): '
+                                              'a nack cannot take it back', v_off, v_start);
+                ELSE
+                    r_success[it.ord] := true;
+                    r_noop[it.ord] := true;
                 END IF;
                 CONTINUE;
-            ELSIF it.status = 'retry' THEN
-                v_end_lease := true;
-                CONTINUE;
-            ELSIF it.status = 'dlq' THEN
-                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
-                                           message_id, transaction_id, error, attempts, created_at, failed_at)
-                VALUES (p_tenant, c.queue_id, k.pid, k.grp, v_off, v_msgid, it.txn, it.err,
-                        greatest(c.attempts, 1), v_created, v_now);
-                r_dlq[it.ord] := true;
             END IF;
-            -- completed, or dead-lettered: done for this group
-            c.acked := array_append(c.acked, v_off);
-            v_n := v_n + 1;
-            WHILE c.cursor_offset = ANY (c.acked) LOOP
-                c.acked := array_remove(c.acked, c.cursor_offset);
-                c.cursor_offset := c.cursor_offset + 1;
-            END LOOP;
+
+            v_pend := v_pend || it.ord;
+            IF v_is_nack THEN
+                v_nacks := v_nacks || v_off;
+                IF it.status = 'failed' AND (f_off IS NULL OR v_off < f_off) THEN
+                    f_off := v_off;
+                    f_ord := it.ord;
+                END IF;
+            ELSE
+                v_hi := greatest(v_hi, v_off);
+            END IF;
         END LOOP;
 
-        -- The retry budget is charged once per call, against the lowest failed message: it is the
-        -- one the redelivery starts from (everything after it comes back anyway).
-        IF f_off IS NOT NULL AND NOT (f_off < c.cursor_offset OR f_off = ANY (c.acked)) THEN
-            IF c.fail_offset = f_off THEN
-                c.failures := c.failures + 1;
-            ELSE
-                c.fail_offset := f_off;
-                c.failures := 1;
-            END IF;
-            IF c.failures > v_limit THEN
-                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
-                                           message_id, transaction_id, error, attempts, created_at, failed_at)
-                VALUES (p_tenant, c.queue_id, k.pid, k.grp, f_off, f_msgid, f_txn, f_err,
-                        c.failures, f_created, v_now);
-                r_dlq[f_ord] := true;
-                c.fail_offset := NULL;
-                c.failures := 0;
-                c.acked := array_append(c.acked, f_off);
-                v_n := v_n + 1;
-                WHILE c.cursor_offset = ANY (c.acked) LOOP
-                    c.acked := array_remove(c.acked, c.cursor_offset);
-                    c.cursor_offset := c.cursor_offset + 1;
-                END LOOP;
+        -- 2. where the cursor goes: through the highest completed offset, clamped at the lowest nack
+        v_new := coalesce(v_hi + 1, v_start);
+        v_next := (SELECT min(n) FROM unnest(v_nacks) AS n);
+        IF v_next IS NOT NULL THEN
+            v_new := v_next;
+            IF f_off = v_next THEN  -- the lowest nack is a `failed`: charge the budget once
+                IF c.fail_offset = f_off THEN
+                    c.failures := c.failures + 1;
+                ELSE
+                    c.fail_offset := f_off;
+                    c.failures := 1;
+                END IF;
+                IF c.failures > v_limit THEN
+                    INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
+                                               message_id, transaction_id, error, attempts, created_at, failed_at)
+                    VALUES (p_tenant, c.queue_id, k.pid, k.grp, f_off, r_msgid[f_ord], p_txn_ids[f_ord],
+                            p_errors[f_ord], c.failures, r_created[f_ord], v_now);
+                    r_dlq[f_ord] := true;
+                    v_dead := v_dead || f_off;
+                    c.fail_offset := NULL;
+                    c.failures := 0;
+                    -- done: the cursor moves on, up to the next nack
+                    v_new := greatest(f_off + 1, coalesce(v_hi + 1, 0));
+                    v_next := (SELECT min(n) FROM unnest(v_nacks) AS n WHERE n > f_off);
+                    IF v_next < v_new THEN
+                        v_new := v_next;
+                    END IF;
+                END IF;
             END IF;
         END IF;
-        IF c.fail_offset IS NOT NULL AND c.fail_offset < c.cursor_offset THEN
+
+        -- 3. answer the items that passed the checks; explicit dead letters under the new cursor
+        FOREACH o IN ARRAY v_pend LOOP
+            r_success[o] := true;
+            IF p_statuses[o] IN ('failed', 'retry') THEN
+                CONTINUE;
+            END IF;
+            IF r_off[o] >= v_new THEN
+                r_noop[o] := true;      -- above a nack: delivered again
+                CONTINUE;
+            END IF;
+            IF p_statuses[o] = 'dlq' AND NOT r_off[o] = ANY (v_dead) THEN
+                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
+                                           message_id, transaction_id, error, attempts, created_at, failed_at)
+                VALUES (p_tenant, c.queue_id, k.pid, k.grp, r_off[o], r_msgid[o], p_txn_ids[o], p_errors[o],
+                        greatest(c.attempts, 1), r_created[o], v_now);
+                r_dlq[o] := true;
+                v_dead := v_dead || r_off[o];
+            END IF;
+        END LOOP;
+
+        c.acked_total := c.acked_total + (v_new - v_start);
+        IF v_new > v_start THEN
+            v_new := queen._pass_over(k.pid, k.grp, v_new);
+        END IF;
+        IF c.fail_offset IS NOT NULL AND c.fail_offset < v_new THEN
             c.fail_offset := NULL;
             c.failures := 0;
         END IF;
-
-        IF c.lease_id IS NOT NULL AND v_live
-           AND (v_end_lease OR c.cursor_offset >= c.lease_end) THEN
+        IF v_live AND (cardinality(v_nacks) > 0 OR v_new >= c.lease_end) THEN
             c.released_lease_id := c.lease_id;
             c.lease_id := NULL;
             c.lease_expires_at := NULL;
             c.lease_end := NULL;
             r_released[v_last] := true;
         END IF;
-        IF c.cursor_offset >= c.delivered_end THEN
+        IF v_new >= c.delivered_end THEN
             c.attempts := 0;
         END IF;
         UPDATE queen.log_consumers lc
-           SET cursor_offset = c.cursor_offset,
-               acked = ARRAY(SELECT a FROM unnest(c.acked) AS a ORDER BY a),
+           SET cursor_offset = v_new,
                lease_id = c.lease_id, lease_expires_at = c.lease_expires_at, lease_end = c.lease_end,
                released_lease_id = c.released_lease_id,
                attempts = c.attempts, fail_offset = c.fail_offset, failures = c.failures,
-               acked_total = lc.acked_total + v_n
+               acked_total = c.acked_total
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp;
     END LOOP;
 
@@ -217,14 +287,22 @@ END;
 $$;
 
 -- queen.lease_extend_v1: renew every live lease under a lease id by its queue's leaseTime.
--- Called by: POST /api/v1/lease/{leaseId}/extend. Result: (renewed count, new expiry or NULL).
--- Locks: log_consumers rows FOR UPDATE (docs/locks.md #3), through the UPDATE.
+-- Called by: POST /api/v1/lease/{leaseId}/extend (queen_pg/engine/ack.py). Result: (renewed count,
+-- new expiry or NULL).
+-- Locks: (docs/locks.md #3) the lease's log_consumers rows FOR UPDATE in ascending (partition_id,
+-- group) order, the order ack_v1, seek and group delete use (a multi-partition lease renewed while it
+-- is acked must not take them the other way round); then the clock is read, after the last wait.
 CREATE OR REPLACE FUNCTION queen.lease_extend_v1(p_tenant text, p_lease_id uuid, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (renewed integer, expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_now timestamptz;
 BEGIN
+    PERFORM 1 FROM queen.log_consumers lc
+     WHERE lc.lease_id = p_lease_id AND lc.tenant = p_tenant
+     ORDER BY lc.partition_id, lc.consumer_group
+       FOR UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());
     RETURN QUERY
     WITH upd AS (
         UPDATE queen.log_consumers lc

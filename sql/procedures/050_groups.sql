@@ -4,8 +4,9 @@
 --   * Results are jsonb built for the HTTP answer. Timestamps are ISO-8601 UTC with microseconds
 --     ("2026-01-01T00:00:00.123456Z", queen._iso_utc); partition ids are strings, as in pop answers.
 --   * Queue mode is the group '__QUEUE_MODE__'; it is shown as "name": null, "queueMode": true.
---   * Lag of a (partition, group) = next_offset - cursor_offset (offsets acked out of order above the
---     cursor still count; they are bounded by the batch size). A lease is live when lease_id is set
+--   * Lag of a (partition, group) = next_offset - cursor_offset (an ack is an offset commit, WIRE.md
+--     §9.1; offsets the group passes over, queen.log_passes, count until the cursor passes them).
+--     `ackedAhead` is always [] since the offset-commit ack (kept for readers of the old shape). A lease is live when lease_id is set
 --     and lease_expires_at > coalesce(p_now, now()) (the reads, STABLE) or clock_timestamp() (the writes).
 --   * An unknown queue, group or partition is a result, not an exception:
 --     {"notFound": "queue"|"group"|"partition"} (get: NULL), which queen_pg/engine/groups.py turns
@@ -51,7 +52,7 @@
 --   the partition's segments; next_offset when none). 'timestamp': cursor = base_offset of the first
 --   segment with created_at >= ts (next_offset when none), never below the first retained offset.
 --   Since created_at rises with base_offset, replaying from ts re-delivers exactly the retained
---   messages written at or after ts. Every moved row is reset: acked '{}', lease and released lease
+--   messages written at or after ts. Every moved row is reset: lease and released lease
 --   cleared (a live lease is broken: its holder's acks are refused from now on), delivered_end = the
 --   new cursor, attempts 0, retry budget (fail_offset, failures) cleared. acked_total is kept.
 --   Result: {"success":true,"group","queueMode","queue","partition","target","timestamp",
@@ -132,7 +133,7 @@ LANGUAGE sql STABLE AS $$
                jsonb_build_object(
                    'partition', p.name, 'partitionId', lc.partition_id::text,
                    'cursor', lc.cursor_offset, 'nextOffset', p.next_offset,
-                   'lag', p.next_offset - lc.cursor_offset, 'ackedAhead', to_jsonb(lc.acked),
+                   'lag', p.next_offset - lc.cursor_offset, 'ackedAhead', '[]'::jsonb,
                    'leaseId', lc.lease_id, 'leaseExpiresAt', queen._iso_utc(lc.lease_expires_at),
                    'leaseEnd', lc.lease_end,
                    'leaseLive', lc.lease_id IS NOT NULL
@@ -307,7 +308,7 @@ BEGIN
          WHERE lc.queue_id = v_qid AND lc.consumer_group = p_group AND (v_pid IS NULL OR lc.partition_id = v_pid)
     ), moved AS (
         UPDATE queen.log_consumers lc
-           SET cursor_offset = t.new_cursor, acked = '{}',
+           SET cursor_offset = t.new_cursor,
                lease_id = NULL, lease_expires_at = NULL, lease_end = NULL, released_lease_id = NULL,
                delivered_end = t.new_cursor, attempts = 0, fail_offset = NULL, failures = 0
           FROM t

@@ -8,15 +8,23 @@
 --   (base_offset, dropped, codec, blob) so the broker can decode it. Locks: none (reads).
 --
 -- queen.dlq_requeue_v1(tenant, partition_id, txn_hash, message_id, now) -> jsonb
---   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry. Appends the newest dead
---   letter of that transactionId in that partition to the end of its partition as a new message
---   (same transactionId, new message id, payload from the DLQ row, written as a raw QPF1 frame,
---   codec 0), adds a hash row for the new offset (groups that have not settled the original still
---   resolve their acks to it: see log_txns), and deletes the partition's dead letters
---   of that message. Every group of the queue receives it again. Result: {"status": "requeued",
---   "offset", "messageId", "queue", "partition", "partitionId"} or {"status": "not_found"} or
---   {"status": "not_ready"} (payload not copied out yet: retry in a moment).
---   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE; log_dlq rows by DELETE.
+--   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry (queen_pg/engine/dlq.py).
+--   Appends the newest dead letter of that transactionId in that partition to the end of its
+--   partition as a new message with the same transactionId, for the consumer groups that
+--   dead-lettered it (the dead letters of that offset name them) and no other: every other cursor
+--   row of the partition gets a log_passes row for the new offset, so those groups pass over it
+--   (groups created later do receive it). The message: when the dlq_fill job has copied the payload
+--   out, a raw QPF1 frame (codec 0) with a new message id (p_message_id); before that (the requeue
+--   does not wait for the job), a copy of the segment that holds it with every other frame listed in
+--   `dropped`, so it keeps its message id. Adds a hash row for the new offset (groups that have not
+--   settled the original still resolve their acks to it: see log_txns) and deletes the partition's
+--   dead letters of that message. Result: {"status": "requeued", "offset", "messageId", "queue",
+--   "partition", "partitionId", "transactionId", "consumerGroups"} or {"status": "not_found"} or
+--   {"status": "not_ready"} (payload not copied out and its segment gone: the fill job will write
+--   JSON null shortly).
+--   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2); then KEY SHARE on the
+--   partition's other cursor rows (#3, the log_passes foreign key); log_dlq rows by DELETE. The clock
+--   is read after the partition lock.
 
 CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
     p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
@@ -59,11 +67,15 @@ CREATE OR REPLACE FUNCTION queen.dlq_requeue_v1(
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now   timestamptz;
-    d       queen.log_dlq%ROWTYPE;
-    p       record;
-    v_frame bytea;
-    v_off   bigint;
+    v_now     timestamptz;
+    d         queen.log_dlq%ROWTYPE;
+    p         record;
+    s         record;
+    v_groups  text[];
+    v_frames  integer;
+    v_index   integer;
+    v_msgid   uuid;
+    v_off     bigint;
 BEGIN
     SELECT dl.* INTO d FROM queen.log_dlq dl
       JOIN queen.log_txns t ON t.partition_id = dl.partition_id AND t.txn_hash = p_txn_hash
@@ -72,9 +84,6 @@ BEGIN
     IF NOT FOUND THEN
         RETURN jsonb_build_object('status', 'not_found');
     END IF;
-    IF d.payload IS NULL THEN
-        RETURN jsonb_build_object('status', 'not_ready');
-    END IF;
 
     SELECT lp.id, lp.name, lp.next_offset, lp.last_write_at, q.name AS qname INTO p
       FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
@@ -82,23 +91,56 @@ BEGIN
        FOR NO KEY UPDATE OF lp;
     -- Re-check under the partition lock: a concurrent requeue of the same dead letter may have won
     -- while we waited; it deleted the row, and appending again would deliver the message twice.
-    IF NOT EXISTS (SELECT 1 FROM queen.log_dlq dl WHERE dl.id = d.id) THEN
+    SELECT dl.* INTO d FROM queen.log_dlq dl WHERE dl.id = d.id;
+    IF NOT FOUND THEN
         RETURN jsonb_build_object('status', 'not_found');
     END IF;
     v_now := greatest(coalesce(p_now, clock_timestamp()), p.last_write_at);
     v_off := p.next_offset;
-    v_frame := queen._frame(p_message_id, coalesce(d.transaction_id, p_message_id::text),
-                            convert_to(d.payload::text, 'UTF8'));
-    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
-    VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0, v_frame);
+    v_groups := ARRAY(SELECT DISTINCT dl.consumer_group FROM queen.log_dlq dl
+                       WHERE dl.partition_id = p.id AND dl.msg_offset = d.msg_offset ORDER BY 1);
+
+    IF d.payload IS NOT NULL THEN
+        v_msgid := p_message_id;
+        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+        VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0,
+                queen._frame(v_msgid, coalesce(d.transaction_id, v_msgid::text), convert_to(d.payload::text, 'UTF8')));
+    ELSE
+        -- not copied out yet: the segment's frames as they are, all but this message's dropped
+        SELECT sg.base_offset, sg.end_offset, sg.dropped, sg.codec, sg.payload INTO s
+          FROM queen.log_segments sg
+         WHERE sg.partition_id = p.id AND sg.base_offset <= d.msg_offset
+         ORDER BY sg.base_offset DESC LIMIT 1;
+        IF NOT FOUND OR s.end_offset <= d.msg_offset THEN
+            RETURN jsonb_build_object('status', 'not_ready');
+        END IF;
+        v_frames := (s.end_offset - s.base_offset)::integer + coalesce(cardinality(s.dropped), 0);
+        SELECT f.i INTO v_index
+          FROM generate_series(0, v_frames - 1) AS f(i)
+         WHERE NOT f.i = ANY (coalesce(s.dropped, '{}'))
+         ORDER BY f.i OFFSET (d.msg_offset - s.base_offset) LIMIT 1;
+        v_msgid := coalesce(d.message_id, p_message_id);
+        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+        VALUES (p.id, v_off, v_off + 1, v_now,
+                ARRAY(SELECT f.i FROM generate_series(0, v_frames - 1) AS f(i) WHERE f.i <> v_index ORDER BY 1),
+                s.codec, s.payload);
+    END IF;
     INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
-    VALUES (p.id, p_txn_hash, v_off, p_message_id, v_now);
+    VALUES (p.id, p_txn_hash, v_off, v_msgid, v_now);
     UPDATE queen.log_partitions SET next_offset = v_off + 1, segments_total = segments_total + 1,
            last_write_at = v_now
      WHERE id = p.id;
+    -- only the groups that dead-lettered it receive it again
+    INSERT INTO queen.log_passes (partition_id, consumer_group, msg_offset)
+    SELECT lc.partition_id, lc.consumer_group, v_off
+      FROM queen.log_consumers lc
+     WHERE lc.partition_id = p.id AND NOT lc.consumer_group = ANY (v_groups)
+     ORDER BY lc.partition_id, lc.consumer_group;
     DELETE FROM queen.log_dlq WHERE partition_id = p.id AND msg_offset = d.msg_offset;
-    RETURN jsonb_build_object('status', 'requeued', 'offset', v_off, 'messageId', p_message_id,
+    RETURN jsonb_build_object('status', 'requeued', 'offset', v_off, 'messageId', v_msgid,
                               'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
-                              'transactionId', d.transaction_id);
+                              'transactionId', d.transaction_id,
+                              'consumerGroups', (SELECT jsonb_agg(nullif(g, '__QUEUE_MODE__') ORDER BY g)
+                                                   FROM unnest(v_groups) AS g));
 END;
 $$;

@@ -11,10 +11,17 @@
 --            p_timers + payloads/hashes/message ids: the validated timer ops, p_timer_base likewise.
 -- Result:  {"acks":[ack results], "pushes":[push results], "kv":[kv results], "timers":[timer results]},
 --          each in input order; the broker stitches them into the flat `results` list.
+-- Acks follow queen.ack_v1's offset-commit rules (WIRE.md §9.1): a completed ack commits the cursor
+--          through its offset, a nack clamps it and releases the lease, a completed ack below the
+--          cursor under its own lease (live, or released by the cursor row last) is noop=true.
 -- Rollback verdicts (queen._verdict, SQLSTATE QN000: the statement aborts, nothing is written):
---          rejected_ack   an ack's lease expired or moved to another worker, its message is already
---                         acked (other than by this very lease: a resent bundle passes this step), or
---                         a requiredLeases entry is neither live nor released by its own acks;
+--          rejected_ack   an ack's transactionId is unresolvable in its partition; its lease expired or
+--                         moved to another worker; a nack below the cursor ("already committed"); a
+--                         completed ack below the cursor WITHOUT a lease id ("already committed":
+--                         nothing proves that this worker is the one that committed it, and the
+--                         bundle's pushes and KV writes must not apply twice; with its lease it is a
+--                         noop and a resent bundle passes this step, its pushes decide); or a
+--                         requiredLeases entry is neither live nor released by its own acks;
 --          duplicate      a pushed transactionId is already in its partition's dedup window;
 --          kv_precondition a `required` KV condition failed (failedIndex, kvReason, version, value).
 --          Precedence follows the planning order: acks, then pushes, then KV, then timers.
@@ -24,16 +31,22 @@
 --          queues FOR UPDATE when a push creates a partition, log_partitions FOR NO KEY UPDATE
 --          (queen.push_v1), log_consumers FOR UPDATE NOWAIT ascending. Acks are pre-validated on an
 --          unlocked read BEFORE the pushes so that their verdict takes precedence, then validated
---          again under the row locks.
+--          again under the row locks. Time: p_now, or the clock read after each lock wait (after the
+--          key locks for the pre-validation; push_v1 gets p_now and reads it after its own locks;
+--          the ack re-validation and ack_v1 share one reading taken after the cursor rows' locks; KV
+--          and timers read it after that).
+
+DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
 
 CREATE OR REPLACE FUNCTION queen._tx_ack_refusal(
-    p_tenant text, p_pid bigint, p_hash uuid, p_lease uuid, p_group text, p_now timestamptz)
+    p_tenant text, p_pid bigint, p_hash uuid, p_lease uuid, p_group text, p_status text, p_now timestamptz)
 RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     c      queen.log_consumers%ROWTYPE;
     v_off  bigint;
     v_done boolean;
+    v_nack boolean := p_status IN ('failed', 'retry');
 BEGIN
     SELECT lc.* INTO c FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
      WHERE lc.partition_id = p_pid AND lc.consumer_group = p_group AND p.tenant = p_tenant;
@@ -42,22 +55,28 @@ BEGIN
     END IF;
     SELECT t.msg_offset INTO v_off FROM queen.log_txns t  -- resolved as ack_v1 does
      WHERE t.partition_id = p_pid AND t.txn_hash = p_hash
-     ORDER BY (t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)),
-              CASE WHEN t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked)
-                   THEN -t.msg_offset ELSE t.msg_offset END
+     ORDER BY (t.msg_offset < c.cursor_offset),
+              CASE WHEN t.msg_offset < c.cursor_offset THEN -t.msg_offset ELSE t.msg_offset END
      LIMIT 1;
     IF NOT FOUND THEN
-        RETURN 'message not found in the partition';
+        RETURN format('transactionId is unresolvable in partition %s (never pushed there, or its hash is gone)',
+                      p_pid);
     END IF;
-    v_done := v_off < c.cursor_offset OR v_off = ANY (c.acked);
+    v_done := v_off < c.cursor_offset;
     IF p_lease IS NULL THEN
-        RETURN CASE WHEN v_done THEN 'message is already acked' END;
+        RETURN CASE WHEN v_done THEN format('offset %s is already committed (the cursor is at %s)',
+                                            v_off, c.cursor_offset) END;
     END IF;
-    IF c.lease_id = p_lease AND c.lease_expires_at > p_now THEN
+    IF (c.lease_id = p_lease AND c.lease_expires_at > p_now)
+       OR (v_done AND (coalesce(c.lease_id = p_lease, false) OR coalesce(c.released_lease_id = p_lease, false))) THEN
+        -- its own lease: live; or, below the cursor, the row's last lease (released by its acks, or
+        -- run out with nobody claiming since): a resent bundle whose answer was lost, its pushes decide
+        -- (duplicate)
+        IF v_done AND v_nack THEN
+            RETURN format('offset %s is already committed (the cursor is at %s): a nack cannot take it back',
+                          v_off, c.cursor_offset);
+        END IF;
         RETURN CASE WHEN NOT v_done AND v_off >= c.lease_end THEN 'message is not part of this lease' END;
-    END IF;
-    IF c.released_lease_id = p_lease AND v_done THEN
-        RETURN NULL;  -- acked by this very lease: a resent bundle; its pushes decide (duplicate)
     END IF;
     RETURN CASE WHEN c.lease_id = p_lease THEN 'lease expired'
                 ELSE 'lease is not held (expired or taken by another consumer)' END;
@@ -125,7 +144,7 @@ BEGIN
     -- 1. acks and required leases, pre-validated (planning order: their verdict comes first)
     FOR i IN 1 .. v_nacks LOOP
         v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
-                                          p_ack_groups[i], v_now);
+                                          p_ack_groups[i], p_ack_statuses[i], v_now);
         IF v_reason IS NOT NULL THEN
             PERFORM queen._verdict('rejected_ack', jsonb_build_object(
                 'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
@@ -153,7 +172,7 @@ BEGIN
                          ORDER BY p.idx)
           INTO v_pushes
           FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
-                             p_item_msgid, v_now) AS p;
+                             p_item_msgid, p_now) AS p;  -- push_v1 reads the clock after its locks
         SELECT e.ord::integer AS ord, e.v INTO r
           FROM jsonb_array_elements(v_pushes) WITH ORDINALITY AS e(v, ord)
          WHERE e.v ->> 'status' = 'duplicate' ORDER BY e.ord LIMIT 1;
@@ -173,9 +192,10 @@ BEGIN
             ON lc.partition_id = k.pid AND lc.consumer_group = k.grp
          ORDER BY lc.partition_id, lc.consumer_group
            FOR UPDATE OF lc NOWAIT;
+        v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait (push_v1's partitions)
         FOR i IN 1 .. v_nacks LOOP
             v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
-                                              p_ack_groups[i], v_now);
+                                              p_ack_groups[i], p_ack_statuses[i], v_now);
             IF v_reason IS NOT NULL THEN
                 PERFORM queen._verdict('rejected_ack', jsonb_build_object(
                     'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
@@ -189,7 +209,21 @@ BEGIN
           INTO v_acks
           FROM queen.ack_v1(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
                             p_ack_statuses, array_fill(NULL::text, ARRAY[v_nacks]), v_now) AS a;
+        -- v_now: read after the cursor rows' locks (the last wait; ack_v1 takes them again without
+        -- waiting), the time the re-validation above judged the leases at: one verdict, one time
+        -- A safety net: an ack that ack_v1 refused never commits beside the bundle's other effects.
+        SELECT e.ord::integer AS ord, e.v INTO r
+          FROM jsonb_array_elements(v_acks) WITH ORDINALITY AS e(v, ord)
+         WHERE NOT (e.v ->> 'success')::boolean ORDER BY e.ord LIMIT 1;
+        IF FOUND THEN
+            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
+                'failedIndex', p_ack_index[r.ord], 'transactionId', p_ack_txns[r.ord],
+                'partitionId', p_ack_pids[r.ord]::text,
+                'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[r.ord],
+                                r.v ->> 'error')));
+        END IF;
     END IF;
+    v_now := coalesce(p_now, clock_timestamp());  -- for KV and timers: after every lock wait
 
     -- 4. KV, in order; a lost `required` condition rolls everything back
     FOR v_op, i IN SELECT e.v, e.ord::integer FROM jsonb_array_elements(coalesce(p_kv, '[]')) WITH ORDINALITY AS e(v, ord)

@@ -8,7 +8,7 @@
 --     backlog of a queue or partition = the largest lag of any of its groups (queue mode included); with
 --     no group yet, its retained messages (what a first consumer would receive).
 --   * inFlight = messages under a live lease (lease_expires_at > p_now) not yet acked:
---     lease_end - cursor_offset minus the offsets acked out of order inside the lease, summed.
+--     lease_end - cursor_offset, summed (offsets the group passes over inside the lease still count).
 --   * Queue mode is the group '__QUEUE_MODE__', shown as "name": null, "queueMode": true.
 --   * An unknown queue or group is a result: {"notFound": "queue"|"group"} (detail: NULL), turned into
 --     404 not_found by queen_pg/engine/admin.py. Inputs are validated by the broker first.
@@ -53,8 +53,7 @@ LANGUAGE sql STABLE AS $$
     ), cons AS (
         SELECT lc.consumer_group, p.next_offset - lc.cursor_offset AS lag,
                CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > p_now
-                    THEN greatest(lc.lease_end - lc.cursor_offset
-                                  - (SELECT count(*) FROM unnest(lc.acked) a WHERE a < lc.lease_end), 0)
+                    THEN greatest(lc.lease_end - lc.cursor_offset, 0)
                     ELSE 0 END AS in_flight
           FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
          WHERE lc.queue_id = p_queue_id
@@ -274,8 +273,7 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT max(page.next_offset - lc.cursor_offset) AS max_lag, count(*) AS groups,
                           sum(CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
-                                   THEN greatest(lc.lease_end - lc.cursor_offset
-                                                 - (SELECT count(*) FROM unnest(lc.acked) a WHERE a < lc.lease_end), 0)
+                                   THEN greatest(lc.lease_end - lc.cursor_offset, 0)
                                    ELSE 0 END) AS in_flight
                      FROM queen.log_consumers lc WHERE lc.partition_id = page.id) c
         )

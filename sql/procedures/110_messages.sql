@@ -15,7 +15,7 @@
 --   then per segment holding part of the page, in page order: partition id and name, the segment
 --   (base_offset, created_at, dropped, codec, payload), the part of it that matches [lo, hi), `skip`
 --   = how many matching messages come before this segment in the chosen order; and, when a group is
---   given, that group's cursor, offsets acked out of order, the end of its live lease (NULL when no
+--   given, that group's cursor, the offsets it passes over (log_passes), the end of its live lease (NULL when no
 --   live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a refusal, is
 --   one row with NULL segment columns.
 --   Cost: one pass over the index entries of the matching segments of the queue (for total and the
@@ -29,7 +29,7 @@
 --   'no_message', the queue and partition names, the offset and message id, the segment holding it,
 --   and `groups`: jsonb
 --   [{"name","queueMode","state","cursor"}] where state is 'dead' (a dead letter of that group exists
---   for the offset), 'consumed' (below the cursor or acked out of order), 'leased' (inside a live
+--   for the offset), 'consumed' (below the cursor, or an offset the group passes over), 'leased' (inside a live
 --   lease), else 'pending'; `dead`: the dead letters of the offset [{"consumerGroup","error",
 --   "attempts","failedAt"}]. Locks: none (reads).
 --
@@ -39,18 +39,19 @@
 --   windowBuffer, maxSize, retentionSeconds, completedRetentionSeconds, dedupWindowSeconds,
 --   encryptionEnabled}), and richer `groups`: one element per consumer group with a cursor on the
 --   partition, ordered by group name: {"group" (the stored name, '__QUEUE_MODE__' for queue mode),
---   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor
---   or acked out of order: an autoAck pop, a completed ack, a dead letter), "leaseExpiresAt" (ISO, the
---   live lease that holds the message unconsumed, else NULL), "deliveries" (times the group's current
---   delivery range was handed out when the message is in it, else NULL)}; `dead` adds "error" order
---   newest last. v1 stays one release for a rolling deploy. Locks: none (reads).
+--   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor:
+--   an autoAck pop, a completed ack, a dead letter; or an offset the group passes over, log_passes:
+--   an operator's dead letter or delete above the cursor), "leaseExpiresAt" (ISO, the live lease
+--   that holds the message unconsumed, else NULL), "deliveries" (times the group's current delivery
+--   range was handed out when the message is in it, else NULL)}; `dead` adds "error" order newest
+--   last. v1 stays one release for a rolling deploy. Locks: none (reads).
 --
 -- queen.message_delete_v1(tenant, partition_id, txn_hash, now) -> jsonb
 --   Called by: DELETE /api/v1/messages/{partitionId}/{transactionId}. A log cannot drop a message from
 --   its middle (offsets are gapless and a segment holds many messages), so "delete" means: the message
 --   (every message the transactionId names in the partition) is settled for every consumer group that
---   exists on the queue now (marked done as a completed ack would: acked_total counts it, a cursor moves
---   over it when it is next in line, a lease whose whole range is now done is released), its dead
+--   exists on the queue now and has not passed it (a log_passes row: acked_total counts it, a cursor
+--   moves over it when it is next in line, a lease whose whole range is now done is released), its dead
 --   letters are removed, and its transactionId hashes are dropped (it can no longer be acked, read or
 --   retried by transactionId, and a new push with the same transactionId is not a duplicate). The bytes stay in their segment until retention deletes the segment: a group
 --   created later from the first retained message, or a seek back, still reads it.
@@ -126,7 +127,10 @@ BEGIN
     )
     SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
            s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
-           lc.cursor_offset, lc.acked,
+           lc.cursor_offset,
+           ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
+                  WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
+                    AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi ORDER BY 1),
            CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > coalesce(p_now, now()) THEN lc.lease_end END,
            (SELECT array_agg(DISTINCT d.msg_offset) FROM queen.log_dlq d
              WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
@@ -181,7 +185,11 @@ BEGIN
                               WHEN EXISTS (SELECT 1 FROM queen.log_dlq d
                                             WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
                                               AND d.consumer_group = lc.consumer_group) THEN 'dead'
-                              WHEN t.msg_offset < lc.cursor_offset OR t.msg_offset = ANY (lc.acked) THEN 'consumed'
+                              WHEN t.msg_offset < lc.cursor_offset
+                                   OR EXISTS (SELECT 1 FROM queen.log_passes lp
+                                               WHERE lp.partition_id = p_partition_id
+                                                 AND lp.consumer_group = lc.consumer_group
+                                                 AND lp.msg_offset = t.msg_offset) THEN 'consumed'
                               WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
                                    AND t.msg_offset < lc.lease_end THEN 'leased'
                               ELSE 'pending' END) ORDER BY lc.consumer_group)
@@ -262,7 +270,11 @@ BEGIN
                                          AND d.consumer_group = lc.consumer_group) AS dead
                          FROM queen.log_consumers lc
                         CROSS JOIN LATERAL (
-                              SELECT (t.msg_offset < lc.cursor_offset OR t.msg_offset = ANY (lc.acked)) AS consumed) c
+                              SELECT (t.msg_offset < lc.cursor_offset
+                                      OR EXISTS (SELECT 1 FROM queen.log_passes ps
+                                                  WHERE ps.partition_id = p_partition_id
+                                                    AND ps.consumer_group = lc.consumer_group
+                                                    AND ps.msg_offset = t.msg_offset)) AS consumed) c
                         WHERE lc.partition_id = p_partition_id) g), '[]'::jsonb),
            coalesce((
                SELECT jsonb_agg(jsonb_build_object(
@@ -287,10 +299,10 @@ DECLARE
     p          record;
     v_offs     bigint[];
     v_off      bigint;
-    v_hit      boolean;
     c          record;
     v_cursor   bigint;
-    v_acked    bigint[];
+    v_hits     integer;
+    v_one      integer;
     v_settled  integer := 0;
     v_released integer := 0;
     v_dead     integer;
@@ -314,19 +326,16 @@ BEGIN
          ORDER BY lc.partition_id, lc.consumer_group
            FOR UPDATE
     LOOP
-        v_cursor := c.cursor_offset;
-        v_acked := c.acked;
-        v_hit := false;
+        v_hits := 0;
         FOREACH v_off IN ARRAY v_offs LOOP
-            CONTINUE WHEN v_off < v_cursor OR v_off = ANY (v_acked);
-            v_acked := array_append(v_acked, v_off);
-            v_hit := true;
+            CONTINUE WHEN v_off < c.cursor_offset;
+            INSERT INTO queen.log_passes (partition_id, consumer_group, msg_offset)
+            VALUES (c.partition_id, c.consumer_group, v_off) ON CONFLICT DO NOTHING;
+            GET DIAGNOSTICS v_one = ROW_COUNT;
+            v_hits := v_hits + v_one;
         END LOOP;
-        CONTINUE WHEN NOT v_hit;
-        WHILE v_cursor = ANY (v_acked) LOOP
-            v_acked := array_remove(v_acked, v_cursor);
-            v_cursor := v_cursor + 1;
-        END LOOP;
+        CONTINUE WHEN v_hits = 0;
+        v_cursor := queen._pass_over(c.partition_id, c.consumer_group, c.cursor_offset);
         v_settled := v_settled + 1;
         IF c.lease_id IS NOT NULL AND c.lease_expires_at > v_now AND v_cursor >= c.lease_end THEN
             v_released := v_released + 1;
@@ -336,14 +345,12 @@ BEGIN
         END IF;
         UPDATE queen.log_consumers lc
            SET cursor_offset = v_cursor,
-               acked = ARRAY(SELECT a FROM unnest(v_acked) AS a ORDER BY a),
                attempts = CASE WHEN v_cursor >= lc.delivered_end THEN 0 ELSE lc.attempts END,
                fail_offset = CASE WHEN lc.fail_offset < v_cursor OR lc.fail_offset = ANY (v_offs) THEN NULL
                                   ELSE lc.fail_offset END,
                failures = CASE WHEN lc.fail_offset < v_cursor OR lc.fail_offset = ANY (v_offs) THEN 0
                                ELSE lc.failures END,
-               acked_total = lc.acked_total + (cardinality(v_acked) - cardinality(c.acked))
-                             + (v_cursor - c.cursor_offset)
+               acked_total = lc.acked_total + v_hits
          WHERE lc.partition_id = c.partition_id AND lc.consumer_group = c.consumer_group;
     END LOOP;
 

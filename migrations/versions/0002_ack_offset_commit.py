@@ -1,0 +1,67 @@
+"""ack is an offset commit: drop log_consumers.acked, add log_passes, log_dlq without foreign keys
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-12-02
+
+* ``log_consumers.acked`` (offsets completed out of order above the cursor) goes: an ack commits the
+  cursor through its offset (WIRE.md §9.1), so a group's whole state in a partition is its cursor.
+  Offsets a group must pass over (a dead letter requeued for another group, a message deleted ahead of
+  the cursor) are rows of the new ``log_passes``. A cursor row that had offsets in ``acked`` keeps
+  them pending: they are delivered again (at-least-once), which is what the new rule would do too.
+* ``log_dlq`` loses its foreign key to ``log_partitions``: the ack inserts dead letters while it holds
+  cursor rows, and the FK's KEY SHARE on the partition row went against the lock order
+  (docs/locks.md); ``queen.delete_queue_v1`` deletes a queue's dead letters itself.
+
+Idempotent (see 0001_baseline.py): it may run after boot already made these changes, or before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.db.apply import sql_files
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0002"
+down_revision: str | Sequence[str] | None = "0001"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql(
+        """
+        DROP VIEW IF EXISTS queen.v_partitions CASCADE;  -- it read `acked`
+        ALTER TABLE queen.log_consumers DROP COLUMN IF EXISTS acked;
+        CREATE TABLE IF NOT EXISTS queen.log_passes (
+            partition_id        bigint NOT NULL,
+            consumer_group      text NOT NULL,
+            msg_offset          bigint NOT NULL,
+            CONSTRAINT log_passes_pkey PRIMARY KEY (partition_id, consumer_group, msg_offset),
+            CONSTRAINT log_passes_consumer_fkey FOREIGN KEY (partition_id, consumer_group)
+                REFERENCES queen.log_consumers (partition_id, consumer_group) ON DELETE CASCADE
+        );
+        ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_partition_id_fkey;
+        CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
+        """
+    )
+    # the views read the table: make them again as boot does (sql/procedures/090_views.sql)
+    for path in sql_files():
+        if path.name.startswith("090_views"):
+            execute_sql(path.read_text())
+
+
+def downgrade() -> None:
+    execute_sql(
+        """
+        DROP TABLE IF EXISTS queen.log_passes;
+        DROP INDEX IF EXISTS queen.log_dlq_partition_idx;
+        ALTER TABLE queen.log_consumers ADD COLUMN IF NOT EXISTS acked bigint[] NOT NULL DEFAULT '{}';
+        DELETE FROM queen.log_dlq d WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.id = d.partition_id);
+        ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_partition_id_fkey;
+        ALTER TABLE queen.log_dlq ADD CONSTRAINT log_dlq_partition_id_fkey
+            FOREIGN KEY (partition_id) REFERENCES queen.log_partitions (id) ON DELETE CASCADE;
+        """
+    )

@@ -1,0 +1,174 @@
+"""Request bodies: one declarative definition (a ``msgspec.Struct``) per body that both validates and
+documents.
+
+A route declares its body as a Struct beside it (constraints as ``msgspec.Meta``: lengths, patterns,
+ranges), reads it with :func:`read` (a cached ``msgspec.json.Decoder`` per type: one pass over the
+bytes, no per-item model objects) and documents it with ``docs.body(Struct)``, which puts the same
+Struct's JSON Schema (``msgspec.json.schema_components``) into ``/openapi.json``. What a schema cannot
+say (a byte limit, "exactly one of", one write per key) stays a check in the route, and the schema's
+description says it; the schema never claims valid what the route refuses by a rule it could express.
+
+Numbers: msgspec decodes integers of any size exactly and refuses ``1e999``; JSON that is stored
+(payloads, KV values, trace data, unknown queue options) goes through :func:`stored_json`, which
+refuses what could not come back exactly (integers beyond 64 bits, nesting past 254 levels, lone
+surrogates) and what PostgreSQL cannot hold (U+0000).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import cache
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import orjson
+from fastapi import Request
+
+from queen_pg.errors import BAD_JSON, BAD_REQUEST, ErrorKind, QueenError
+
+T = TypeVar("T")
+
+# Regexes are Python `re` (msgspec) and ECMA-262 (JSON Schema) alike.
+NO_CONTROL = r"^[^\x00-\x1f]*$"  # names: no C0 control character
+NO_CONTROL_OR_DEL = r"^[^\x00-\x1f\x7f]*$"  # a new transactionId: printable
+NO_NUL = r"^[^\x00]*$"  # any text that reaches PostgreSQL (text columns refuse U+0000)
+
+MAX_NAME = 255  # bytes of UTF-8; also checked by check_name (413 name_too_long)
+MAX_TXN_BYTES = 65_535  # a QPF1 frame stores the transactionId length in a u16
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+
+NAME_DOC = f"1-{MAX_NAME} bytes of UTF-8 (413 `name_too_long` above), no control characters"
+# The byte limit is check_name's (413 name_too_long, as for names in paths and query strings); the
+# schema states it as maxLength (characters, which JSON Schema counts).
+Name = Annotated[
+    str,
+    msgspec.Meta(min_length=1, pattern=NO_CONTROL, description=NAME_DOC, extra_json_schema={"maxLength": MAX_NAME}),
+]
+Text = Annotated[str, msgspec.Meta(pattern=NO_NUL, description="any text without U+0000")]
+NewTxnId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_TXN_BYTES,
+        pattern=NO_CONTROL_OR_DEL,
+        description=f"1-{MAX_TXN_BYTES} bytes of UTF-8, no control characters; minted when absent",
+    ),
+]
+TxnId = Annotated[str, msgspec.Meta(min_length=1, pattern=NO_NUL, description="a transactionId as a pop delivered it")]
+PartitionId = Annotated[
+    Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]{0,17}$")] | Annotated[int, msgspec.Meta(ge=1, le=INT64)],
+    msgspec.Meta(description="the partition's numeric id as a pop returned it (a string or an integer)"),
+]
+
+
+@cache
+def decoder(t: Any, strict: bool = True) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(t, strict=strict)
+
+
+def _decode(raw: bytes, t: Any) -> Any:
+    """Strict decoding, except that a number with an integral value (``5.0``) is an integer, as JSON
+    Schema says: only then is the body decoded again with msgspec's lax rules."""
+    try:
+        return decoder(t).decode(raw)
+    except msgspec.ValidationError as err:
+        text = str(err)
+        if "Expected `int" not in text or "got `float`" not in text:
+            raise
+        return decoder(t, False).decode(raw)
+
+
+def where(err: msgspec.ValidationError) -> tuple[str, str]:
+    """(path, message) of a msgspec error: ``Expected `int` - at `$.items[0].n``` ->
+    (``items[0].n``, ``Expected `int```); the path is ``body`` for the top level."""
+    text = str(err)
+    message, sep, at = text.rpartition(" - at `")
+    if not sep:
+        return "body", text
+    path = at.rstrip("`").removeprefix("$").lstrip(".")
+    return path or "body", message
+
+
+def decode(raw: bytes, t: type[T], *, kind: ErrorKind = BAD_REQUEST, **fields: Any) -> T:
+    """``raw`` as ``t``; malformed JSON is 400 ``bad_json``, a wrong shape 400 of ``kind`` naming the field."""
+    try:
+        value: T = _decode(raw, t)
+    except msgspec.ValidationError as err:
+        path, message = where(err)
+        raise QueenError(kind, detail=f"{path}: {message}", **fields) from None
+    except msgspec.DecodeError as err:
+        if kind is BAD_REQUEST:
+            raise QueenError(BAD_JSON, detail=str(err)) from None
+        raise QueenError(kind, detail=f"request body is not valid JSON: {err}", **fields) from None
+    return value
+
+
+async def read(request: Request, t: type[T], *, empty_ok: bool = False) -> T:
+    """The request body as ``t`` (an empty body reads as ``{}`` when ``empty_ok``, else a 400)."""
+    raw = await request.body()
+    if not raw.strip():
+        if not empty_ok:
+            raise QueenError(BAD_REQUEST, detail="request body is empty; a JSON object is required")
+        raw = b"{}"
+    return decode(raw, t)
+
+
+# U+0000 as orjson writes it, not preceded by an escaping backslash (`\\u0000` is the text "\u0000").
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def stored_json(value: Any, what: str, *, nul_ok: bool = False) -> bytes:
+    """``value`` as the JSON bytes to store, or 400: a value either comes back exactly or is refused.
+    ``nul_ok``: the caller stores text that jsonb refuses some other way (trace data)."""
+    try:
+        encoded = orjson.dumps(value)
+    except orjson.JSONEncodeError as err:
+        raise QueenError(
+            BAD_REQUEST,
+            detail=f"{what} cannot be stored exactly ({err}): integers must fit in 64 bits, nesting in 254 levels",
+        ) from None
+    if not nul_ok and has_nul(encoded):
+        raise QueenError(BAD_REQUEST, detail=f"{what} must not contain the character U+0000 (PostgreSQL refuses it)")
+    return encoded
+
+
+def has_nul(encoded: bytes) -> bool:
+    """Whether JSON text (as orjson writes it) holds U+0000 in a string or key."""
+    return b"\\u0000" in encoded and _NUL.search(encoded) is not None
+
+
+def decode_family(raw: bytes, t: type[T], kind: ErrorKind, *, owned: Callable[[str], bool] | None = None) -> T:
+    """``raw`` as ``t`` for the KV, locks and timers families: a refusal carries ``reason`` (a stable
+    id: ``bad_json``, ``bad_body``, ``missing_field``, ``unknown_field``, ``unknown_op``, ``too_long``,
+    ``too_many_ops``, ``too_many_keys``, ``server_owned``, ``bad_field``) and names the op and field."""
+    if not raw.strip():
+        raise QueenError(kind, detail='request body is empty; expected {"operations": [...]}', reason="bad_body")
+    try:
+        value: T = _decode(raw, t)
+    except msgspec.ValidationError as err:
+        path, message = where(err)
+        field = _FIELD.search(message)
+        reason = "bad_field"
+        if path == "body":
+            reason = "bad_body"
+        elif message.startswith("Object missing required field"):
+            reason = "missing_field"
+        elif message.startswith("Object contains unknown field"):
+            reason = "server_owned" if owned is not None and field and owned(field.group(1)) else "unknown_field"
+        elif message.startswith("Invalid value") and path.endswith(".op"):
+            reason = "unknown_op"
+        elif "`array` of length <=" in message:
+            reason = "too_many_keys" if path.endswith(".keys") else "too_many_ops"
+        elif "`str` of length <=" in message:
+            reason = "too_long"
+        if field and reason in ("missing_field", "unknown_field", "server_owned"):
+            path = f"{path}.{field.group(1)}"
+        raise QueenError(kind, detail=f"{path}: {message}", reason=reason) from None
+    except msgspec.DecodeError as err:
+        raise QueenError(kind, detail=f"request body is not valid JSON: {err}", reason="bad_json") from None
+    return value
+
+
+_FIELD = re.compile(r"field `([^`]*)`")
