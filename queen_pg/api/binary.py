@@ -12,6 +12,7 @@ as the producerSub (a client's frame carrying one is refused, never trusted). A 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from queen_pg.api.routes_metrics import count_push
 from queen_pg.engine import binary, push_binary
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
+from queen_pg.engine.fusion import Fuser, Lane
+from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.errors import BAD_BINARY, BODY_TOO_LARGE, QueenError
@@ -74,6 +77,38 @@ def _check_names(groups: list[binary.Group]) -> None:
             check_name("partition", g.partition)
 
 
+_lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group]]] = weakref.WeakKeyDictionary()
+
+
+def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
+    """The fusion lane of stored-as-is binary pushes (engine/fusion.py): concurrent bodies go in one
+    ``push_v1`` call when they name different partitions (a call appends one segment per partition),
+    results split back per body, each indexed from 0."""
+    lanes = _lanes.setdefault(fuser, {})
+    lane = lanes.get(ten)
+    if lane is None:
+
+        async def call(requests: list[list[binary.Group]]) -> list[list[dict[str, Any]]]:
+            results = await push_binary.push(fuser.db, ten, [g for req in requests for g in req])
+            out, at = [], 0
+            for req in requests:
+                n = sum(len(g.items) for g in req)
+                out.append([{**r, "index": i} for i, r in enumerate(results[at : at + n])])
+                at += n
+            return out
+
+        lane = lanes[ten] = Lane("push-binary", call, fuser.config)
+    return lane
+
+
+async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> list[dict[str, Any]]:
+    st = state(request)
+    fuser = st.fuser
+    if once is not None or fuser is None or not fuser.enabled:
+        return await push_binary.push(st.db, ten, groups, once)
+    return await _lane(fuser, ten).submit(groups, frozenset((g.queue, g.partition) for g in groups))
+
+
 async def push(request: Request) -> Response:
     """``POST /api/v1/push`` with a QPB1 body: the JSON push's answer (or, flag 2, its counts)."""
     st = state(request)
@@ -87,7 +122,7 @@ async def push(request: Request) -> Response:
     once = await request_once(request, "push")
     async with permit(request, "push"):
         if body.framed and push_binary.stored_as_is(ten, body.groups, sub):
-            results = await push_binary.push(st.db, ten, body.groups, once)
+            results = await _stored(request, ten, body.groups, once)
         else:
             items = push_binary.messages(body.groups, sub)
             results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
