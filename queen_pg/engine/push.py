@@ -24,6 +24,7 @@ class NewMessage:
     transaction_id: str | None
     trace_id: uuid.UUID | None
     producer_sub: str | None = None  # the pushing token's sub (JWT on); never taken from the body
+    message_id: uuid.UUID | None = None  # client-minted (binary push frames, engine/binary.py); None = mint
 
 
 @dataclass(slots=True)
@@ -52,7 +53,7 @@ def prepare(items: list[NewMessage]) -> PreparedPush:
         if g is None:
             g = groups[key] = len(groups)
             frames.append([])
-        mid = codec.uuid7()
+        mid = item.message_id or codec.uuid7()
         txn = item.transaction_id or str(mid)
         frames[g].append(codec.encode_frame(mid, txn, item.payload, item.trace_id, item.producer_sub))
         prepared.item_group.append(g + 1)

@@ -62,6 +62,8 @@ class TxBundle:
     kv: list[dict[str, Any]]
     timers: TxTimers
     slots: int  # acks + push items: the flat index of kv[0]
+    # the pushes already packed (a binary transaction's blobs stored as they came, engine/push_binary.py)
+    prepared: push_engine.PreparedPush | None = None
 
 
 def _refuse_ack(ack: TxAck, why: str) -> Verdict:
@@ -104,7 +106,7 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
                 {"leaseId": lease, "error": f"transaction rolled back: required lease {lease} is not held"},
             ) from None
     items = [p.item for p in tx.pushes]
-    prepared = push_engine.prepare(items)
+    prepared = tx.prepared or push_engine.prepare(items)
     txid = str(codec.uuid7())
     args = (
         tenant,
