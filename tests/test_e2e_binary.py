@@ -7,6 +7,7 @@ tests/test_e2e_client.py's, parametrized."""
 from __future__ import annotations
 
 import os
+import resource
 import struct
 import uuid
 from typing import Any
@@ -320,4 +321,21 @@ async def test_hostile_binary_bodies_beyond_the_limits(start_broker: Any, conn: 
         cut = encode_transaction_frames(b"{}", [PushBatch("h", "p", [b"1"], ["a"])])[:-3]
         r = await http.post("/api/v1/transaction", content=cut, headers=PUSH_TYPE)
         assert r.status_code == 400 and r.json()["code"] == "bad_binary" and r.json()["offset"] > 0, r.text
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_segments") == 0
+
+
+async def test_a_zstd_bomb_in_a_compressed_body_is_refused_without_inflating_it(start_broker: Any, conn: Any) -> None:
+    """Regression: flag 1 (the whole body zstd) decompressed everything before comparing with the
+    declared raw length: 32 KiB of zstd (1 GiB of zeros, no declared size) took 1 GiB of memory."""
+    broker = await start_broker()
+    z = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    chunk = bytes(1 << 20)
+    bomb = b"".join(z.compress(chunk) for _ in range(1024)) + z.flush()
+    body = b"QPB1" + bytes([1]) + (100).to_bytes(4, "little") + bomb  # flags=1, raw length 100
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        r = await http.post("/api/v1/push", content=body, headers=PUSH_TYPE)
+    assert r.status_code == 400 and r.json()["code"] == "bad_binary", r.text
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 256, f"the broker inflated the bomb: peak RSS grew {grown_mib:.0f} MiB"
     assert await conn.fetchval("SELECT count(*) FROM queen.log_segments") == 0

@@ -321,6 +321,11 @@ def parse_push(data: bytes, limit: int) -> Body:
         blob = data[inn.at :]
         dec = _decompressor.decompressobj()
         try:
+            # a bounded read first: a small frame of zeros may expand a thousandfold, and the frame
+            # need not declare its size, so never decompress more than raw_len + 1 bytes unchecked
+            with _decompressor.stream_reader(blob, read_across_frames=False) as head:
+                if len(head.read(raw_len + 1)) != raw_len:
+                    raise Malformed(inn.at, f"the zstd body does not decompress to {raw_len} bytes")
             raw = dec.decompress(blob)
         except zstandard.ZstdError as exc:
             raise Malformed(inn.at, f"bad zstd data ({exc})") from None
