@@ -70,8 +70,8 @@ class Conn:
             parts.append(data[:-2])
 
 
-def raw_request(method: str, path: str, body: bytes | None = None) -> bytes:
+def raw_request(method: str, path: str, body: bytes | None = None, ctype: bytes = b"application/json") -> bytes:
     head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n".encode()
     if body is None:
         return head + b"\r\n"
-    return head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    return head + b"Content-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (ctype, len(body), body)

@@ -11,10 +11,13 @@ from ``queen_pg`` and needs only the standard library, orjson and (optionally) u
 Actions (``spec["action"]``):
 - ``push``: ``clients`` connections each POST ``items`` items per request, for ``warmup`` + ``duration``
   seconds; rate = messages pushed per second in the measured window.
+  With ``binary``: QPB1 flag-8 bodies framed and zstd-compressed per request, as the official client's
+  ``binary_push`` + ``push_compression`` send them (``benchmarks/loadgen_binary.py``).
 - ``latency``: ``push`` with one client, sequential. Every push action reports p50/p99/max of the
   latencies of its measured requests.
 - ``consume``: for each consumer group in ``groups`` (``null`` = queue mode), ``consumers`` connections
-  loop pop ``batch`` (no wait) + ``/ack/batch``; rate = acknowledged deliveries per second. A group
+  loop pop ``batch`` (no wait) + ``/ack/batch``; rate = acknowledged deliveries per second. With
+  ``frames``: the pops ask for QPF1 and the answer is decoded as the official client's framed_pop does. A group
   that has acknowledged ``expect`` messages is drained: the window ends early when every group is.
 - ``fill``: push ``per_partition`` messages to each of ``partitions`` partitions, ``per_req`` per
   request (not timed work: set-up for the other actions).
@@ -36,6 +39,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from benchmarks.httpclient import Conn, HttpError, raw_request
+from benchmarks.loadgen_binary import ack_body_of_frames, binary_push_request
 from benchmarks.procstat import CpuWindow
 
 SEQ = b"@SEQ@@@@@@"  # 10 bytes, replaced by the zero-padded request sequence number
@@ -85,7 +89,8 @@ def push_template(spec: dict[str, Any], cid: int) -> bytes:
 
 
 async def push_client(conn: Conn, spec: dict[str, Any], cid: int, meter: Meter, deadline: float) -> None:
-    tpl = push_template(spec, cid)
+    binary = spec.get("binary", False)
+    tpl = b"" if binary else push_template(spec, cid)
     items, clients, partitions = spec["items"], spec["clients"], spec["partitions"]
     own = spec.get("partition_mode", "own") == "own"
     lat = meter.latencies
@@ -93,8 +98,11 @@ async def push_client(conn: Conn, spec: dict[str, Any], cid: int, meter: Meter, 
         if meter.stop:
             return
         part = cid % partitions if own else (cid + seq * clients) % partitions
-        raw = tpl.replace(SEQ, b"%010d" % seq).replace(PART, b"%05d" % part)
         t0 = time.perf_counter_ns()
+        if binary:  # framed and compressed per request, as the official client does (binary_push_request)
+            raw = binary_push_request(spec, cid, seq, part)
+        else:
+            raw = tpl.replace(SEQ, b"%010d" % seq).replace(PART, b"%05d" % part)
         try:
             status, body = await conn.request(raw)
         except HttpError as exc:
@@ -123,6 +131,9 @@ async def consume_client(
 ) -> None:
     q = quote(spec["queue"], safe="")
     path = f"/api/v1/pop/queue/{q}?batch={spec['batch']}&wait=false"
+    frames = spec.get("frames", False)
+    if frames:
+        path += "&frames=true"
     if group.name is not None:
         path += "&consumerGroup=" + quote(group.name, safe="")
     pop_raw = raw_request("GET", path)
@@ -142,16 +153,20 @@ async def consume_client(
                 else:
                     meter.error(f"pop {status}: {body[:300]!r}")
                 continue
-            msgs = orjson.loads(body).get("messages") or []
-            if not msgs:
+            if frames:
+                n, acks = ack_body_of_frames(body)
+            else:
+                msgs = orjson.loads(body).get("messages") or []
+                n = len(msgs)
+                acks = orjson.dumps(
+                    [
+                        {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
+                        for m in msgs
+                    ]
+                )
+            if not n:
                 await asyncio.sleep(0.002)
                 continue
-            acks = orjson.dumps(
-                [
-                    {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
-                    for m in msgs
-                ]
-            )
             ack_body = b'{"consumerGroup":%s,"acknowledgments":%s}' % (gname, acks)
             status, body = await conn.request(raw_request("POST", "/api/v1/ack/batch", ack_body))
             meter.reqs += 1
@@ -162,8 +177,8 @@ async def consume_client(
         if status != 200 or b'"success":false' in body:
             meter.error(f"ack {status}: {body[:300]!r}")
             continue
-        meter.count += len(msgs)
-        group.done += len(msgs)
+        meter.count += n
+        group.done += n
         if group.expect and group.done >= group.expect and all_done(spec):
             drained.set()
 

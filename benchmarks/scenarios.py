@@ -4,6 +4,9 @@ twice and returns the values its metrics read; ``run.py`` repeats runs and quote
 Shapes (the issue names the counts; the rest is chosen here and recorded in results.json):
 - push, 100 items/request, 32 clients: each client pushes to its own partition of one queue.
 - push, 1 item/request, 128 clients: each client pushes to its own partition of one queue.
+- binary push / framed pop + ack: the same shapes as push 100 and pop + ack, on the binary wire (WIRE §3)
+  as the official client's binary_push + push_compression / framed_pop send and read it; the load
+  generator frames, mints ids and compresses every request, and decompresses every answer, as that client.
 - pop + ack: 10 partitions pre-filled with 100 messages per push (100k in all, not timed); 10 queue-mode
   consumers loop pop ``batch=100`` (no wait) + one ``/ack/batch``; rate = acknowledged messages per s.
 - latency: one client, one item per push, sequential, each push waits for the previous answer.
@@ -112,6 +115,14 @@ def push_batch(ctx: Context, run: int) -> tuple[Values, Details]:
     return {"msg_s": _rate(r)}, r
 
 
+def push_batch_binary(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("push100b-", run)
+    spec = {"action": "push", "queue": q, "clients": 32, "items": 100, "partitions": 32, "binary": True}
+    r = ctx.measure(spec)
+    ctx.delete(q)
+    return {"msg_s": _rate(r)}, r
+
+
 def push_single(ctx: Context, run: int) -> tuple[Values, Details]:
     q = ctx.queue("push1-", run)
     r = ctx.measure({"action": "push", "queue": q, "clients": 128, "items": 1, "partitions": 128})
@@ -129,6 +140,16 @@ def pop_ack(ctx: Context, run: int) -> tuple[Values, Details]:
     q = ctx.queue("pop-", run)
     fill = _fill(ctx, q, 10, ctx.pop_prefill)
     spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100, "expect": fill["count"]}
+    r = ctx.measure(spec)
+    ctx.delete(q)
+    return {"msg_s": _rate(r)}, r | {"prefill": fill}
+
+
+def pop_ack_binary(ctx: Context, run: int) -> tuple[Values, Details]:
+    q = ctx.queue("popb-", run)
+    fill = _fill(ctx, q, 10, ctx.pop_prefill)
+    spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100, "expect": fill["count"],
+            "frames": True}  # fmt: skip
     r = ctx.measure(spec)
     ctx.delete(q)
     return {"msg_s": _rate(r)}, r | {"prefill": fill}
@@ -249,6 +270,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              (Metric("msg_s", "msg/s", 8_000),), push_single),
     Scenario("pop_ack", "pop 100 + batch ack, 10 consumers, 10 partitions pre-filled with 100k", "≥ 45,000 msg/s",
              (Metric("msg_s", "msg/s", 45_000),), pop_ack),
+    Scenario("push_batch100_binary", "binary push (QPB1 flag 8, zstd), 100 items/request, 32 clients",
+             "≥ 200,000 msg/s", (Metric("msg_s", "msg/s", 200_000),), push_batch_binary),
+    Scenario("pop_ack_binary", "framed pop (QPF1) 100 + batch ack, 10 consumers, 10 partitions pre-filled with 100k",
+             "≥ 100,000 msg/s", (Metric("msg_s", "msg/s", 100_000),), pop_ack_binary),
     Scenario("latency", "single push, 1 client, sequential", "p50 ≤ 2 ms, p99 ≤ 5 ms",
              (Metric("p50_ms", "ms", 2.0, "<="), Metric("p99_ms", "ms", 5.0, "<=")), latency),
     Scenario("fanout", "fan-out: 10 consumer groups reading one queue", "≥ 3× the single-group rate",

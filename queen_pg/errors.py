@@ -21,6 +21,8 @@ class ErrorKind:
 
 BAD_JSON = ErrorKind("bad_json", 400, "request body is not valid JSON: {detail}")
 BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
+# A malformed binary body (WIRE.md §3, queen_pg/engine/binary.py): the answer also carries `offset`.
+BAD_BINARY = ErrorKind("bad_binary", 400, "malformed binary body: {detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
 NOT_FOUND = ErrorKind("not_found", 404, "{detail}")
@@ -40,6 +42,7 @@ CATALOG: dict[str, ErrorKind] = {
     k.code: k
     for k in (BAD_JSON, BAD_REQUEST, NAME_TOO_LONG, BODY_TOO_LARGE, NOT_FOUND, RETRY, DB_UNAVAILABLE, INTERNAL)
 }
+CATALOG[BAD_BINARY.code] = BAD_BINARY
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
 # Timers family (WIRE.md §2.8, §4): rendered as {"error": code, "code", "reason", "detail"} by
@@ -104,6 +107,8 @@ class QueenError(Exception):
         out = {"error": str(self), "code": self.kind.code}
         if "request_id" in self.fields:
             out["requestId"] = str(self.fields["request_id"])
+        if "offset" in self.fields:
+            out["offset"] = self.fields["offset"]
         return out
 
     def headers(self) -> dict[str, str] | None:

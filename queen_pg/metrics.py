@@ -275,6 +275,12 @@ class Metrics:
         for queue, n in per_queue.items():
             self._child(self.popped, (tenant, queue)).inc(n)
 
+    def count_pop_claims(self, tenant: str, claimed: Iterable[tuple[str, str, int]]) -> None:
+        """A framed pop's count: (queue, partitionId, messages) per claimed partition."""
+        for queue, pid, n in claimed:
+            self._learn(pid, tenant, queue)
+            self._child(self.popped, (tenant, queue)).inc(n)
+
     def count_ack(self, items: Sequence[ack_engine.AckItem], results: Iterable[Mapping[str, Any]]) -> None:
         """Acks that applied (not refused, not a resend answered as ``noop``); results carry ``index``."""
         known = self._partition_queue

@@ -157,52 +157,40 @@ class _Guard:
             self._queen.begin_drain(len(self.tasks))
 
 
-if HttpToolsProtocol is not None:
+class _Guarded(_Guard):
+    """The protocol hooks, written once: listed before uvicorn's protocol class in the bases, so each
+    ``super()`` call reaches the httptools or h11 implementation."""
 
-    class QueenHttpToolsProtocol(HttpToolsProtocol, _Guard):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._guard_init(kwargs.get("app_state") or {})
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._guard_connected()
-
-        def data_received(self, data: bytes) -> None:
-            self._before_data()
-            super().data_received(data)
-            self._after_data()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head()
-            super().connection_lost(exc)
-
-        def shutdown(self) -> None:
-            self._drain()
-            super().shutdown()
-
-
-class QueenH11Protocol(H11Protocol, _Guard):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._guard_init(kwargs.get("app_state") or {})
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._guard_connected()
 
     def data_received(self, data: bytes) -> None:
         self._before_data()
-        super().data_received(data)
+        super().data_received(data)  # type: ignore[misc]
         self._after_data()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._drain()
-        super().shutdown()
+        super().shutdown()  # type: ignore[misc]
+
+
+if HttpToolsProtocol is not None:
+
+    class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
+        pass
+
+
+class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
+    pass
 
 
 AUTO_PROTOCOL = (  # an import string: spawned workers resolve it themselves

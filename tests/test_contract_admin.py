@@ -172,6 +172,52 @@ async def test_move_to_dlq_for_a_named_group_releases_a_lease_it_empties(
     assert (row["cursor_offset"], row["acked_total"]) == (1, 1)
 
 
+async def test_move_to_dlq_above_the_cursor_is_passed_over_not_committed_through(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """An ack is an offset commit (WIRE §9.1): dead-lettering t1 while g's cursor is at t0 must not
+    complete t0; g passes over t1 (a log_passes row), t1 reads as consumed for g, and a redelivery of
+    t0 skips t1."""
+    await push(http, "ma", [{"payload": i, "transactionId": f"t{i}"} for i in range(3)])
+    first = await pop(http, "ma", consumerGroup="g", batch=1)
+    (t0,) = first["messages"]
+    pid = t0["partitionId"]
+    r = await http.post(f"/api/v1/messages/{pid}/t1/dlq", params={"consumerGroup": "g"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["offset"], r.json()["leaseReleased"]) == (1, False)  # t0 is still pending under it
+    row = await conn.fetchrow("SELECT cursor_offset, lease_id FROM queen.log_consumers WHERE consumer_group='g'")
+    assert row["cursor_offset"] == 0 and row["lease_id"] is not None
+    assert await conn.fetch("SELECT consumer_group, msg_offset FROM queen.log_passes") == [("g", 1)]
+    detail = (await http.get(f"/api/v1/messages/{pid}/t1")).json()
+    assert detail["status"] == "dead_letter"
+    assert detail["consumerGroups"] == [{"name": "g", "consumed": True, "leaseExpiresAt": None}]
+    assert (await http.get(f"/api/v1/messages/{pid}/t0")).json()["consumerGroups"][0]["consumed"] is False
+    listed = (await http.get("/api/v1/messages", params={"queue": "ma", "consumerGroup": "g"})).json()
+    states = {m["transactionId"]: m["status"] for m in listed["messages"]}
+    assert states == {"t0": "leased", "t1": "dead", "t2": "pending"}
+    again = await http.post(f"/api/v1/messages/{pid}/t1/dlq", params={"consumerGroup": "g"})
+    assert again.status_code == 409 and "dead-lettered" in again.json()["error"]
+    # a nack of t0 redelivers t0, and the redelivery passes over t1
+    nack = await http.post(
+        "/api/v1/ack",
+        json={"transactionId": "t0", "partitionId": pid, "leaseId": t0["leaseId"], "consumerGroup": "g",
+              "status": "failed"},
+    )  # fmt: skip
+    assert nack.json()[0]["success"] is True
+    redo = await pop(http, "ma", consumerGroup="g", batch=10)
+    assert [m["transactionId"] for m in redo["messages"]] == ["t0", "t2"]
+    done = await http.post(
+        "/api/v1/ack/batch",
+        json={"acknowledgments": [
+            {"transactionId": t, "partitionId": pid, "leaseId": redo["messages"][0]["leaseId"],
+             "consumerGroup": "g", "status": "completed"} for t in ("t0", "t2")]},
+    )  # fmt: skip
+    assert all(a["success"] for a in done.json()), done.text
+    assert await conn.fetchval("SELECT cursor_offset FROM queen.log_consumers WHERE consumer_group='g'") == 3
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_passes") == 0
+    assert await pop(http, "ma", consumerGroup="g", batch=10) is None
+
+
 @pytest.mark.parametrize(
     ("path", "params", "status"),
     [
@@ -216,13 +262,17 @@ async def test_clear_drops_messages_keeps_queue_config_and_consistent_cursors(
     await pop(http, "cq", partition="p2", batch=1, autoAck=True)  # queue mode: b0 consumed
     (d,) = (await pop(http, "cq", consumerGroup="d", partition="p2", batch=1))["messages"]
     assert (await http.post(f"/api/v1/messages/{d['partitionId']}/b0/dlq?consumerGroup=d")).status_code == 200
+    # g passes over a2 (dead-lettered above its cursor while its lease holds a0, a1)
+    p1 = held["messages"][0]["partitionId"]
+    assert (await http.post(f"/api/v1/messages/{p1}/a2/dlq?consumerGroup=g")).status_code == 200
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_passes") == 1
 
     r = await http.delete("/api/v1/queues/cq/clear")
     assert r.status_code == 200, r.text
     res = r.json()
     assert (res["success"], res["status"], res["queue"], res["partition"]) == (True, "cleared", "cq", None)
-    assert (res["partitions"], res["messagesDropped"], res["deadLettersDropped"], res["leasesBroken"]) == (2, 5, 1, 1)
-    for table in ("log_segments", "log_txns", "log_dlq"):
+    assert (res["partitions"], res["messagesDropped"], res["deadLettersDropped"], res["leasesBroken"]) == (2, 5, 2, 1)
+    for table in ("log_segments", "log_txns", "log_dlq", "log_passes"):
         assert await conn.fetchval(f"SELECT count(*) FROM queen.{table}") == 0, table
     # the queue, its configuration, partitions and groups stay
     q = (await http.get("/api/v1/resources/queues/cq")).json()
@@ -232,7 +282,7 @@ async def test_clear_drops_messages_keeps_queue_config_and_consistent_cursors(
     # every cursor at the end, no lease: nothing pending for anyone
     bad = await conn.fetch(
         "SELECT c.* FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id "
-        "WHERE c.cursor_offset <> p.next_offset OR c.lease_id IS NOT NULL OR c.acked <> '{}' OR c.attempts <> 0"
+        "WHERE c.cursor_offset <> p.next_offset OR c.lease_id IS NOT NULL OR c.attempts <> 0"
     )
     assert bad == []
     for group in ("g", "d", None):

@@ -118,3 +118,26 @@ async def test_requeue_for_two_groups_that_both_dead_lettered_it(http: httpx.Asy
     for g in ("a", "b"):
         (again,) = (await pop(http, "tg", consumerGroup=g))["messages"]
         assert again["offset"] == 1 and (await ack(http, again, g))["success"] is True
+
+
+async def test_a_late_ack_from_another_group_never_lands_on_the_requeued_copy(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """Regression: after a requeue, another group's ack of that transactionId resolved to the copy (the
+    oldest occurrence at or above its cursor), an offset that group passes over, and committed its
+    cursor past messages it had not read."""
+    await push(http, "la", [{"payload": 0, "transactionId": "x"}])
+    (m,) = (await pop(http, "la", consumerGroup="other"))["messages"]
+    assert (await ack(http, m, "other"))["success"] is True  # `other` is done with x (cursor 1)
+    (m,) = (await pop(http, "la", consumerGroup="bad"))["messages"]
+    assert (await ack(http, m, "bad", "dlq"))["dlq"] is True
+    await push(http, "la", [{"payload": i, "transactionId": f"m{i}"} for i in (1, 2, 3)])
+    r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")
+    assert r.status_code == 200 and r.json()["offset"] == 4 and r.json()["consumerGroups"] == ["bad"]
+    late = {"transactionId": "x", "partitionId": m["partitionId"], "consumerGroup": "other"}  # no leaseId
+    r = await http.post("/api/v1/ack", json=late)
+    assert r.status_code == 200 and r.json()[0]["success"] is True and r.json()[0]["noop"] is True, r.text
+    cursor = "SELECT cursor_offset FROM queen.log_consumers WHERE consumer_group = 'other'"
+    assert await conn.fetchval(cursor) == 1  # not moved past m1..m3
+    got = (await pop(http, "la", consumerGroup="other", batch=10))["messages"]
+    assert [x["transactionId"] for x in got] == ["m1", "m2", "m3"]

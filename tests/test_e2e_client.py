@@ -1,4 +1,6 @@
-"""End to end with the official client, queen-mq 2.6.0, against a real broker over HTTP."""
+"""End to end with the official client, queen-mq 2.6.0, against a real broker over HTTP: once with the
+client's defaults (JSON), once with its three binary options (WIRE §3: QPB1 pushes with client-framed
+zstd groups, QTB1 transactions, QPF1 framed pops)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,18 @@ PARTITIONS = 10
 PER_PARTITION = 100
 
 
+BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
+
+
 @pytest.fixture(autouse=True)
 def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
+
+
+@pytest.fixture(params=["json", "binary"])
+def options(request: pytest.FixtureRequest) -> dict[str, bool]:
+    """The client's wire: its defaults, or every binary option on."""
+    return BINARY if request.param == "binary" else {}
 
 
 async def _fill(client: Queen, queue: str) -> None:
@@ -34,8 +45,10 @@ def _check_complete_and_ordered(seen: dict[int, list[int]]) -> None:
         assert got == list(range(PER_PARTITION)), f"partition p{p} out of order or incomplete"
 
 
-async def test_group_consume_with_manual_ack_delivers_each_once_in_order(broker: Broker) -> None:
-    async with Queen(broker.url) as client:
+async def test_group_consume_with_manual_ack_delivers_each_once_in_order(
+    broker: Broker, options: dict[str, bool]
+) -> None:
+    async with Queen(broker.url, **options) as client:
         await _fill(client, "e2e")
 
         seen: dict[int, list[int]] = defaultdict(list)
@@ -87,8 +100,8 @@ async def test_group_consume_with_manual_ack_delivers_each_once_in_order(broker:
         assert len(dups) == 1 and dups[0]["transactionId"] == "p3-7"
 
 
-async def test_client_single_pop_ack_and_renew(broker: Broker) -> None:
-    async with Queen(broker.url) as client:
+async def test_client_single_pop_ack_and_renew(broker: Broker, options: dict[str, bool]) -> None:
+    async with Queen(broker.url, **options) as client:
         await client.queue("one").create()
         await client.queue("one").push([{"data": {"x": 1}}])
         (m,) = await client.queue("one").batch(1).wait(False).pop()
@@ -100,8 +113,8 @@ async def test_client_single_pop_ack_and_renew(broker: Broker) -> None:
         await client.queue("one").delete()
 
 
-async def test_client_renew_lease_keeps_a_slow_handler_s_lease(broker: Broker, conn) -> None:  # type: ignore[no-untyped-def]
-    async with Queen(broker.url) as client:
+async def test_client_renew_lease_keeps_a_slow_handler_s_lease(broker: Broker, options: dict[str, bool], conn) -> None:  # type: ignore[no-untyped-def]
+    async with Queen(broker.url, **options) as client:
         await client.queue("slow").config({"lease_time": 1}).create()
         await client.queue("slow").push([{"data": {"job": 1}, "transactionId": "job-1"}])
         first_expiry = []
@@ -123,8 +136,8 @@ async def test_client_renew_lease_keeps_a_slow_handler_s_lease(broker: Broker, c
         assert await client.queue("slow").group("g").batch(1).wait(False).pop() == []
 
 
-async def test_client_failed_acks_reach_the_dlq(broker: Broker) -> None:
-    async with Queen(broker.url) as client:
+async def test_client_failed_acks_reach_the_dlq(broker: Broker, options: dict[str, bool]) -> None:
+    async with Queen(broker.url, **options) as client:
         await client.queue("flaky").config({"retry_limit": 1}).create()
         await client.queue("flaky").push([{"data": {"n": 7}, "transactionId": "n-7"}])
         seen: list[int] = []
@@ -143,8 +156,8 @@ async def test_client_failed_acks_reach_the_dlq(broker: Broker) -> None:
         assert await client.queue("flaky").group("g").batch(1).wait(False).pop() == []
 
 
-async def test_client_subscription_mode_new(broker: Broker) -> None:
-    async with Queen(broker.url) as client:
+async def test_client_subscription_mode_new(broker: Broker, options: dict[str, bool]) -> None:
+    async with Queen(broker.url, **options) as client:
         await client.queue("news").create()
         await client.queue("news").push([{"data": "old"}])
         assert await client.queue("news").group("late").subscription_mode("new").batch(5).wait(False).pop() == []

@@ -31,7 +31,14 @@ def haproxy() -> str:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "haproxy"], env=env, capture_output=True, check=False, timeout=300)
+        for step in ([], ["update"]):  # a clean machine may have no package lists yet
+            if step:
+                subprocess.run(["apt-get", *step], env=env, capture_output=True, check=False, timeout=300)
+            subprocess.run(
+                ["apt-get", "install", "-y", "haproxy"], env=env, capture_output=True, check=False, timeout=300
+            )
+            if shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin:/usr/bin"):
+                break
         found = shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin:/usr/bin")
         if found:
             return found

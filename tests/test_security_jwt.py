@@ -26,6 +26,7 @@ from queen import Queen
 from queen_pg.settings import Settings
 from tests.conftest import Broker
 from tests.helpers import until
+from tests.test_timers import op as timer_op
 
 SECRET = "s3cret-for-tests-0123456789-abcdefghij"  # >= 32 bytes
 ISS, AUD = "https://idp.test", "queen"
@@ -130,6 +131,28 @@ async def test_no_token_is_401_with_bearer_challenge(jwt_broker: Broker) -> None
         # an unknown path needs a token too (no route discovery without one)
         assert (await http.get("/api/v1/nope")).status_code == 401
         assert (await http.get("/api/v1/nope", headers=bearer(token("read-only")))).status_code == 404
+
+
+async def test_levels_hold_for_ids_with_slashes_and_unknown_writes_fail_closed(jwt_broker: Broker) -> None:
+    """Regression: routes whose last parameter takes slashes (timer targets are always queue/key,
+    transactionIds may hold `/`) were matched by no table entry, and an unmatched path fell back to
+    read-only: a read-only token could cancel timers and delete, requeue or dead-letter messages."""
+    rw, ro = token("read-write"), token("read-only")
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(rw)) as http:
+        r = await http.post("/api/v1/timers", json={"operations": [timer_op("tq", "k1", delay_ms=3_600_000)]})
+        assert r.status_code == 200, r.text
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(ro)) as http:
+        for method, path in [
+            ("DELETE", "/api/v1/timers/tq/k1"),
+            ("DELETE", "/api/v1/messages/1/a/b"),
+            ("POST", "/api/v1/messages/1/a/b/retry"),
+            ("POST", "/api/v1/messages/1/a/b/dlq"),
+            ("POST", "/api/v1/no/such/route"),
+        ]:
+            r = await http.request(method, path, json={})
+            assert r.status_code == 403, (method, path, r.status_code, r.text)
+        peek = await http.get("/api/v1/timers/tq/k1")  # a read stays a read
+        assert peek.status_code == 200 and peek.json()["found"] is True, peek.text  # and it was not cancelled
 
 
 async def test_read_only_token_cannot_push_but_can_read(jwt_broker: Broker) -> None:

@@ -19,9 +19,9 @@ def app_routes() -> set[tuple[str, str]]:
     app = create_app(Settings(database_url="postgresql://unused/x"))
     iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
     if iter_contexts is None:
-        pairs = [(r.path_format, r.methods) for r in app.routes]
+        pairs = [(r.path, r.methods) for r in app.routes]  # with :path converters
     else:
-        pairs = [(c.path_format, c.methods) for c in iter_contexts(app.routes)]
+        pairs = [(c.path, c.methods) for c in iter_contexts(app.routes)]
     return {(m, path) for path, methods in pairs for m in (methods or ()) if m != "HEAD"}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 from fastapi import Request
 
@@ -51,12 +50,12 @@ class ClientWatch:
                 await self._task
 
 
-async def run_pop(request: Request, req: pop_engine.PopRequest) -> dict[str, Any] | None:
+async def run_pop(request: Request, req: pop_engine.PopRequest) -> pop_engine.Answer | None:
     """``pop_engine.pop`` for a route: the pop family's permit, pop maintenance, and (with wait) the
     client watched for a disconnect."""
     st = state(request)
 
-    async def pop(watch: ClientWatch | None) -> dict[str, Any] | None:
+    async def pop(watch: ClientWatch | None) -> pop_engine.Answer | None:
         return await pop_engine.pop(
             st.db,
             st.waiters,

@@ -10,6 +10,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from queen_pg.api import binary
 from queen_pg.api import params as P
 from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, read, stored_json
 from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
@@ -22,6 +23,7 @@ from queen_pg.api.schemas import REQUEST_KEY, AckResult, LeaseAnswer, PopAnswer,
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
+from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.waiters import TooManyWaiters
 from queen_pg.errors import bad_request
 
@@ -118,11 +120,13 @@ def new_message(it: PushItem, where: str, producer: str | None = None) -> push_e
     description="One result per item, in the items' order. A transactionId already in the queue's dedup window "
     "is `status: duplicate` (201 all the same). 503 `maintenance` while push maintenance is on, 507 "
     "`storage_full` while storage is full, 429 `overloaded` when admission or the limiter is saturated.",
-    openapi_extra=body(PushBody, parameters=REQUEST_KEY),
+    openapi_extra=binary.documented(body(PushBody, parameters=REQUEST_KEY)),
     responses=answers({201: list[PushResult]}, 400, 413, 422, 429, 507),
 )
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
+    if binary.is_binary(request):
+        return await binary.push(request)  # QPB1 (WIRE §3.1)
     body = await read(request, PushBody)
     sub = producer_sub(request)
     items = [new_message(it, f"items.{i}", sub) for i, it in enumerate(body.items)]
@@ -177,7 +181,15 @@ LEASE_SECONDS = P.Param(
     1,
     MAX_LEASE_SECONDS,
 )
-_POP_COMMON = (BATCH, WAIT, TIMEOUT, GROUP, AUTOPILOT, PARTITIONS, AUTO_ACK, MODE, SUB_FROM, LEASE_SECONDS)
+FRAMES = P.Param(
+    "frames",
+    "answer 200 as the framed pop (QPF1, `application/x-queen-pop`, WIRE §3.3): the stored segments as they are "
+    "where the lease covers them whole, cut where it must (partial segments, dropped duplicates, offsets settled "
+    "out of order)",
+    "bool",
+    False,
+)
+_POP_COMMON = (BATCH, WAIT, TIMEOUT, GROUP, AUTOPILOT, PARTITIONS, AUTO_ACK, MODE, SUB_FROM, LEASE_SECONDS, FRAMES)
 POP_PARAMS = tuple(p.doc() for p in _POP_COMMON)
 POP_TAGGED_PARAMS = tuple(p.doc() for p in (NAMESPACE, TASK, *_POP_COMMON))
 
@@ -227,6 +239,7 @@ def _pop_request(request: Request, queue: str | None, partition: str | None) -> 
         subscription_from=sub_from,
         autopilot=autopilot,
         lease_seconds=LEASE_SECONDS.read(request),
+        frames=FRAMES.read(request),
     )
 
 
@@ -245,6 +258,8 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     count_pop(request, answer)
     if answer is None:
         return Response(status_code=204)
+    if isinstance(answer, FramedPop):
+        return binary.pop_response(answer)
     return json_response(answer)
 
 
@@ -253,7 +268,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     summary="Pop across the queues tagged with namespace/task (WIRE §2.2)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_TAGGED_PARAMS),
-    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
 async def pop_tagged(request: Request) -> Response:
     return await _pop(request, None, None)
@@ -264,7 +279,7 @@ async def pop_tagged(request: Request) -> Response:
     summary="Pop from a queue (WIRE §2.2)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_PARAMS),
-    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
 async def pop_queue(request: Request, queue: str) -> Response:
     return await _pop(request, queue, None)
@@ -275,7 +290,7 @@ async def pop_queue(request: Request, queue: str) -> Response:
     summary="Pop from one partition (WIRE §2.2)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_PARAMS),
-    responses=answers({200: PopAnswer, 204: None}, 400, 413, 429),
+    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
 async def pop_partition(request: Request, queue: str, partition: str) -> Response:
     return await _pop(request, queue, partition)

@@ -8,6 +8,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from queen_pg.api import binary
 from queen_pg.api.body import Name, Text, TxnId, decode
 from queen_pg.api.common import (
     check_name,
@@ -102,13 +103,21 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
     "index: operations (each ack and each push item one slot), then kv, then timers), `rejected_ack`, "
     "`duplicate`, `too_large`. 503 `maintenance` when it pushes under push maintenance, 507 `storage_full` "
     "when it pushes while storage is full.",
-    openapi_extra=body(TransactionRequest, parameters=REQUEST_KEY),
+    openapi_extra=binary.documented(body(TransactionRequest, parameters=REQUEST_KEY)),
     responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
 )
 async def transaction(request: Request) -> Response:
+    if binary.is_binary(request):  # QTB1 (WIRE §3.2): the JSON head, then framed pushes
+        head, framed = await binary.transaction_body(request)
+        return await _commit(request, head if head.strip() else b"{}", framed)
     raw = await request.body()
     if not raw.strip():
         raise bad_request("request body is empty; a JSON object is required")
+    return await _commit(request, raw, None)
+
+
+async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | None) -> Response:
+    """Run a transaction body; ``framed`` = a QTB1 body's pushes, after the head's operations."""
     body = decode(raw, TransactionRequest)
     acks: list[tx_engine.TxAck] = []
     pushes: list[tx_engine.TxPush] = []
@@ -127,6 +136,13 @@ async def transaction(request: Request) -> Response:
                 msg = new_message(item, f"operations.{n}.items.{i}", producer_sub(request))
                 pushes.append(tx_engine.TxPush(slot, msg))
                 slot += 1
+    packed = None
+    if framed is not None:
+        # the blobs as segments, unless the head pushes too (then every push is packed as JSON's are)
+        packed = None if pushes else framed.prepared
+        for msg in framed.items:
+            pushes.append(tx_engine.TxPush(slot, msg))
+            slot += 1
     riders: dict[str, Any] = msgspec.json.decode(raw) if (body.kv or body.timers) else {}
     kv_raw: list[Any] = riders.get("kv") or []  # as plain JSON (integers exact) for the semantic checks
     timers_raw: list[Any] = riders.get("timers") or []
@@ -145,11 +161,13 @@ async def transaction(request: Request) -> Response:
         timers = tx_engine.TxTimers(prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids)
     if pushes:
         refuse_when_storage_full(request)  # 507; a transaction of acks and KV still drains the backlog
-    bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot)
+    bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot, packed)
     once = await request_once(request, "transaction")  # a keyed transaction commits once
     async with permit(request, "transaction"):
         answer = await tx_engine.commit(st.db, tenant(request), bundle, once)
     ten = tenant(request)
     for q in {p.item.queue for p in pushes}:
         st.waiters.notify(ten, q)
+    if framed is not None and framed.counts_only:
+        answer = binary.counted(answer, len(acks) + len(pushes))
     return json_response(answer, headers=replay_headers(once))

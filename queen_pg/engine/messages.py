@@ -54,6 +54,8 @@ def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
 
 
 def _state(row: Record, off: int) -> str:
+    # consumed = below the group's cursor or passed over; the ``acked`` column of messages_list_v1
+    # carries the group's queen.log_passes offsets of the segment part (an ack is an offset commit)
     if off in (row["dead"] or ()):
         return "dead"
     cursor = row["cursor_offset"]

@@ -28,6 +28,7 @@ import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
+from queen_pg.engine.pop_frames import FramedPop, render_frames
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError
 from queen_pg.security import crypto
@@ -55,6 +56,10 @@ class PopRequest:
     subscription_from: datetime | None
     autopilot: bool
     lease_seconds: int | None = None  # None: the queue's leaseTime
+    frames: bool = False  # answer QPF1 (WIRE.md §3.3, queen_pg/engine/pop_frames.py) instead of JSON
+
+
+Answer = dict[str, Any] | FramedPop  # the JSON answer, or the framed one (``frames``)
 
 
 def iso_ms(ts: datetime) -> str:
@@ -167,7 +172,7 @@ def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
 
 async def _claim(
     db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None
-) -> tuple[dict[str, Any] | None, Claim | None]:
+) -> tuple[Answer | None, Claim | None]:
     lease_id = uuid.uuid4()
     rows = await db.fetch(
         POP_SQL,
@@ -190,8 +195,16 @@ async def _claim(
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
     got = None if req.auto_ack else _claimed(lease_id, rows)
+    v = crypto.vault(db)
     try:
-        answer = render(req, lease_id, rows, crypto.vault(db))
+        if req.frames:
+            lease = "" if req.auto_ack else str(lease_id)
+            # a broker holding keys opens sealed segments (clients refuse flag-4 frames); without keys
+            # nothing is sealed by it and segments ship as stored
+            shown = [crypto.opened_row(v, r) for r in rows] if v.can_open else rows
+            answer: Answer | None = render_frames(req.group is None, lease, req.group or "", req.autopilot, shown)
+        else:
+            answer = render(req, lease_id, rows, v)
     except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
         if got is not None:
             await release(db, tenant, req, got)
@@ -199,7 +212,7 @@ async def _claim(
     return answer, got
 
 
-async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> dict[str, Any] | None:
+async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> Answer | None:
     return (await _claim(db, tenant, req, waiters))[0]
 
 
@@ -230,7 +243,7 @@ async def pop(
     paused: Callable[[], bool] = lambda: False,
     wake: asyncio.Event | None = None,
     gone: Callable[[], bool] = lambda: False,
-) -> dict[str, Any] | None:
+) -> Answer | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
     (the pop family's concurrency limiter) is held around each claim only, never while parked;
     ``paused()`` (pop maintenance) is asked before every claim, so a parked pop claims nothing once

@@ -29,6 +29,7 @@ class NewMessage:
     transaction_id: str | None
     trace_id: uuid.UUID | None
     producer_sub: str | None = None  # the pushing token's sub (JWT on); never taken from the body
+    message_id: uuid.UUID | None = None  # client-minted (binary push frames, engine/binary.py); None = mint
 
 
 @dataclass(slots=True)
@@ -61,7 +62,7 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
             g = groups[key] = len(groups)
             frames.append([])
             prepared.sealed.append(vault is not None and vault.encrypted(tenant, item.queue))
-        mid = codec.uuid7()
+        mid = item.message_id or codec.uuid7()
         txn = item.transaction_id or str(mid)
         payload = item.payload
         if prepared.sealed[g]:

@@ -64,6 +64,8 @@ class TxBundle:
     kv: list[dict[str, Any]]
     timers: TxTimers
     slots: int  # acks + push items: the flat index of kv[0]
+    # the pushes already packed (a binary transaction's blobs stored as they came, engine/push_binary.py)
+    prepared: push_engine.PreparedPush | None = None
 
 
 def _refuse_ack(ack: TxAck, why: str) -> Verdict:
@@ -110,7 +112,12 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
     v = crypto.vault(db)
 
     async def attempt() -> tuple[Any, bool]:
-        prepared = push_engine.prepare(items, v, tenant)  # encrypted queues' payloads sealed (crypto.py)
+        # a binary transaction's blobs go as they are unless a queue is (believed) encrypted: then every
+        # push is packed as JSON's are, encrypted queues' payloads sealed (crypto.py)
+        if tx.prepared is not None and not any(v.encrypted(tenant, it.queue) for it in items):
+            prepared = tx.prepared
+        else:
+            prepared = push_engine.prepare(items, v, tenant)
         args = (
             tenant,
             pids,

@@ -85,6 +85,11 @@ class Vault:
     def can_seal(self) -> bool:
         return self._current is not None
 
+    @property
+    def can_open(self) -> bool:
+        """Any key (current or old): only then can a stored segment hold frames this broker may open."""
+        return bool(self._keys)
+
     def seal(self, plaintext: bytes) -> bytes:
         if self._current is None:
             raise QueenError(ENCRYPTION_KEY_MISSING, detail="this broker has no QUEEN_ENCRYPTION_KEY")
@@ -233,3 +238,11 @@ def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
         codec.encode_frame(f.message_id, f.transaction_id, opened(v, f), f.trace_id, f.producer_sub) for f in frames
     )
     return raw, codec.CODEC_RAW
+
+
+def opened_row(v: Vault, row: Any) -> Any:
+    """A pop_v1 row whose segment a framed pop may ship: its blob through :func:`opened_blob`."""
+    blob, codec_id = opened_blob(v, row["payload"], row["codec"])
+    if blob is row["payload"]:
+        return row
+    return {**dict(row), "payload": blob, "codec": codec_id}

@@ -52,8 +52,8 @@ ROUTES: dict[tuple[str, str], Level] = {
     ("POST", "/api/v1/kv"): R,
     ("POST", "/api/v1/locks"): W,
     ("POST", "/api/v1/timers"): W,
-    ("DELETE", "/api/v1/timers/{target}"): W,
-    ("GET", "/api/v1/timers/{target}"): R,
+    ("DELETE", "/api/v1/timers/{target:path}"): W,
+    ("GET", "/api/v1/timers/{target:path}"): R,
     ("POST", "/api/v1/traces"): W,
     # reads
     ("GET", "/api/v1/resources/overview"): R,
@@ -67,11 +67,11 @@ ROUTES: dict[tuple[str, str], Level] = {
     ("GET", "/api/v1/consumer-groups/lagging"): R,
     ("GET", "/api/v1/consumer-groups/{group}"): R,
     ("GET", "/api/v1/messages"): R,
-    ("GET", "/api/v1/messages/{partition_id}/{transaction_id}"): R,
+    ("GET", "/api/v1/messages/{partition_id}/{transaction_id:path}"): R,
     ("GET", "/api/v1/dlq"): R,
     ("GET", "/api/v1/traces/names"): R,
     ("GET", "/api/v1/traces/by-name/{name}"): R,
-    ("GET", "/api/v1/traces/{partition_id}/{transaction_id}"): R,
+    ("GET", "/api/v1/traces/{partition_id}/{transaction_id:path}"): R,
     ("GET", "/api/v1/system/maintenance"): R,
     ("GET", "/api/v1/system/maintenance/pop"): R,
     ("GET", "/api/v1/status"): R,
@@ -86,7 +86,7 @@ ROUTES: dict[tuple[str, str], Level] = {
     ("GET", "/api/v1/kv/keys"): R,
     # static files (the dashboard's code, Swagger UI): no data, served without a token (PUBLIC_PREFIXES)
     ("GET", "/"): R,
-    ("GET", "/dashboard/{name}"): R,
+    ("GET", "/dashboard/{name:path}"): R,
     ("GET", "/docs/assets/{name}"): R,
     ("GET", "/openapi.json"): R,
     ("GET", "/docs"): R,
@@ -94,9 +94,9 @@ ROUTES: dict[tuple[str, str], Level] = {
     # admin
     ("DELETE", "/api/v1/resources/queues/{queue}"): A,
     ("DELETE", "/api/v1/queues/{queue}/clear"): A,
-    ("DELETE", "/api/v1/messages/{partition_id}/{transaction_id}"): A,
-    ("POST", "/api/v1/messages/{partition_id}/{transaction_id}/retry"): A,
-    ("POST", "/api/v1/messages/{partition_id}/{transaction_id}/dlq"): A,
+    ("DELETE", "/api/v1/messages/{partition_id}/{transaction_id:path}"): A,
+    ("POST", "/api/v1/messages/{partition_id}/{transaction_id:path}/retry"): A,
+    ("POST", "/api/v1/messages/{partition_id}/{transaction_id:path}/dlq"): A,
     ("DELETE", "/api/v1/consumer-groups/{group}"): A,
     ("DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}"): A,
     ("POST", "/api/v1/consumer-groups/{group}/queues/{queue}/seek"): A,
@@ -126,7 +126,8 @@ class RouteTable:
         self._by_method = by_method
 
     def level(self, method: str, path: str) -> Level | None:
-        """The route's level, or None when no entry matches (the router answers 404/405)."""
+        """The route's level, or None when no entry matches (the router answers 404/405). Entries keep
+        their ``:path`` converters, so a transactionId or timer key with a ``/`` matches its route."""
         for regex, level in self._by_method.get("GET" if method == "HEAD" else method, ()):
             if regex.match(path):
                 return level

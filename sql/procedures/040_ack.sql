@@ -149,6 +149,11 @@ BEGIN
             SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
               FROM queen.log_txns t
              WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
+               -- a copy this group passes over (a dead letter requeued for another group) is never
+               -- this group's message: resolving to it would commit past messages nobody read
+               AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps
+                                WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp
+                                  AND ps.msg_offset = t.msg_offset)
              ORDER BY (t.msg_offset < v_start),
                       CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
              LIMIT 1;

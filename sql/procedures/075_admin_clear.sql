@@ -5,31 +5,37 @@
 --   (queen_pg/engine/admin_moves.py). Dead-letters the message for ONE consumer group: the one named,
 --   else queue mode ('__QUEUE_MODE__'). A dead letter belongs to a group in this log (each group has
 --   its own cursor and retry budget), so other groups are not touched: they still read the message.
---   The message is the one an ack of that transactionId by that group would resolve to: the oldest
---   one the group has not settled, else the newest.
---   Effect, as an ack with status `dlq` would have: a log_dlq row (transaction_id = p_txn, the text
---   whose hash is p_txn_hash; error = p_error; attempts = the
---   deliveries of the group's current range when the message is in it, else 0; payload NULL, filled by
---   the dlq_fill job), the message settled for the group (added to `acked`, the cursor moved over it
---   when it is next in line; acked_total + 1), the retry budget cleared when it was spent on this
---   message. A live lease that holds the message stays; its holder's later ack of this message is a
---   no-op; a lease whose whole range is now settled is released (released_lease_id, as an ack does).
+--   "Consumed" for the group (WIRE §9.1, an ack is an offset commit) = below its cursor, or an offset
+--   it passes over (a queen.log_passes row). The message is the one the group has not consumed among
+--   those the transactionId names (the oldest), else the newest.
+--   Effect, as an ack with status `dlq` would write it: a log_dlq row (transaction_id = p_txn, the text
+--   whose hash is p_txn_hash; error = p_error; attempts = the deliveries of the group's current range
+--   when the message is in it, else 0; payload NULL, filled by the dlq_fill job); then the group passes
+--   over the message: at the cursor, the cursor moves past it and past the log_passes offsets that
+--   follow (queen._pass_over); above the cursor, a log_passes row (the messages before it stay
+--   pending, nothing is committed through it; pop and ack pass over it when the cursor gets there).
+--   acked_total + 1; the retry budget cleared when it was spent on this message. A lease whose whole
+--   range is now behind the cursor (only settled messages) is released (released_lease_id, as an ack
+--   does); a live lease that still holds pending messages stays: its holder's later ack of this
+--   message is an ordinary one (a completed ack commits the cursor through it; a nack of it clamps the
+--   cursor at it and the next claim passes over it).
 --   Result: {"status": "moved", "queue", "partition", "partitionId", "consumerGroup" (NULL for queue
 --   mode), "queueMode", "offset", "messageId", "leaseReleased"}; or {"status": "no_partition" |
 --   "no_group" (the group has no cursor on the partition) | "no_message" | "already_dead" (the group
---   dead-lettered it before: nothing written) | "already_consumed" (the group completed it: nothing
+--   dead-lettered it before: nothing written) | "already_consumed" (the group consumed it: nothing
 --   written), "offset"?}.
---   Locks (docs/locks.md): the log_partitions row FOR KEY SHARE (#2; taken first so that the log_dlq
---   insert's foreign-key check never waits on it while the cursor row is held; KEY SHARE does not wait
---   for pushes), then the group's log_consumers row FOR UPDATE (#3).
+--   Locks (docs/locks.md): the group's log_consumers row FOR UPDATE (#3); under it the log_dlq insert
+--   (no foreign keys: no lock on the partition or queue row, as in ack_v1) and the log_passes insert
+--   (KEY SHARE on that same cursor row, already held). The partition row is read, not locked.
 --
 -- queen.queue_clear_v1(tenant, queue, partition, now) -> jsonb
 --   Called by: DELETE /api/v1/queues/{queue}/clear[?partition=p]. Drops every message of the queue (or
 --   of one partition): its segments, its transactionId hashes and its dead letters. The queue, its
 --   configuration, its partitions and its consumer groups stay. Offsets are never reused: each
---   partition keeps next_offset, and every cursor of every group moves to it (acked '{}', delivered_end
---   = next_offset, attempts and retry budget cleared, acked_total kept), so each group has nothing
---   pending and reads what is pushed from now on. Leases are broken: lease and released lease cleared;
+--   partition keeps next_offset, and every cursor of every group moves to it (delivered_end =
+--   next_offset, attempts and retry budget cleared, acked_total kept) and the log_passes rows of those
+--   cursors are deleted (all below the new cursor), so each group has nothing pending and reads what
+--   is pushed from now on. Leases are broken: lease and released lease cleared;
 --   a holder's later ack of a dropped message finds no transactionId (success false) and changes
 --   nothing. Pending timers of the queue are not messages yet and stay; traces stay until their
 --   retention.
@@ -38,7 +44,8 @@
 --   {"status": "no_queue" | "no_partition"}.
 --   Locks (docs/locks.md): the queue row FOR UPDATE (#1: no partition or group is created meanwhile),
 --   the partitions FOR NO KEY UPDATE ascending id (#2: the push write lock), their log_consumers rows
---   FOR UPDATE ascending (partition_id, group) (#3); then segments, hashes and dead letters deleted.
+--   FOR UPDATE ascending (partition_id, group) (#3); then segments, hashes, dead letters and the
+--   cursors' log_passes rows deleted.
 --   Cost: one delete per table over the queue's rows; the call holds the queue's push lock meanwhile.
 --
 -- Errors: none of their own; refusals are results, which the broker maps to 404/409.
@@ -54,13 +61,11 @@ DECLARE
     c          record;
     t          record;
     v_cursor   bigint;
-    v_acked    bigint[];
     v_released boolean := false;
 BEGIN
     SELECT lp.id, lp.name, q.name AS qname INTO p
       FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
-     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant
-       FOR KEY SHARE OF lp;
+     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant;
     IF NOT FOUND THEN
         RETURN jsonb_build_object('status', 'no_partition');
     END IF;
@@ -72,17 +77,20 @@ BEGIN
     END IF;
     v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait
 
-    SELECT lt.msg_offset, lt.message_id, lt.created_at INTO t
+    SELECT lt.msg_offset, lt.message_id, lt.created_at, x.consumed INTO t
       FROM queen.log_txns lt
+     CROSS JOIN LATERAL (
+           SELECT lt.msg_offset < c.cursor_offset
+                  OR EXISTS (SELECT 1 FROM queen.log_passes ps
+                              WHERE ps.partition_id = p_partition_id AND ps.consumer_group = p_group
+                                AND ps.msg_offset = lt.msg_offset) AS consumed) x
      WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash
-     ORDER BY (lt.msg_offset < c.cursor_offset OR lt.msg_offset = ANY (c.acked)),
-              CASE WHEN lt.msg_offset < c.cursor_offset OR lt.msg_offset = ANY (c.acked)
-                   THEN -lt.msg_offset ELSE lt.msg_offset END
+     ORDER BY x.consumed, CASE WHEN x.consumed THEN -lt.msg_offset ELSE lt.msg_offset END
      LIMIT 1;
     IF NOT FOUND THEN
         RETURN jsonb_build_object('status', 'no_message');
     END IF;
-    IF t.msg_offset < c.cursor_offset OR t.msg_offset = ANY (c.acked) THEN
+    IF t.consumed THEN
         RETURN jsonb_build_object(
             'status', CASE WHEN EXISTS (SELECT 1 FROM queen.log_dlq d
                                          WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
@@ -93,20 +101,20 @@ BEGIN
 
     INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset, message_id,
                                transaction_id, error, attempts, created_at, failed_at)
-    SELECT p_tenant, c.queue_id, p_partition_id, p_group, t.msg_offset, t.message_id, p_txn, p_error,
-           CASE WHEN t.msg_offset < c.delivered_end THEN c.attempts ELSE 0 END, t.created_at, v_now;
+    VALUES (p_tenant, c.queue_id, p_partition_id, p_group, t.msg_offset, t.message_id, p_txn, p_error,
+            CASE WHEN t.msg_offset < c.delivered_end THEN c.attempts ELSE 0 END, t.created_at, v_now);
 
-    v_cursor := c.cursor_offset;
-    v_acked := array_append(c.acked, t.msg_offset);
-    WHILE v_cursor = ANY (v_acked) LOOP
-        v_acked := array_remove(v_acked, v_cursor);
-        v_cursor := v_cursor + 1;
-    END LOOP;
+    IF t.msg_offset = c.cursor_offset THEN
+        v_cursor := queen._pass_over(p_partition_id, p_group, t.msg_offset + 1);
+    ELSE  -- above the cursor: passed over when the cursor gets there
+        INSERT INTO queen.log_passes (partition_id, consumer_group, msg_offset)
+        VALUES (p_partition_id, p_group, t.msg_offset);
+        v_cursor := c.cursor_offset;
+    END IF;
     v_released := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now AND v_cursor >= c.lease_end;
 
     UPDATE queen.log_consumers lc
        SET cursor_offset = v_cursor,
-           acked = ARRAY(SELECT a FROM unnest(v_acked) AS a ORDER BY a),
            acked_total = lc.acked_total + 1,
            attempts = CASE WHEN v_cursor >= lc.delivered_end THEN 0 ELSE lc.attempts END,
            fail_offset = CASE WHEN lc.fail_offset = t.msg_offset OR lc.fail_offset < v_cursor THEN NULL
@@ -166,8 +174,9 @@ BEGIN
     DELETE FROM queen.log_txns t WHERE t.partition_id = ANY (v_pids);
     DELETE FROM queen.log_dlq d WHERE d.partition_id = ANY (v_pids);
     GET DIAGNOSTICS v_dead = ROW_COUNT;
+    DELETE FROM queen.log_passes ps WHERE ps.partition_id = ANY (v_pids);
     UPDATE queen.log_consumers lc
-       SET cursor_offset = p.next_offset, acked = '{}',
+       SET cursor_offset = p.next_offset,
            lease_id = NULL, lease_expires_at = NULL, lease_end = NULL, released_lease_id = NULL,
            delivered_end = p.next_offset, attempts = 0, fail_offset = NULL, failures = 0
       FROM queen.log_partitions p

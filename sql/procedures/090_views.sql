@@ -12,8 +12,8 @@
 -- payloads shown here are the dead letters' `payload` column of v_dlq, when the broker filled it.
 --
 -- Conventions: queue mode (the group '__QUEUE_MODE__') shows as consumer_group NULL, queue_mode true.
--- lag = next_offset - cursor_offset (messages not yet done for the group; offsets acked out of order
--- above the cursor still count). A lease is live while lease_expires_at > now() (the transaction's
+-- lag = next_offset - cursor_offset (messages not yet done for the group; offsets it passes over,
+-- queen.log_passes, above the cursor still count). A lease is live while lease_expires_at > now() (the transaction's
 -- start time). The counts are exact and computed on each read: on very large queues v_queues
 -- (retained_segments counts segment rows) is a scan, so filter by queue when it matters.
 --

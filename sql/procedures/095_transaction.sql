@@ -55,6 +55,9 @@ BEGIN
     END IF;
     SELECT t.msg_offset INTO v_off FROM queen.log_txns t  -- resolved as ack_v1 does
      WHERE t.partition_id = p_pid AND t.txn_hash = p_hash
+       AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps  -- never a copy this group passes over
+                        WHERE ps.partition_id = p_pid AND ps.consumer_group = p_group
+                          AND ps.msg_offset = t.msg_offset)
      ORDER BY (t.msg_offset < c.cursor_offset),
               CASE WHEN t.msg_offset < c.cursor_offset THEN -t.msg_offset ELSE t.msg_offset END
      LIMIT 1;

@@ -8,7 +8,7 @@
 --     backlog of a queue or partition = the largest lag of any of its groups (queue mode included); with
 --     no group yet, its retained messages (what a first consumer would receive).
 --   * inFlight = messages under a live lease (lease_expires_at > p_now) not yet acked:
---     lease_end - cursor_offset minus the offsets acked out of order inside the lease, summed.
+--     lease_end - cursor_offset, summed (offsets the group passes over inside the lease still count).
 --   * Queue mode is the group '__QUEUE_MODE__', shown as "name": null, "queueMode": true.
 --   * An unknown queue or group is a result: {"notFound": "queue"|"group"} (detail: NULL), turned into
 --     404 not_found by queen_pg/engine/admin.py. Inputs are validated by the broker first.

@@ -39,11 +39,12 @@
 --   windowBuffer, maxSize, retentionSeconds, completedRetentionSeconds, dedupWindowSeconds,
 --   encryptionEnabled}), and richer `groups`: one element per consumer group with a cursor on the
 --   partition, ordered by group name: {"group" (the stored name, '__QUEUE_MODE__' for queue mode),
---   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor
---   or acked out of order: an autoAck pop, a completed ack, a dead letter), "leaseExpiresAt" (ISO, the
---   live lease that holds the message unconsumed, else NULL), "deliveries" (times the group's current
---   delivery range was handed out when the message is in it, else NULL)}; `dead` adds "error" order
---   newest last. v1 stays one release for a rolling deploy. Locks: none (reads).
+--   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor:
+--   an autoAck pop, a completed ack, a dead letter; or an offset the group passes over, log_passes:
+--   an operator's dead letter or delete above the cursor), "leaseExpiresAt" (ISO, the live lease
+--   that holds the message unconsumed, else NULL), "deliveries" (times the group's current delivery
+--   range was handed out when the message is in it, else NULL)}; `dead` adds "error" order newest
+--   last. v1 stays one release for a rolling deploy. Locks: none (reads).
 --
 -- queen.message_delete_v1(tenant, partition_id, txn_hash, now) -> jsonb
 --   Called by: DELETE /api/v1/messages/{partitionId}/{transactionId}. A log cannot drop a message from
@@ -269,7 +270,11 @@ BEGIN
                                          AND d.consumer_group = lc.consumer_group) AS dead
                          FROM queen.log_consumers lc
                         CROSS JOIN LATERAL (
-                              SELECT (t.msg_offset < lc.cursor_offset OR t.msg_offset = ANY (lc.acked)) AS consumed) c
+                              SELECT (t.msg_offset < lc.cursor_offset
+                                      OR EXISTS (SELECT 1 FROM queen.log_passes ps
+                                                  WHERE ps.partition_id = p_partition_id
+                                                    AND ps.consumer_group = lc.consumer_group
+                                                    AND ps.msg_offset = t.msg_offset)) AS consumed) c
                         WHERE lc.partition_id = p_partition_id) g), '[]'::jsonb),
            coalesce((
                SELECT jsonb_agg(jsonb_build_object(

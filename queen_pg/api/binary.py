@@ -1,0 +1,178 @@
+"""The binary formats at the HTTP edge (WIRE.md §3): a push or transaction whose Content-Type is
+``application/x-queen-push`` (QPB1 / QTB1, parsed by queen_pg/engine/binary.py), and the framed pop
+answer (QPF1, ``application/x-queen-pop``, queen_pg/engine/pop_frames.py). JSON stays the default: the
+routes call in here only when the request's Content-Type (or ``frames=true``) asks for it.
+
+The same rules as the JSON routes hold: names checked by ``check_name`` (413 above 255 bytes), the
+body limit (the compressed body by ``BodyLimit``, the decompressed bytes by the parser), the request
+key, the push permit, maintenance and storage refusals, the token's tenant, and the token's ``sub``
+as the producerSub (a client's frame carrying one is refused, never trusted). A malformed body is
+400 ``bad_binary`` with ``offset`` (the byte where it stopped) and writes nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
+from queen_pg.api.request_key import replay_headers, request_once
+from queen_pg.api.routes_metrics import count_push
+from queen_pg.engine import binary, push_binary
+from queen_pg.engine import pop as pop_engine
+from queen_pg.engine import push as push_engine
+from queen_pg.engine.fusion import Fuser, Lane
+from queen_pg.engine.outcomes import Once
+from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
+from queen_pg.engine.pop_frames import FramedPop
+from queen_pg.errors import BAD_BINARY, BODY_TOO_LARGE, QueenError
+from queen_pg.security import crypto
+
+PUSH_TYPE = "application/x-queen-push"
+
+
+BODY_DOC = (
+    "The binary body (WIRE §3.1 QPB1 on /push, §3.2 QTB1 on /transaction): little-endian, opt-in by the client "
+    "(`binary_push`, `push_compression`). A malformed one is 400 `bad_binary` with `offset`, the byte where it "
+    "stopped; nothing is written."
+)
+
+
+def documented(extra: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` of /push and /transaction with the binary body beside the JSON one."""
+    content = extra["requestBody"]["content"]
+    content[PUSH_TYPE] = {"schema": {"type": "string", "format": "binary", "description": BODY_DOC}}
+    return extra
+
+
+def framed_answer(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """``responses`` of a pop with the QPF1 answer (``frames=true``) documented beside the JSON one."""
+    ok = responses[200]
+    ok["content"] = {
+        "application/json": {},  # filled from ``model`` by FastAPI
+        POP_FRAMES: {"schema": {"type": "string", "format": "binary", "description": "QPF1 (WIRE §3.3)"}},
+    }
+    return responses
+
+
+def is_binary(request: Request) -> bool:
+    """Whether the body is a binary push/transaction body (by its Content-Type, parameters ignored)."""
+    ctype = request.headers.get("content-type")
+    return ctype is not None and ctype.split(";", 1)[0].strip().lower() == PUSH_TYPE
+
+
+def _malformed(exc: binary.Malformed, limit: int) -> QueenError:
+    if isinstance(exc, binary.TooLarge):  # decompressed past the body limit: as a JSON body that large
+        return QueenError(BODY_TOO_LARGE, limit=limit, offset=exc.offset)
+    return QueenError(BAD_BINARY, detail=str(exc), offset=exc.offset)
+
+
+def _check_names(groups: list[binary.Group]) -> None:
+    for g in groups:
+        check_name("queue", g.queue)
+        if g.partition != "Default":
+            check_name("partition", g.partition)
+
+
+_lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group]]] = weakref.WeakKeyDictionary()
+
+
+def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
+    """The fusion lane of stored-as-is binary pushes (engine/fusion.py): concurrent bodies go in one
+    ``push_v1`` call when they name different partitions (a call appends one segment per partition),
+    results split back per body, each indexed from 0."""
+    lanes = _lanes.setdefault(fuser, {})
+    lane = lanes.get(ten)
+    if lane is None:
+
+        async def call(requests: list[list[binary.Group]]) -> list[list[dict[str, Any]]]:
+            results = await push_binary.push(fuser.db, ten, [g for req in requests for g in req])
+            out, at = [], 0
+            for req in requests:
+                n = sum(len(g.items) for g in req)
+                out.append([{**r, "index": i} for i, r in enumerate(results[at : at + n])])
+                at += n
+            return out
+
+        lane = lanes[ten] = Lane("push-binary", call, fuser.config)
+    return lane
+
+
+async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> list[dict[str, Any]]:
+    st = state(request)
+    fuser = st.fuser
+    if once is not None or fuser is None or not fuser.enabled:
+        return await push_binary.push(st.db, ten, groups, once)
+    return await _lane(fuser, ten).submit(groups, frozenset((g.queue, g.partition) for g in groups))
+
+
+async def push(request: Request) -> Response:
+    """``POST /api/v1/push`` with a QPB1 body: the JSON push's answer (or, flag 2, its counts)."""
+    st = state(request)
+    try:
+        body = binary.parse_push(await request.body(), st.settings.max_body_bytes)
+    except binary.Malformed as exc:
+        raise _malformed(exc, st.settings.max_body_bytes) from None
+    _check_names(body.groups)
+    ten = tenant(request)
+    sub = producer_sub(request)
+    once = await request_once(request, "push")
+    async with permit(request, "push"):
+        if body.framed and push_binary.stored_as_is(crypto.vault(st.db), ten, body.groups, sub):
+            results = await _stored(request, ten, body.groups, once)
+        else:
+            items = push_binary.messages(body.groups, sub)
+            results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
+    for q in {r["queue"] for r in results if r["status"] == "queued"}:
+        st.waiters.notify(ten, q)
+        st.waiters.notify(ten, pop_engine.ANY_QUEUE)
+    count_push(request, results)
+    answer = push_binary.counts(results) if body.counts_only else results
+    return json_response(answer, 201, replay_headers(once))
+
+
+@dataclass(slots=True)
+class FramedPushes:
+    """The pushes of a QTB1 body: its messages, and (when stored as they came) push_v1's arguments."""
+
+    items: list[push_engine.NewMessage]
+    prepared: push_engine.PreparedPush | None
+    counts_only: bool
+
+
+async def transaction_body(request: Request) -> tuple[bytes, FramedPushes]:
+    """A QTB1 body as (the JSON head, its pushes); the route runs the head as a JSON transaction with
+    the pushes after its operations (their results follow the head's, WIRE.md §3.2)."""
+    st = state(request)
+    try:
+        body = binary.parse_transaction(await request.body(), st.settings.max_body_bytes)
+    except binary.Malformed as exc:
+        raise _malformed(exc, st.settings.max_body_bytes) from None
+    _check_names(body.groups)
+    sub = producer_sub(request)
+    items = push_binary.messages(body.groups, sub)
+    fast = bool(body.groups) and push_binary.stored_as_is(
+        crypto.vault(state(request).db), tenant(request), body.groups, sub
+    )
+    return body.head, FramedPushes(items, push_binary.prepare(body.groups) if fast else None, body.counts_only)
+
+
+def counted(answer: dict[str, Any], slots: int) -> dict[str, Any]:
+    """A QTB1 flag-2 answer: the acks' and pushes' results (the first ``slots``) left out and counted
+    (``pushed``, ``duplicate``, ``acked``); the riders' results stay. A verdict is unchanged."""
+    if not answer.get("success"):
+        return answer
+    results = answer["results"]
+    ops = results[:slots]
+    pushed = sum(1 for r in ops if r.get("type") == "push" and r.get("status") == "queued")
+    dups = sum(1 for r in ops if r.get("type") == "push" and r.get("status") == "duplicate")
+    acked = sum(1 for r in ops if r.get("type") == "ack")
+    return {**answer, "results": results[slots:], "pushed": pushed, "duplicate": dups, "acked": acked}
+
+
+def pop_response(answer: FramedPop) -> Response:
+    return Response(answer.body, 200, media_type=POP_FRAMES)

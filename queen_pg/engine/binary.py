@@ -1,0 +1,348 @@
+"""The binary request bodies (WIRE.md §3.1, §3.2): QPB1 push and QTB1 transaction, parsed and checked.
+
+    "QPB1" | u8 flags | [u32 raw_len, flag 1] | u32 groups | per group: u16 len+queue | u16 len+partition
+           | u32 n | flag 8: u32 z_len | z   (z = ONE zstd frame, content size set, of n QPF1 frames)
+                   | else:   n x ([u16 len+transactionId, flag 4] | u32 len+payload JSON)
+    "QTB1" | u8 flags | u32 len+head JSON | u32 groups | the groups as with flag 8
+
+Every read is bounds-checked; anything that does not add up is :class:`Malformed` with the byte offset
+in the body (inside a zstd group: the offset of the group's blob, and the position in its decompressed
+frames in the text), never an exception of another kind. What is checked: the magic and flags, every
+length against what is left, counts against the bytes that could hold them (a count that lies fails
+before anything is allocated for it), the zstd frame (exactly one, content size declared and within the
+budget, nothing after it), each frame (flags 0 or 1: a client's frame never carries a producerSub or the
+encrypted flag; a version-7 message id, unique in the body; a non-empty printable transactionId of valid
+UTF-8; a payload that is JSON the broker can hand back exactly, as ``stored_json`` demands of a JSON
+push). Names are checked by the route (``check_name``), as for JSON.
+
+A flag-8 group keeps its zstd blob: when nothing needs rewriting (:func:`needs_rewrite`) the blob is
+stored as the segment as it came (queen_pg/engine/push_binary.py), and the frames are only read to hash
+the transactionIds and check the rules above.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+import xxhash
+import zstandard
+
+from queen_pg.db.types import fast_uuid
+
+PUSH_MAGIC = b"QPB1"
+TXN_MAGIC = b"QTB1"
+FLAG_ZSTD = 1
+FLAG_COUNTS = 2
+FLAG_TXN = 4
+FLAG_FRAMES = 8
+PUSH_FLAGS = FLAG_ZSTD | FLAG_COUNTS | FLAG_TXN | FLAG_FRAMES
+FRAME_TRACE = 1  # the only frame flag a client may set (codec.FLAG_TRACE)
+MAX_TXN_BYTES = 65_535
+MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/body.py stored_json)
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_FRAME_HEAD = struct.Struct("<IB")
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # a new transactionId: printable (body.NewTxnId)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+class Malformed(Exception):
+    """A binary body that does not add up: ``offset`` = the byte of the body where it stopped."""
+
+    def __init__(self, offset: int, what: str) -> None:
+        self.offset = offset
+        self.what = what
+        super().__init__(f"{what} (at byte {offset})")
+
+
+class TooLarge(Malformed):
+    """The decompressed bytes exceed the body limit: 413, as a JSON body that large."""
+
+
+@dataclass(slots=True)
+class Item:
+    """One message of a group: its frame fields (flag 8), or its transactionId and payload (flag 4)."""
+
+    transaction_id: str  # "" = the broker mints one (flag 0/4 only)
+    payload: bytes
+    message_id: uuid.UUID | None = None  # client-minted (flag 8)
+    trace_id: uuid.UUID | None = None
+    txn_hash: uuid.UUID | None = None  # xxh3-128 of the transactionId (flag 8)
+
+
+@dataclass(slots=True)
+class Group:
+    queue: str
+    partition: str
+    items: list[Item]
+    blob: bytes | None = None  # flag 8: the zstd frame as it came
+    offset: int = 0  # where the group starts in the body
+
+
+@dataclass(slots=True)
+class Body:
+    flags: int
+    groups: list[Group] = field(default_factory=list)
+    head: bytes = b""  # QTB1: the JSON head
+
+    @property
+    def counts_only(self) -> bool:
+        return bool(self.flags & FLAG_COUNTS)
+
+    @property
+    def framed(self) -> bool:
+        return bool(self.flags & FLAG_FRAMES)
+
+
+class _In:
+    """Little-endian reads off ``data`` that report the body offset (``base`` + position) on failure."""
+
+    __slots__ = ("at", "base", "data", "where")
+
+    def __init__(self, data: bytes, base: int = 0, where: str = "") -> None:
+        self.data = data
+        self.at = 0
+        self.base = base
+        self.where = where
+
+    def fail(self, what: str, at: int | None = None) -> Malformed:
+        pos = self.at if at is None else at
+        if self.where:  # inside decompressed frames: the blob's offset, the position in the text
+            return Malformed(self.base, f"{self.where}: {what} at byte {pos} of its decompressed frames")
+        return Malformed(self.base + pos, what)
+
+    def left(self) -> int:
+        return len(self.data) - self.at
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > len(self.data) - self.at:
+            raise self.fail(f"{what}: {n} bytes declared, {self.left()} left")
+        piece = self.data[self.at : self.at + n]
+        self.at += n
+        return piece
+
+    def u8(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def u16(self, what: str) -> int:
+        if self.left() < 2:
+            raise self.fail(f"{what}: truncated")
+        (v,) = _U16.unpack_from(self.data, self.at)
+        self.at += 2
+        return int(v)
+
+    def u32(self, what: str) -> int:
+        if self.left() < 4:
+            raise self.fail(f"{what}: truncated")
+        (v,) = _U32.unpack_from(self.data, self.at)
+        self.at += 4
+        return int(v)
+
+    def text16(self, what: str) -> str:
+        at = self.at
+        raw = self.take(self.u16(f"{what} length"), what)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8", at) from None
+
+
+def check_payload(payload: bytes) -> None:
+    """Raises ValueError unless ``payload`` is one JSON document that comes back exactly (64-bit
+    integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000 is fine
+    (a payload lives in a segment, not a text column)."""
+    value = orjson.loads(payload)  # syntax, integers beyond 64 bits, lone surrogates, trailing data
+    if isinstance(value, (dict, list)) and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+        orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
+
+
+def _check_txn(raw: bytes) -> str:
+    if not raw:
+        raise ValueError("an empty transactionId")
+    if _CONTROL.search(raw):
+        raise ValueError("a transactionId with a control character")
+    return raw.decode()  # UnicodeDecodeError is a ValueError
+
+
+def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> list[Item]:
+    """The ``n`` QPF1 frames of a decompressed group, checked; their transactionIds hashed."""
+    inn = _In(raw, src.base, src.where)
+    if n * 23 > len(raw):  # u32 len | u8 flags | 16 id | u16 txn len: 23 bytes at least
+        raise inn.fail(f"{n} frames cannot fit in {len(raw)} bytes", 0)
+    items: list[Item] = []
+    data = raw
+    for k in range(n):
+        start = inn.at
+        if inn.left() < 5:
+            raise inn.fail(f"frame {k} of {n}: truncated (the frame count says {n})")
+        body_len, flags = _FRAME_HEAD.unpack_from(data, start)
+        end = start + 4 + body_len
+        if body_len < 19 or end > len(data):
+            raise inn.fail(f"frame {k}: body length {body_len} does not fit", start)
+        if flags & ~FRAME_TRACE:
+            what = "a producerSub (flag 2) is set by the broker from the token, never by a client" if flags & 2 else (
+                f"frame flags {flags} (a client may set only 1 = trace id)")  # fmt: skip
+            raise inn.fail(f"frame {k}: {what}", start + 4)
+        pos = start + 5
+        mid = data[pos : pos + 16]
+        if (mid[6] >> 4) != 7 or (mid[8] & 0xC0) != 0x80:
+            raise inn.fail(f"frame {k}: the message id is not a version-7 UUID", pos)
+        if mid in seen:
+            raise inn.fail(f"frame {k}: message id {fast_uuid(mid)} repeats one of this body", pos)
+        seen.add(mid)
+        pos += 16
+        trace = None
+        if flags & FRAME_TRACE:
+            if pos + 16 > end:
+                raise inn.fail(f"frame {k}: the trace id does not fit", pos)
+            trace = fast_uuid(data[pos : pos + 16])
+            pos += 16
+        if pos + 2 > end:
+            raise inn.fail(f"frame {k}: the transactionId length does not fit", pos)
+        (tlen,) = _U16.unpack_from(data, pos)
+        pos += 2
+        if pos + tlen > end:
+            raise inn.fail(f"frame {k}: transactionId of {tlen} bytes does not fit", pos - 2)
+        traw = data[pos : pos + tlen]
+        try:
+            txn = _check_txn(traw)
+        except ValueError as exc:
+            raise inn.fail(f"frame {k}: {exc}", pos) from None
+        pos += tlen
+        payload = data[pos:end]
+        try:
+            check_payload(payload)
+        except (ValueError, TypeError) as exc:
+            raise inn.fail(f"frame {k}: the payload is not JSON that can be stored exactly ({exc})", pos) from None
+        items.append(Item(txn, payload, fast_uuid(mid), trace, fast_uuid(xxhash.xxh3_128_digest(traw))))
+        inn.at = end
+    if inn.left():
+        raise inn.fail(f"{inn.left()} bytes after the {n} frames the count declares")
+    return items
+
+
+def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes]) -> tuple[bytes, list[Item]]:
+    zlen = inn.u32(f"group {g}: compressed length")
+    at = inn.at
+    blob = inn.take(zlen, f"group {g}: zstd frame")
+    where = f"group {g}"
+    try:
+        size = zstandard.get_frame_parameters(blob).content_size
+    except zstandard.ZstdError as exc:
+        raise Malformed(inn.base + at, f"{where}: not a zstd frame ({exc})") from None
+    if size == zstandard.CONTENTSIZE_UNKNOWN or size < 0:
+        raise Malformed(inn.base + at, f"{where}: the zstd frame must declare its content size")
+    if size > budget[0]:
+        raise TooLarge(inn.base + at, f"{where}: {size} decompressed bytes exceed the body limit")
+    budget[0] -= size
+    dec = _decompressor.decompressobj()
+    try:
+        raw = dec.decompress(blob)
+    except zstandard.ZstdError as exc:
+        raise Malformed(inn.base + at, f"{where}: bad zstd data ({exc})") from None
+    if not dec.eof or len(raw) != size:
+        raise Malformed(inn.base + at, f"{where}: the zstd frame is truncated")
+    if dec.unused_data:
+        raise Malformed(inn.base + at + zlen - len(dec.unused_data), f"{where}: bytes after the one zstd frame")
+    return blob, parse_frames(raw, n, _In(raw, inn.base + at, where), seen)
+
+
+def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> list[Item]:
+    if n * (6 if with_txn else 4) > inn.left():
+        raise inn.fail(f"group {g}: {n} items cannot fit in the {inn.left()} bytes left")
+    items: list[Item] = []
+    for k in range(n):
+        txn = ""
+        if with_txn:
+            at = inn.at
+            traw = inn.take(inn.u16(f"group {g} item {k}: transactionId length"), f"group {g} item {k}: transactionId")
+            if traw:
+                try:
+                    txn = _check_txn(traw)
+                except ValueError as exc:
+                    raise inn.fail(f"group {g} item {k}: {exc}", at + 2) from None
+        at = inn.at
+        payload = inn.take(inn.u32(f"group {g} item {k}: payload length"), f"group {g} item {k}: payload")
+        try:
+            check_payload(payload)
+        except (ValueError, TypeError) as exc:
+            what = f"group {g} item {k}: the payload is not JSON that can be stored exactly ({exc})"
+            raise inn.fail(what, at + 4) from None
+        items.append(Item(txn, payload))
+    return items
+
+
+def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool = False) -> list[Group]:
+    count = inn.u32("group count")
+    if count == 0 and not empty_ok:
+        raise inn.fail("no groups: a push carries at least one message", inn.at - 4)
+    if count * 9 > inn.left():  # u16 + u16 + u32 + (u32 or an item) at least
+        raise inn.fail(f"{count} groups cannot fit in the {inn.left()} bytes left", inn.at - 4)
+    groups: list[Group] = []
+    budget = [limit]
+    seen: set[bytes] = set()
+    for g in range(count):
+        start = inn.at
+        queue = inn.text16(f"group {g}: queue")
+        partition = inn.text16(f"group {g}: partition")
+        n = inn.u32(f"group {g}: message count")
+        if n == 0:
+            raise inn.fail(f"group {g}: no messages", inn.at - 4)
+        if framed:
+            blob, items = _group_frames(inn, g, n, budget, seen)
+            groups.append(Group(queue, partition, items, blob, start))
+        else:
+            groups.append(Group(queue, partition, _group_items(inn, g, n, with_txn), None, start))
+    if inn.left():
+        raise inn.fail(f"{inn.left()} bytes after the {count} groups")
+    return groups
+
+
+def parse_push(data: bytes, limit: int) -> Body:
+    """A QPB1 body; ``limit`` bounds the decompressed bytes (the body limit, as for JSON)."""
+    inn = _In(data)
+    if inn.take(4, "magic") != PUSH_MAGIC:
+        raise Malformed(0, "not a binary push body (magic QPB1)")
+    flags = inn.u8("flags")
+    if flags & ~PUSH_FLAGS:
+        raise Malformed(4, f"unknown flags {flags}")
+    framed = bool(flags & FLAG_FRAMES)
+    if framed and flags & (FLAG_ZSTD | FLAG_TXN):
+        raise Malformed(4, "flag 8 (frames) goes with neither 1 (zstd body) nor 4 (transactionIds)")
+    if flags & FLAG_ZSTD:
+        raw_len = inn.u32("raw length")
+        if raw_len > limit:
+            raise TooLarge(5, f"raw length {raw_len} exceeds the body limit")
+        blob = data[inn.at :]
+        dec = _decompressor.decompressobj()
+        try:
+            # a bounded read first: a small frame of zeros may expand a thousandfold, and the frame
+            # need not declare its size, so never decompress more than raw_len + 1 bytes unchecked
+            with _decompressor.stream_reader(blob, read_across_frames=False) as head:
+                if len(head.read(raw_len + 1)) != raw_len:
+                    raise Malformed(inn.at, f"the zstd body does not decompress to {raw_len} bytes")
+            raw = dec.decompress(blob)
+        except zstandard.ZstdError as exc:
+            raise Malformed(inn.at, f"bad zstd data ({exc})") from None
+        if not dec.eof or len(raw) != raw_len or dec.unused_data:
+            raise Malformed(inn.at, f"the zstd body is not one frame of {raw_len} bytes")
+        # offsets inside a compressed body are positions in the decompressed body after byte 9
+        return Body(flags, _groups(_In(raw, 9), False, bool(flags & FLAG_TXN), limit))
+    return Body(flags, _groups(inn, framed, bool(flags & FLAG_TXN), limit))
+
+
+def parse_transaction(data: bytes, limit: int) -> Body:
+    """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups."""
+    inn = _In(data)
+    if inn.take(4, "magic") != TXN_MAGIC:
+        raise Malformed(0, "not a binary transaction body (magic QTB1)")
+    flags = inn.u8("flags")
+    if flags & ~FLAG_COUNTS:
+        raise Malformed(4, f"unknown flags {flags}")
+    head = inn.take(inn.u32("head length"), "head")
+    return Body(flags, _groups(inn, True, True, limit, empty_ok=True), head)

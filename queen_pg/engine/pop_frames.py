@@ -1,0 +1,178 @@
+"""The framed pop answer (WIRE.md §3.3, ``frames=true``): QPF1, shipping stored segment blobs as they are.
+
+    "QPF1" | u8 version (0, or 1 = a JSON head follows) | [u32 len | JSON object of extra keys]
+    u16 len+queue | u16 len+leaseId | u16 len+consumerGroup | u32 claims
+    per claim:  u64 partitionId | u16 len+partition | u64 start | u64 end (inclusive) | u32 deliveryAttempt
+                | u32 records
+    per record: u64 base_offset | i64 created_at_us | u32 count | u8 codec (0 raw, 1 zstd) | u32 len | bytes
+
+A segment is stored as exactly such a record's bytes (``codec.py``), so a segment the lease covers
+whole goes out as it is: not decompressed, not decoded, not compressed again. A segment is cut instead
+(decompressed once; the delivered frames' bytes go out raw, codec 0, one record per run of consecutive
+offsets) only where it must be: the lease covers part of it, it holds frames a push dropped as
+duplicates (they have no offset, and a record's frame i is offset base+i), the group passes over some
+of its offsets (``acked``: settled out of order), or :func:`needs_rewrite` says its frames must be
+rewritten (then each frame is decoded with ``codec.unpack`` and framed again). One pop claim with a
+redelivered part and a fresh part is two claims of the same partition, since a claim has one
+deliveryAttempt (the head then says ``partitionsClaimed``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import groupby
+from typing import Any
+
+import orjson
+
+from queen_pg.db.pool import Record
+from queen_pg.engine import codec
+
+MAGIC = b"QPF1"
+CONTENT_TYPE = "application/x-queen-pop"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_CLAIM_HEAD = struct.Struct("<Q")  # partitionId, then the partition name
+_CLAIM_TAIL = struct.Struct("<QQII")
+_RECORD = struct.Struct("<QqIBI")
+
+
+def needs_rewrite(row: Record) -> bool:
+    """THE hook for per-segment rewriting on a framed pop: True when a segment's stored frames may not
+    reach the client as stored (encrypted payloads: the client refuses frame flag 4, so they are
+    decrypted and framed again through ``codec.unpack``). Nothing needs it today."""
+    return False
+
+
+@dataclass(slots=True)
+class FramedPop:
+    """A framed pop answer: the bytes, and what the metrics count (queue, partitionId, messages)."""
+
+    body: bytes
+    messages: int
+    claimed: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def _frames(row: Record) -> list[bytes]:
+    """Every live frame of a segment (dropped ones left out), in offset order, as bytes."""
+    if needs_rewrite(row):
+        return [
+            codec.encode_frame(f.message_id, f.transaction_id, f.payload, f.trace_id, f.producer_sub)
+            for f in codec.unpack(row["payload"], row["codec"])
+        ]
+    raw = row["payload"] if row["codec"] == codec.CODEC_RAW else codec._decompressor.decompress(row["payload"])
+    dropped = set(row["dropped"] or ())
+    out: list[bytes] = []
+    at, end, i = 0, len(raw), 0
+    while at < end:
+        (body_len,) = _U32.unpack_from(raw, at)
+        stop = at + 4 + body_len
+        if i not in dropped:
+            out.append(raw[at:stop])
+        at = stop
+        i += 1
+    return out
+
+
+def _records(row: Record, lo: int, hi: int, created_us: int) -> tuple[list[bytes], int]:
+    """The records delivering offsets [lo, hi) of one segment, and how many messages they hold."""
+    base, seg_end = row["base_offset"], row["end_offset"]
+    first, last = max(lo, base), min(hi, seg_end)
+    if first >= last:
+        return [], 0
+    passed = {o for o in (row["acked"] or ()) if first <= o < last}
+    if first == base and last == seg_end and not passed and not row["dropped"] and not needs_rewrite(row):
+        blob = row["payload"]
+        return [_RECORD.pack(base, created_us, seg_end - base, row["codec"], len(blob)), blob], seg_end - base
+    frames = _frames(row)
+    out: list[bytes] = []
+    run: list[bytes] = []
+    run_base = first
+    n = 0
+
+    def flush() -> None:
+        if run:
+            data = b"".join(run)
+            out.extend((_RECORD.pack(run_base, created_us, len(run), codec.CODEC_RAW, len(data)), data))
+            run.clear()
+
+    for off in range(first, last):
+        if off in passed:
+            flush()
+            continue
+        if not run:
+            run_base = off
+        run.append(frames[off - base])
+        n += 1
+    flush()
+    return out, n
+
+
+def render_frames(
+    queue_mode: bool, lease: str, group: str, autopilot: bool, rows: Sequence[Record]
+) -> FramedPop | None:
+    """The QPF1 answer for pop_v1's rows (``pop.render``'s twin); None when nothing is delivered."""
+    parts: list[bytes] = []
+    claims = 0
+    total = 0
+    partitions = 0
+    first_queue = ""
+    claimed: list[tuple[str, str, int]] = []
+    for pid, prows_it in groupby(rows, key=_pid):
+        prows = list(prows_it)
+        r0 = prows[0]
+        start, end, redo = r0["lease_start"], r0["lease_end"], r0["redelivered_end"]
+        spans = [(start, min(end, redo), r0["attempts"]), (max(start, redo), end, 1)]
+        got = 0
+        for lo, hi, attempt in spans:
+            if lo >= hi:
+                continue
+            records: list[bytes] = []
+            n = 0
+            for row in prows:
+                recs, k = _records(row, lo, hi, (row["created_at"] - _EPOCH) // _US)
+                records.extend(recs)
+                n += k
+            if n == 0:
+                continue
+            parts.append(_CLAIM_HEAD.pack(pid))
+            parts.append(_text(r0["partition_name"]))
+            parts.append(_CLAIM_TAIL.pack(lo, hi - 1, attempt, len(records) // 2))
+            parts.extend(records)
+            claims += 1
+            got += n
+        if got:
+            partitions += 1
+            total += got
+            first_queue = first_queue or r0["queue_name"]
+            claimed.append((r0["queue_name"], str(pid), got))
+    if not total:
+        return None
+    head: dict[str, Any] = {}
+    if queue_mode:
+        head["consumerGroup"] = None  # as the JSON answer says it
+    if claims != partitions:
+        head["partitionsClaimed"] = partitions
+    if autopilot:
+        head["autopilot"] = {"partitions": partitions, "batch": total, "waitMs": 0}
+    out = [MAGIC]
+    if head:
+        js = orjson.dumps(head)
+        out += [b"\x01", _U32.pack(len(js)), js]
+    else:
+        out.append(b"\x00")
+    out += [_text(first_queue), _text(lease), _text(group), _U32.pack(claims), *parts]
+    return FramedPop(b"".join(out), total, claimed)
+
+
+_pid: Callable[[Record], int] = lambda row: row["partition_id"]  # noqa: E731

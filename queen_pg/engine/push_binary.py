@@ -1,0 +1,124 @@
+"""Binary push (WIRE.md §3.1): flag-8 groups stored as they came, or, where something must be rewritten,
+the same messages through the JSON path's packing (``push.prepare``).
+
+A flag-8 group's blob is already what ``log_segments.payload`` holds: one zstd frame of QPF1 frames
+(``codec.py``). When :func:`stored_as_is` says so, the blob becomes the segment without being
+decompressed again or re-compressed (the parser read it once, to check it and hash the transactionIds),
+and ``queen.push_v1`` gets the same arguments a JSON push would make: one blob per group, one hash and
+message id per item. Otherwise every message becomes a :class:`push.NewMessage` (its client-minted id
+kept) and is packed as a JSON push's would be, so each rewrite the JSON path applies (the token's
+producerSub stamped into the frame, payload encryption) applies here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from queen_pg.db.pool import Database, Record
+from queen_pg.engine import push as push_engine
+from queen_pg.engine.binary import Group
+from queen_pg.engine.outcomes import Once
+from queen_pg.errors import QueenError
+from queen_pg.security import crypto
+
+
+def needs_rewrite(vault: crypto.Vault, tenant: str, queue: str) -> bool:
+    """THE hook for queue-level rewriting of pushed frames: True when a flag-8 group for ``queue`` may
+    not be stored as the client framed it: an encrypted queue (its payloads are sealed first, by
+    ``push.prepare``). The vault's cache may be stale; the database has the last word (``push``)."""
+    return vault.encrypted(tenant, queue)
+
+
+def stored_as_is(vault: crypto.Vault, tenant: str, groups: Sequence[Group], producer_sub: str | None) -> bool:
+    """Whether the groups' blobs can be the segments as they are: every group framed (flag 8), no
+    producerSub to stamp (JWT on: the token's sub goes into every frame, so the frames are rewritten),
+    one group per (queue, partition) (``push_v1`` appends one segment per partition and call), and no
+    queue that :func:`needs_rewrite`."""
+    if producer_sub is not None:
+        return False
+    keys = {(g.queue, g.partition) for g in groups}
+    if len(keys) != len(groups) or any(g.blob is None for g in groups):
+        return False
+    return not any(needs_rewrite(vault, tenant, q) for q in {g.queue for g in groups})
+
+
+def messages(groups: Sequence[Group], producer_sub: str | None) -> list[push_engine.NewMessage]:
+    """The groups' items as a JSON push's (``push.prepare`` frames them again, client ids kept)."""
+    return [
+        push_engine.NewMessage(
+            g.queue, g.partition, it.payload, it.transaction_id or None, it.trace_id, producer_sub, it.message_id
+        )
+        for g in groups
+        for it in g.items
+    ]
+
+
+def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
+    """``push_v1``'s arguments straight from the blobs (call only when :func:`stored_as_is`)."""
+    prepared = push_engine.PreparedPush([], [], [], [], [], [], [], [])
+    for n, g in enumerate(groups, 1):
+        assert g.blob is not None
+        prepared.queues.append(g.queue)
+        prepared.partitions.append(g.partition)
+        prepared.blobs.append(g.blob)
+        prepared.sealed.append(False)  # stored as the client framed it: only for queues not encrypted
+        for it in g.items:
+            assert it.message_id is not None and it.txn_hash is not None
+            prepared.item_group.append(n)
+            prepared.hashes.append(it.txn_hash)
+            prepared.msgids.append(it.message_id)
+            prepared.txns.append(it.transaction_id)
+    return prepared
+
+
+async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | None = None) -> list[dict[str, Any]]:
+    """Store the blobs as the segments (one ``queen.push_v1`` call, or ``push_v2`` under a request key);
+    one result per message, in body order, as a JSON push answers."""
+    prepared = prepare(groups)
+    try:
+        if once is None:
+            rows = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args(), prepared.sealed)
+        else:
+            rows = await db.fetch(push_engine.PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
+            once.replayed = bool(rows) and rows[0]["replayed"]
+    except QueenError as err:
+        named = crypto.mismatched(err)
+        if named is None:
+            raise
+        # a queue is encrypted after all (this broker's cache did not know): learn it, and pack the
+        # messages as a JSON push would, sealed (nothing was written)
+        v = crypto.vault(db)
+        for q, enc in named.items():
+            v.learn(tenant, q, enc)
+        return await push_engine.push(db, tenant, messages(groups, None), once)
+    return render(groups, rows)
+
+
+def render(groups: Sequence[Group], rows: Sequence[Record]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    i = 0
+    for g in groups:
+        for it in g.items:
+            row = rows[i]
+            out.append(
+                {
+                    "index": i,
+                    "status": row["status"],
+                    "transactionId": it.transaction_id,
+                    "messageId": str(row["message_id"]),
+                    "queue": g.queue,
+                    "partition": g.partition,
+                    "partitionId": str(row["partition_id"]),
+                    "offset": row["msg_offset"],
+                    "error": None,
+                }
+            )
+            i += 1
+    return out
+
+
+def counts(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The flag-2 answer: ``{"count", "queued", "duplicate", "error"}``."""
+    queued = sum(1 for r in results if r["status"] == "queued")
+    return {"count": len(results), "queued": queued, "duplicate": len(results) - queued, "error": None}
