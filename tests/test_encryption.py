@@ -459,3 +459,25 @@ async def test_the_key_never_reaches_logs_answers_or_metrics(
     everything = caplog.text + "".join(seen) + repr(b.settings) + str(b.settings.model_dump().keys())
     for secret in (K1, K2, bytes.fromhex(K1).decode("latin-1")):
         assert secret not in everything
+
+
+async def test_binary_client_round_trip_into_an_encrypted_queue(start_broker: Any, conn: asyncpg.Connection) -> None:
+    """The official client with every binary option: a framed push into an encrypted queue is sealed
+    (this broker's cache does not know the queue yet: push_v1 refuses the plain blob, the broker
+    learns and packs the messages sealed), and a framed pop ships the opened payloads."""
+    a: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    b: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=a.url) as http:  # configured through another broker
+        r = await http.post("/api/v1/configure", json={"queue": "bvault", "options": {"encryptionEnabled": True}})
+        assert r.status_code == 200, r.text
+    assert not crypto.vault(b.app.state.queen.db).encrypted("default", "bvault")
+    data = [{"secret": f"{SECRET_WORD}-{i}", "n": i} for i in range(4)]
+    async with Queen(b.url, binary_push=True, push_compression=True, framed_pop=True) as client:
+        pushed = await client.queue("bvault").push([{"data": d} for d in data])
+        assert [p["status"] for p in pushed] == ["queued"] * 4
+        got = await client.queue("bvault").batch(10).wait(False).pop()
+        assert [m["data"] for m in got] == data
+        assert (await client.ack(got, True))["success"] is True
+    await no_plaintext(conn)
+    stored = await frames(conn, "bvault")
+    assert len(stored) == 4 and all(f.sealed for f in stored)
