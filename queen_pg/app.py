@@ -52,7 +52,9 @@ from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
+from queen_pg.security import crypto
 from queen_pg.security import install as install_security
+from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.server import STATE_KEY, Transport, fit_connections
 from queen_pg.settings import MIB, Settings
 
@@ -87,9 +89,15 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.max_waiters, settings.pop_poll_interval_ms / 1000, settings.pop_poll_max_ms / 1000
             ),
             limiters=build_limiters(_limiter_config(settings)),
-            admission=ByteBudget(settings.admit_max_mb * MIB, settings.max_body_bytes, settings.admit_hold_ms / 1000),
+            admission=ByteBudget(
+                settings.admit_max_mb * MIB,
+                settings.max_body_bytes,
+                settings.admit_hold_ms / 1000,
+                tenant_share=settings.admit_tenant_share if tenancy_enabled(settings) else 1.0,
+            ),
             storage=storage,
         )
+        crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))
         fuser = app.state.queen.fuser = Fuser(
             db, FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight)
         )
@@ -101,8 +109,9 @@ def create_app(settings: Settings) -> FastAPI:
         # in every process, jobs or not: it gates this process's pushes and pops
         refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
         mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
-        if mesh is not None:  # binds now (a port in use fails the boot); dials under the supervisor
-            await mesh.start()
+        if mesh is not None:
+            mesh.on_config = crypto.forgetting(crypto.vault(db), mesh.on_config)  # a peer configured a queue
+            await mesh.start()  # binds now (a port in use fails the boot); dials under the supervisor
             jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
             await storage.refresh(db)

@@ -73,6 +73,15 @@ UNSUPPORTED_MEDIA_TYPE = ErrorKind("unsupported_media_type", 415, "{detail}")
 BAD_HOST = ErrorKind("bad_host", 400, "{detail}")
 CATALOG.update({k.code: k for k in (UNAUTHORIZED, FORBIDDEN, UNSUPPORTED_MEDIA_TYPE, BAD_HOST)})
 
+# Encrypted queues (queen_pg/security/crypto.py): a broker without the key an encrypted queue needs is a
+# configuration error, not an outage (409, no Retry-After); encryption_mismatch is raised by
+# queen.push_v1 (nothing written) and retried by the broker, so a client sees it only when a queue's
+# encryption flips several times during one request.
+ENCRYPTION_KEY_MISSING = ErrorKind("encryption_key_missing", 409, "{detail}")
+ENCRYPTION_KEY_UNKNOWN = ErrorKind("encryption_key_unknown", 409, "{detail}")
+ENCRYPTION_MISMATCH = ErrorKind("encryption_mismatch", 503, "{detail}")
+CATALOG.update({k.code: k for k in (ENCRYPTION_KEY_MISSING, ENCRYPTION_KEY_UNKNOWN, ENCRYPTION_MISMATCH)})
+
 
 class QueenError(Exception):
     """A failure with a catalog code; rendered as JSON by the API's single handler."""

@@ -134,6 +134,14 @@ class Settings(BaseSettings):
         le=600_000,
         description="A push waits this long (jittered +-20 %) for admission or a limiter permit, then 429.",
     )
+    admit_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With tenancy on: the most of the admission budget one tenant's pushes and transactions "
+        "may hold or wait for (at least one largest body), so one tenant's flood cannot starve another; "
+        "1 = no per-tenant share.",
+    )
     limiter_initial: int = Field(64, ge=1, description="Starting concurrency limit of each route family.")
     limiter_min: int = Field(32, ge=1, description="Lowest concurrency limit the Vegas limiter may set.")
     limiter_max: int = Field(1000, ge=1, description="Highest concurrency limit the Vegas limiter may set.")
@@ -259,6 +267,17 @@ class Settings(BaseSettings):
         "", description="Comma-separated Host names (host or host:port) accepted; others 400. Empty: any."
     )
     cors_origins: str = Field("", description="Comma-separated origins allowed by CORS (* = any); empty: no CORS.")
+    encryption_key: str = Field(
+        "",
+        repr=False,
+        description="64 hex characters (AES-256): seals the payloads of queues configured with "
+        "encryptionEnabled. Empty: encrypted queues are refused (409 encryption_key_missing).",
+    )
+    encryption_keys_old: str = Field(
+        "",
+        repr=False,
+        description="Comma-separated earlier keys (64 hex each): still decrypt what they sealed after a rotation.",
+    )
 
     # the wake mesh (queen_pg/mesh/) and the proxy in front (deploy/)
     mesh_port: int | None = Field(
@@ -325,6 +344,14 @@ class Settings(BaseSettings):
                 f"admit_max_mb ({self.admit_max_mb} MiB) must hold two of the largest bodies: "
                 f"at least 2 x max_body_bytes = {-(-2 * self.max_body_bytes // MIB)} MiB"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _encryption(self) -> Settings:
+        """A malformed key refuses to start (the message names the setting, never the value)."""
+        from queen_pg.security.crypto import Vault
+
+        Vault.from_settings(self.encryption_key, self.encryption_keys_old)
         return self
 
     @model_validator(mode="after")

@@ -191,6 +191,11 @@ BEGIN
     END IF;
 END;
 $$;
+-- Revision 0004: the pushing token's sub (the frame's producerSub), kept when dlq_fill copies the
+-- payload out and given back to the frame a requeue writes; `sealed` holds an encrypted queue's payload
+-- as the frame had it (queen_pg/security/crypto.py), with `payload` JSON null (filled): no plaintext here.
+ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS producer_sub text;
+ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS sealed bytea;
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
 CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
 

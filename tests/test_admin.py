@@ -45,7 +45,7 @@ async def test_configure_creates_and_updates(http: httpx.AsyncClient, conn: asyn
         {"queue": "q", "options": {"leaseTime": "long"}},
         {"queue": "q", "options": {"leaseTime": 0}},
         {"queue": "q", "options": {"retryLimit": -1}},
-        {"queue": "q", "options": {"encryptionEnabled": True}},
+        {"queue": "q", "options": {"encryptionEnabled": "yes"}},  # true without a key: 409 (test_encryption)
         {"queue": "q", "options": []},
     ],
 )

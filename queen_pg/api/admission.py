@@ -12,12 +12,19 @@ first come, first served and lasts at most ``admit_hold_ms`` (jittered +-20 %); 
 request ended otherwise). A push while storage is full is 507 ``storage_full`` at once; a transaction
 is checked by its route, which knows whether it pushes.
 
+Tenants (tenancy on): a request first takes its bytes from its tenant's own gate, of
+``admit_tenant_share`` of the budget (at least one largest body), and waits there behind its own
+tenant's requests only; then from the shared budget. So one tenant holds or queues for at most its
+share of the budget, and the rest stays for the others: a flood cannot starve them. Gates are dropped
+when idle (no bytes held, nobody waiting).
+
 The budget and the storage flag live on the app state (created by the lifespan), found through
 ``scope["app"]``; before the lifespan ran, requests pass through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 
@@ -26,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queen_pg.errors import OVERLOADED, STORAGE_FULL, QueenError
 from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after
+from queen_pg.security.middleware import STATE_KEY as PRINCIPAL_KEY
 
 DEFAULT_COST = 1024 * 1024  # a request without Content-Length (chunked) counts this much (at most max body)
 ADMITTED = {"/api/v1/push": "push", "/api/v1/transaction": "transaction"}
@@ -41,29 +49,63 @@ class ByteBudget:
     max_body: int
     hold_s: float
     max_waiters: int = 10_000
+    tenant_share: float = 1.0  # < 1: each tenant's gate holds this part of the capacity
     sem: FairSemaphore = field(init=False)
     log: OverloadLog = field(init=False)
     rng: random.Random = field(default_factory=random.Random)
+    gates: dict[str, FairSemaphore] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sem = FairSemaphore(self.capacity, self.max_waiters)
         self.log = OverloadLog("push", "admission")
+
+    @property
+    def tenant_capacity(self) -> int:
+        return max(int(self.capacity * self.tenant_share), self.max_body)
+
+    def gate(self, tenant: str | None) -> FairSemaphore | None:
+        """The tenant's gate (None: no per-tenant share, or no tenant)."""
+        if tenant is None or self.tenant_share >= 1:
+            return None
+        g = self.gates.get(tenant)
+        if g is None:
+            for name in [n for n, x in self.gates.items() if x.used == 0 and x.queued == 0]:
+                del self.gates[name]  # idle
+            g = self.gates[tenant] = FairSemaphore(self.tenant_capacity, self.max_waiters)
+        return g
+
+    def release(self, cost: int, tenant: str | None = None) -> None:
+        self.sem.release(cost)
+        g = self.gates.get(tenant) if tenant is not None else None
+        if g is not None:
+            g.release(cost)
 
     def cost(self, content_length: int | None) -> int:
         if content_length is None:
             return min(DEFAULT_COST, self.max_body)
         return max(content_length, 1)
 
-    async def acquire(self, cost: int, family: str, hold_s: float | None = None) -> None:
-        """Take ``cost`` bytes or raise 429 ``overloaded`` after the jittered hold (``hold_s``, by
-        default the configured one)."""
-        if self.sem.try_acquire(cost):
+    async def acquire(self, cost: int, family: str, hold_s: float | None = None, tenant: str | None = None) -> None:
+        """Take ``cost`` bytes (from the tenant's gate, then the shared budget) or raise 429
+        ``overloaded`` after the jittered hold (``hold_s``, by default the configured one)."""
+        gate = self.gate(tenant)
+        gated = gate is None or gate.try_acquire(cost)  # holds its tenant's part
+        if gated and self.sem.try_acquire(cost):
             self.log.admitted()
             return
         hold = (self.hold_s if hold_s is None else hold_s) * self.rng.uniform(1 - JITTER, 1 + JITTER)
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + hold
         try:
-            await self.sem.acquire(cost, hold)
-        except (TimeoutError, QueueFull) as exc:
+            if gate is not None and not gated:
+                await gate.acquire(cost, hold)  # behind this tenant's own requests only
+                gated = True
+            await self.sem.acquire(cost, max(deadline - clock(), 0.001))
+        except BaseException as exc:
+            if gate is not None and gated:
+                gate.release(cost)
+            if not isinstance(exc, TimeoutError | QueueFull):
+                raise
             why = "queue_full" if isinstance(exc, QueueFull) else "hold_expired"
             self.log.family = family
             self.log.refused(
@@ -130,8 +172,10 @@ class Admission:
             return
         length = _content_length(scope)
         charged = budget.cost(length)
+        principal = scope.get("state", {}).get(PRINCIPAL_KEY)  # set by the security middleware (outside)
+        ten: str | None = getattr(principal, "tenant", None)
         try:
-            await budget.acquire(charged, family)
+            await budget.acquire(charged, family, tenant=ten)
         except QueenError as err:
             await refuse(send, err)
             return
@@ -141,7 +185,7 @@ class Admission:
             nonlocal held
             if held:
                 held = False
-                budget.sem.release(charged)
+                budget.release(charged, ten)
 
         if length is None:  # chunked: charge the bytes as they are read, before the app sees them
             seen = 0
@@ -157,7 +201,7 @@ class Admission:
                         more = max(seen - charged, min(charged, budget.max_body - charged))
                         # a short wait: bodies that hold permits and wait for more could otherwise
                         # wait on each other (and a disconnect goes unseen while waiting)
-                        await budget.acquire(more, family, min(budget.hold_s, GROW_HOLD_S))
+                        await budget.acquire(more, family, min(budget.hold_s, GROW_HOLD_S), ten)
                         charged += more
                 return message
 

@@ -30,6 +30,7 @@ from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.errors import BAD_BINARY, BODY_TOO_LARGE, QueenError
+from queen_pg.security import crypto
 
 PUSH_TYPE = "application/x-queen-push"
 
@@ -121,7 +122,7 @@ async def push(request: Request) -> Response:
     sub = producer_sub(request)
     once = await request_once(request, "push")
     async with permit(request, "push"):
-        if body.framed and push_binary.stored_as_is(ten, body.groups, sub):
+        if body.framed and push_binary.stored_as_is(crypto.vault(st.db), ten, body.groups, sub):
             results = await _stored(request, ten, body.groups, once)
         else:
             items = push_binary.messages(body.groups, sub)
@@ -154,7 +155,9 @@ async def transaction_body(request: Request) -> tuple[bytes, FramedPushes]:
     _check_names(body.groups)
     sub = producer_sub(request)
     items = push_binary.messages(body.groups, sub)
-    fast = bool(body.groups) and push_binary.stored_as_is(tenant(request), body.groups, sub)
+    fast = bool(body.groups) and push_binary.stored_as_is(
+        crypto.vault(state(request).db), tenant(request), body.groups, sub
+    )
     return body.head, FramedPushes(items, push_binary.prepare(body.groups) if fast else None, body.counts_only)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -15,6 +15,7 @@ from queen_pg.api.docs import answers, body
 from queen_pg.api.schemas_admin import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.engine import queues as queue_engine
 from queen_pg.errors import QueenError, bad_request
+from queen_pg.security import crypto
 
 router = APIRouter()
 
@@ -51,7 +52,16 @@ class QueueOptions(msgspec.Struct):
     retentionSeconds: Seconds | None = None
     completedRetentionSeconds: Seconds | None = None
     dedupWindowSeconds: Seconds | None = None
-    encryptionEnabled: Annotated[Literal[False], msgspec.Meta(description="true is not supported yet")] | None = None
+    encryptionEnabled: (
+        Annotated[
+            bool,
+            msgspec.Meta(
+                description="seal the queue's payloads at rest (AES-256-GCM); true needs QUEEN_ENCRYPTION_KEY "
+                "(409 encryption_key_missing)"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ConfigureBody(msgspec.Struct):
@@ -84,7 +94,7 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
     "/api/v1/configure",
     summary="Create or configure a queue (WIRE §2.9)",
     description="Known options are type- and range-checked (a 400 names the range), unknown ones kept as given; "
-    "encryptionEnabled=true is refused.",
+    "encryptionEnabled=true needs QUEEN_ENCRYPTION_KEY on this broker (409 encryption_key_missing).",
     openapi_extra=body(ConfigureBody),
     responses=answers({200: ConfigureAnswer}, 400, 413),
 )
@@ -99,7 +109,9 @@ async def configure(request: Request) -> Response:
     if body.task is not None:
         check_name("task", body.task)
     st = state(request)
+    crypto.may_configure(st.db, options)  # encryptionEnabled without a key: 409 before any write
     result = await queue_engine.configure(st.db, tenant(request), body.queue, body.namespace, body.task, options)
+    crypto.vault(st.db).learn(tenant(request), body.queue, bool(result["options"]["encryptionEnabled"]))
     st.waiters.wake(tenant(request), body.queue)  # new options (a shorter delay, ...) may free messages
     if st.mesh is not None:
         st.mesh.publish_config(tenant(request), body.queue)

@@ -3,7 +3,8 @@
 A segment blob is one zstd frame holding the appended messages as QPF1 frames (WIRE.md §3.3):
 ``u32 body_len | u8 flags | u8[16] message id | [u8[16] trace id, flag 1] | u16 len, transactionId
 | [u16 len, producerSub, flag 2] | payload JSON`` (little-endian). The producerSub is the pushing
-token's ``sub`` (JWT on, queen_pg/security/); frames without flag 2 have none. Storing the wire
+token's ``sub`` (JWT on, queen_pg/security/); frames without flag 2 have none. Flag 4: the payload is
+sealed (an encrypted queue, queen_pg/security/crypto.py), not JSON; readers open it before use. Storing the wire
 format means a framed pop can later ship stored blobs as they are.
 """
 
@@ -23,6 +24,7 @@ from queen_pg.db.types import fast_uuid
 
 FLAG_TRACE = 1
 FLAG_SUB = 2
+FLAG_SEALED = 4
 _HEAD = struct.Struct("<IB")
 _U16 = struct.Struct("<H")
 
@@ -49,9 +51,10 @@ def encode_frame(
     payload: bytes,
     trace_id: uuid.UUID | None,
     producer_sub: str | None = None,
+    sealed: bool = False,
 ) -> bytes:
     txn = transaction_id.encode()
-    flags = FLAG_TRACE if trace_id is not None else 0
+    flags = (FLAG_TRACE if trace_id is not None else 0) | (FLAG_SEALED if sealed else 0)
     parts = [message_id.bytes]
     if trace_id is not None:
         parts.append(trace_id.bytes)
@@ -78,6 +81,7 @@ class Frame:
     transaction_id: str
     payload: bytes
     producer_sub: str | None = None
+    sealed: bool = False  # flag 4: ``payload`` is sealed bytes (queen_pg/security/crypto.py), not JSON
 
 
 CODEC_RAW = 0
@@ -108,5 +112,5 @@ def unpack(blob: bytes, codec: int = CODEC_ZSTD) -> Iterator[Frame]:
             pos += 2
             producer_sub = raw[pos : pos + slen].decode(errors="replace")
             pos += slen
-        yield Frame(message_id, trace_id, transaction_id, raw[pos:stop], producer_sub)
+        yield Frame(message_id, trace_id, transaction_id, raw[pos:stop], producer_sub, bool(flags & FLAG_SEALED))
         at = stop

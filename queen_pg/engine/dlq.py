@@ -12,6 +12,7 @@ import orjson
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.security import crypto
 
 LIST_SQL = "SELECT * FROM queen.dlq_list_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 REQUEUE_SQL = "SELECT queen.dlq_requeue_v1($1, $2, $3, $4)"
@@ -49,15 +50,16 @@ def _frame(row: Record) -> codec.Frame | None:
     return frame_at(row["seg_blob"], row["seg_codec"], row["seg_base"], row["seg_dropped"], row["msg_offset"])
 
 
-def _payload(row: Record, frame: codec.Frame | None) -> Any:
+def _payload(row: Record, frame: codec.Frame | None, vault: crypto.Vault) -> Any:
+    if row["sealed"] is not None:  # an encrypted queue's dead letter, copied out still sealed
+        return orjson.Fragment(vault.open(row["sealed"]))
     if row["payload_json"] is not None:
         return orjson.Fragment(row["payload_json"])
-    return orjson.Fragment(frame.payload) if frame is not None else None
+    return orjson.Fragment(crypto.opened(vault, frame)) if frame is not None else None
 
 
-def _dead(r: Record) -> dict[str, Any]:
-    # producerSub lives in the segment's frame; once the fill job copied the payload into log_dlq and
-    # retention dropped the segment it is gone (log_dlq has no producer column yet): null then
+def _dead(r: Record, vault: crypto.Vault) -> dict[str, Any]:
+    # producerSub: the fill job's copy (log_dlq.producer_sub), else the segment's frame
     frame = _frame(r)
     return {
         "id": str(r["message_id"]) if r["message_id"] else None,
@@ -68,8 +70,8 @@ def _dead(r: Record) -> dict[str, Any]:
         "partitionId": str(r["partition_id"]),
         "consumerGroup": None if r["consumer_group"] == QUEUE_MODE else r["consumer_group"],
         "offset": r["msg_offset"],
-        "data": _payload(r, frame),
-        "producerSub": frame.producer_sub if frame is not None else None,
+        "data": _payload(r, frame, vault),
+        "producerSub": r["producer_sub"] if r["producer_sub"] is not None else frame.producer_sub if frame else None,
         "errorMessage": r["error"],
         "retryCount": r["attempts"],
         "createdAt": iso_ms(r["created_at"]) if r["created_at"] else None,
@@ -79,7 +81,8 @@ def _dead(r: Record) -> dict[str, Any]:
 
 async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
     rows = await db.fetch(LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset)
-    messages = [_dead(r) for r in rows if r["id"] is not None]
+    v = crypto.vault(db)
+    messages = [_dead(r, v) for r in rows if r["id"] is not None]
     total = rows[0]["total"] if rows else 0
     return {"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}
 

@@ -18,11 +18,15 @@ Invariants:
 - A fused call runs in a task of the lane, never in a request's task: a client that goes away cancels
   only its own wait, never its neighbours' call. :meth:`Fuser.close` awaits the running calls. A
   request that goes alone at once calls in its own task (nobody else depends on that call).
+- Lanes are per tenant, so they are dropped once idle for ``lane_idle_s`` (swept whenever a lane is
+  created): tenants that come and go do not grow the map. A lane with a call running or a batch
+  waiting is never idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -44,6 +48,7 @@ class FuseConfig:
     hold_us: int = 2000  # longest wait for a batch to leave; 0 = no fusion
     max_items: int = 1000  # a batch leaves at once when it holds this many items
     inflight: int = 1  # calls of one lane running before new requests queue (natural batching)
+    lane_idle_s: float = 60.0  # a lane idle this long is dropped (swept when a lane is created)
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
@@ -72,21 +77,32 @@ class Lane(Generic[T]):
     """The batcher of one family and tenant. ``call`` makes ONE procedure call for a list of
     requests and returns one result list per request."""
 
-    def __init__(self, name: str, call: Call[T], config: FuseConfig) -> None:
+    def __init__(
+        self, name: str, call: Call[T], config: FuseConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
+        self.clock = clock
         self.call = call
         self.config = config
         self.stats = LaneStats()
         self.running = 0
         self._pending: deque[_Batch[T]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.idle_since: float | None = clock()  # when it last became idle (created idle); None = busy
 
     @property
     def queued(self) -> int:
         """Requests waiting in batches that have not left yet."""
         return sum(len(b.members) for b in self._pending)
 
+    def idle_for(self, now: float) -> float:
+        """Seconds this lane has had nothing running and nothing waiting (0 while busy)."""
+        if self.running or self._pending or self._tasks or self.idle_since is None:
+            return 0.0
+        return now - self.idle_since
+
     async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> Result:
+        self.idle_since = None
         if not self._pending and self.running < self.config.inflight:
             return await self._alone_now(items)
         member = _Member(items, keys, asyncio.get_running_loop().create_future())
@@ -161,6 +177,8 @@ class Lane(Generic[T]):
         self.running -= 1
         if self._pending and self.running < self.config.inflight:
             self._start(self._pending[0])
+        elif not self.running and not self._pending:
+            self.idle_since = self.clock()
 
     async def _alone(self, member: _Member[T]) -> None:
         self.stats.calls += 1
@@ -195,11 +213,21 @@ def _settle(member: _Member[Any], res: Result | None = None, exc: BaseException 
 class Fuser:
     """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly."""
 
-    def __init__(self, db: Database, config: FuseConfig) -> None:
+    def __init__(self, db: Database, config: FuseConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
         self.config = config
+        self.clock = clock
         self._push: dict[str, Lane[push_engine.NewMessage]] = {}
         self._ack: dict[str, Lane[ack_engine.AckItem]] = {}
+        self.dropped = 0  # idle lanes dropped so far
+
+    def sweep(self) -> None:
+        """Drop the lanes idle for ``lane_idle_s`` or longer."""
+        now = self.clock()
+        for lanes in (self._push, self._ack):
+            for tenant in [t for t, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
+                del lanes[tenant]
+                self.dropped += 1
 
     @property
     def enabled(self) -> bool:
@@ -208,21 +236,23 @@ class Fuser:
     def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage]:
         lane = self._push.get(tenant)
         if lane is None:
+            self.sweep()
 
             async def call(requests: list[list[push_engine.NewMessage]]) -> list[Result]:
                 return await push_engine.push_many(self.db, tenant, requests)
 
-            lane = self._push[tenant] = Lane("push", call, self.config)
+            lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
 
     def ack_lane(self, tenant: str) -> Lane[ack_engine.AckItem]:
         lane = self._ack.get(tenant)
         if lane is None:
+            self.sweep()
 
             async def call(requests: list[list[ack_engine.AckItem]]) -> list[Result]:
                 return await ack_engine.ack_many(self.db, tenant, requests)
 
-            lane = self._ack[tenant] = Lane("ack", call, self.config)
+            lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
 
     async def push(self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None) -> Result:

@@ -18,6 +18,7 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.errors import NOT_FOUND, QueenError
+from queen_pg.security import crypto
 
 LIST_SQL = "SELECT * FROM queen.messages_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 GET_SQL = "SELECT * FROM queen.message_get_v2($1, $2, $3)"
@@ -65,7 +66,9 @@ def _state(row: Record, off: int) -> str:
     return "pending"
 
 
-def _message(queue: str, partition: str, pid: int, off: int, frame: codec.Frame, created: datetime) -> dict[str, Any]:
+def _message(
+    queue: str, partition: str, pid: int, off: int, frame: codec.Frame, created: datetime, vault: crypto.Vault
+) -> dict[str, Any]:
     return {
         "id": str(frame.message_id),
         "transactionId": frame.transaction_id,
@@ -76,7 +79,7 @@ def _message(queue: str, partition: str, pid: int, off: int, frame: codec.Frame,
         "partitionId": str(pid),
         "offset": off,
         "createdAt": iso_ms(created),
-        "data": orjson.Fragment(frame.payload),
+        "data": orjson.Fragment(crypto.opened(vault, frame)),
     }
 
 
@@ -108,6 +111,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
         raise _refused(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
     messages: list[dict[str, Any]] = []
     end = q.offset + q.limit
+    v = crypto.vault(db)
     for row in rows:
         if row["partition_id"] is None:
             continue  # a page past the end: only the total
@@ -116,7 +120,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
             frames.reverse()
         for i, (off, frame) in enumerate(frames, start=row["skip"]):
             if q.offset <= i < end:
-                msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"])
+                msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"], v)
                 if q.group is not None:
                     msg["consumerGroup"] = None if q.group == QUEUE_MODE else q.group
                     msg["status"] = _state(row, off)
@@ -161,7 +165,6 @@ def _detail(row: Record, msg: dict[str, Any]) -> dict[str, Any]:
         "task": row["task"],
         "status": overall_status(groups),
         "payload": msg["data"],
-        "isEncrypted": False,
         "errorMessage": dead[-1]["error"] if dead else None,
         "retryCount": max([0, *retries]),
         "leaseExpiresAt": max(leases) if leases else None,  # one format (queen._iso_utc): sorts as text
@@ -192,9 +195,10 @@ async def get_message(db: Database, tenant: str, partition_id: int, transaction_
         if at == row["msg_offset"]:
             if frame.transaction_id != transaction_id:
                 break  # a hash collision: not this message
-            return _detail(
-                row, _message(row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"])
+            msg = _message(
+                row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"], crypto.vault(db)
             )
+            return {**_detail(row, msg), "isEncrypted": frame.sealed}
         at += 1
     raise _missing(partition_id, transaction_id)
 

@@ -30,6 +30,8 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.pop_frames import FramedPop, render_frames
 from queen_pg.engine.waiters import Waiters
+from queen_pg.errors import QueenError
+from queen_pg.security import crypto
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
@@ -64,8 +66,11 @@ def iso_ms(ts: datetime) -> str:
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
 
 
-def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str, Any] | None:
-    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty."""
+def render(
+    req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None
+) -> dict[str, Any] | None:
+    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty. Sealed
+    payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
     messages: list[dict[str, Any]] = []
     claims: list[tuple[str, str, str]] = []
     lease = None if req.auto_ack else str(lease_id)
@@ -94,7 +99,7 @@ def render(req: PopRequest, lease_id: uuid.UUID, rows: list[Record]) -> dict[str
                         "queue": queue,
                         "leaseId": lease,
                         "consumerGroup": group,
-                        "data": orjson.Fragment(frame.payload),
+                        "data": orjson.Fragment(crypto.opened(vault, frame)),
                         "createdAt": created,
                         "traceId": str(frame.trace_id) if frame.trace_id else None,
                         "producerSub": frame.producer_sub,
@@ -189,12 +194,22 @@ async def _claim(
         return None, None
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
-    if req.frames:
-        lease = "" if req.auto_ack else str(lease_id)
-        answer: Answer | None = render_frames(req.group is None, lease, req.group or "", req.autopilot, rows)
-    else:
-        answer = render(req, lease_id, rows)
-    return answer, (None if req.auto_ack else _claimed(lease_id, rows))
+    got = None if req.auto_ack else _claimed(lease_id, rows)
+    v = crypto.vault(db)
+    try:
+        if req.frames:
+            lease = "" if req.auto_ack else str(lease_id)
+            # a broker holding keys opens sealed segments (clients refuse flag-4 frames); without keys
+            # nothing is sealed by it and segments ship as stored
+            shown = [crypto.opened_row(v, r) for r in rows] if v.can_open else rows
+            answer: Answer | None = render_frames(req.group is None, lease, req.group or "", req.autopilot, shown)
+        else:
+            answer = render(req, lease_id, rows, v)
+    except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
+        if got is not None:
+            await release(db, tenant, req, got)
+        raise
+    return answer, got
 
 
 async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> Answer | None:

@@ -1,5 +1,9 @@
 """Push: pack items into one segment per (queue, partition), one call to ``queen.push_v1`` (or, under a
-request key, ``queen.push_v2``: the outcome window, queen_pg/engine/outcomes.py)."""
+request key, ``queen.push_v2``: the outcome window, queen_pg/engine/outcomes.py).
+
+Payloads of encrypted queues are sealed here (queen_pg/security/crypto.py), by the database handle's
+vault: each group tells push_v1 whether it is sealed, push_v1 refuses a group that disagrees with its
+queue (nothing written), and the call is made again sealed as the database said."""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from typing import Any
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.outcomes import Once
+from queen_pg.security import crypto
 
-PUSH_SQL = "SELECT * FROM queen.push_v1($1, $2, $3, $4, $5, $6, $7)"
-PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11)"
+PUSH_SQL = "SELECT * FROM queen.push_v1($1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8)"
+PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,24 +43,34 @@ class PreparedPush:
     hashes: list[uuid.UUID]
     msgids: list[uuid.UUID]
     txns: list[str]
+    sealed: list[bool]  # per group: its payloads are sealed (the queue is encrypted, as far as we know)
 
     def args(self) -> tuple[Any, ...]:
+        """queen.push_v1's arguments after the tenant, but ``sealed`` (passed last: :attr:`sealed`)."""
         return (self.queues, self.partitions, self.blobs, self.item_group, self.hashes, self.msgids)
 
 
-def prepare(items: list[NewMessage]) -> PreparedPush:
+def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: str = "") -> PreparedPush:
+    """Pack ``items``; with a ``vault``, the payloads of the queues it believes encrypted are sealed."""
     groups: dict[tuple[str, str], int] = {}
     frames: list[list[bytes]] = []
-    prepared = PreparedPush([], [], [], [], [], [], [])
+    prepared = PreparedPush([], [], [], [], [], [], [], [])
     for item in items:
         key = (item.queue, item.partition)
         g = groups.get(key)
         if g is None:
             g = groups[key] = len(groups)
             frames.append([])
+            prepared.sealed.append(vault is not None and vault.encrypted(tenant, item.queue))
         mid = item.message_id or codec.uuid7()
         txn = item.transaction_id or str(mid)
-        frames[g].append(codec.encode_frame(mid, txn, item.payload, item.trace_id, item.producer_sub))
+        payload = item.payload
+        if prepared.sealed[g]:
+            assert vault is not None
+            payload = vault.seal(payload)
+        frames[g].append(
+            codec.encode_frame(mid, txn, payload, item.trace_id, item.producer_sub, sealed=prepared.sealed[g])
+        )
         prepared.item_group.append(g + 1)
         prepared.hashes.append(codec.txn_hash(txn))
         prepared.msgids.append(mid)
@@ -88,8 +103,13 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
     through ``queen.push_v2``: a retry within the window answers the recorded results, adding nothing."""
     if once is None:
         return (await push_many(db, tenant, [items]))[0]
-    prepared = prepare(items)
-    rows = await db.fetch(PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args())
+    v = crypto.vault(db)
+
+    async def attempt() -> list[Record]:
+        prepared = prepare(items, v, tenant)
+        return await db.fetch(PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
+
+    rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
     return _render(items, rows)
 
@@ -100,8 +120,14 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
     from 0. Fusing is the same as running the requests one after the other in list order: offsets
     stay gapless per partition and an item repeating an earlier request's transactionId is that
     item's ``duplicate``, with the first one's messageId."""
-    prepared = prepare([it for req in requests for it in req])
-    rows = await db.fetch(PUSH_SQL, tenant, *prepared.args())
+    flat = [it for req in requests for it in req]
+    v = crypto.vault(db)
+
+    async def attempt() -> list[Record]:
+        prepared = prepare(flat, v, tenant)
+        return await db.fetch(PUSH_SQL, tenant, *prepared.args(), prepared.sealed)
+
+    rows = await crypto.push_sealed(v, tenant, (it.queue for it in flat), attempt)
     out: list[list[dict[str, Any]]] = []
     start = 0
     for req in requests:

@@ -19,17 +19,18 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.binary import Group
 from queen_pg.engine.outcomes import Once
+from queen_pg.errors import QueenError
+from queen_pg.security import crypto
 
 
-def needs_rewrite(tenant: str, queue: str) -> bool:
+def needs_rewrite(vault: crypto.Vault, tenant: str, queue: str) -> bool:
     """THE hook for queue-level rewriting of pushed frames: True when a flag-8 group for ``queue`` may
-    not be stored as the client framed it (an encrypted queue: its payloads must be sealed first).
-    Then the whole body is packed by ``push.prepare``, where such rewriting happens. Nothing needs it
-    today (no queue option rewrites a frame)."""
-    return False
+    not be stored as the client framed it: an encrypted queue (its payloads are sealed first, by
+    ``push.prepare``). The vault's cache may be stale; the database has the last word (``push``)."""
+    return vault.encrypted(tenant, queue)
 
 
-def stored_as_is(tenant: str, groups: Sequence[Group], producer_sub: str | None) -> bool:
+def stored_as_is(vault: crypto.Vault, tenant: str, groups: Sequence[Group], producer_sub: str | None) -> bool:
     """Whether the groups' blobs can be the segments as they are: every group framed (flag 8), no
     producerSub to stamp (JWT on: the token's sub goes into every frame, so the frames are rewritten),
     one group per (queue, partition) (``push_v1`` appends one segment per partition and call), and no
@@ -39,7 +40,7 @@ def stored_as_is(tenant: str, groups: Sequence[Group], producer_sub: str | None)
     keys = {(g.queue, g.partition) for g in groups}
     if len(keys) != len(groups) or any(g.blob is None for g in groups):
         return False
-    return not any(needs_rewrite(tenant, q) for q in {g.queue for g in groups})
+    return not any(needs_rewrite(vault, tenant, q) for q in {g.queue for g in groups})
 
 
 def messages(groups: Sequence[Group], producer_sub: str | None) -> list[push_engine.NewMessage]:
@@ -55,12 +56,13 @@ def messages(groups: Sequence[Group], producer_sub: str | None) -> list[push_eng
 
 def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
     """``push_v1``'s arguments straight from the blobs (call only when :func:`stored_as_is`)."""
-    prepared = push_engine.PreparedPush([], [], [], [], [], [], [])
+    prepared = push_engine.PreparedPush([], [], [], [], [], [], [], [])
     for n, g in enumerate(groups, 1):
         assert g.blob is not None
         prepared.queues.append(g.queue)
         prepared.partitions.append(g.partition)
         prepared.blobs.append(g.blob)
+        prepared.sealed.append(False)  # stored as the client framed it: only for queues not encrypted
         for it in g.items:
             assert it.message_id is not None and it.txn_hash is not None
             prepared.item_group.append(n)
@@ -74,11 +76,22 @@ async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | 
     """Store the blobs as the segments (one ``queen.push_v1`` call, or ``push_v2`` under a request key);
     one result per message, in body order, as a JSON push answers."""
     prepared = prepare(groups)
-    if once is None:
-        rows = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args())
-    else:
-        rows = await db.fetch(push_engine.PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args())
-        once.replayed = bool(rows) and rows[0]["replayed"]
+    try:
+        if once is None:
+            rows = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args(), prepared.sealed)
+        else:
+            rows = await db.fetch(push_engine.PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
+            once.replayed = bool(rows) and rows[0]["replayed"]
+    except QueenError as err:
+        named = crypto.mismatched(err)
+        if named is None:
+            raise
+        # a queue is encrypted after all (this broker's cache did not know): learn it, and pack the
+        # messages as a JSON push would, sealed (nothing was written)
+        v = crypto.vault(db)
+        for q, enc in named.items():
+            v.learn(tenant, q, enc)
+        return await push_engine.push(db, tenant, messages(groups, None), once)
     return render(groups, rows)
 
 

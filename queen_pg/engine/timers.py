@@ -4,6 +4,9 @@ Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, 
 The firing job pushes each due timer as a message with ``transactionId == txn``, ``id == messageId``
 and ``data ==`` the payload, exactly once, and deletes it in the same transaction (WIRE §9.5: no
 tombstone; after the fire a peek is ``found: false`` and a cancel ``absent``).
+
+A timer of an encrypted queue keeps its payload sealed in ``queen.timers`` (queen_pg/security/crypto.py);
+the fire frames it as it is (flag 4) and a peek opens it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.security import crypto
 
 APPLY_SQL = "SELECT queen.timers_v1($1, $2::text::jsonb, $3, $4, $5, $6)"
 CANCEL_SQL = "SELECT queen.timer_cancel_v1($1, $2, $3, $4, $5)"
@@ -39,10 +43,27 @@ async def apply(
     message_ids: list[uuid.UUID],
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """Apply validated ops (``queen_pg.api.timer_ops``) in one transaction; one result per op."""
-    raw = await db.fetchval(APPLY_SQL, tenant, orjson.dumps(ops).decode(), payloads, hashes, message_ids, now)
+    """Apply validated ops (``queen_pg.api.timer_ops``) in one transaction; one result per op. The
+    payloads of an encrypted queue's schedules are sealed (the procedure refuses a disagreement)."""
+    v = crypto.vault(db)
+    text = orjson.dumps(ops).decode()
+
+    async def attempt() -> Any:
+        sealed = timer_payloads(v, tenant, ops, payloads)
+        return await db.fetchval(APPLY_SQL, tenant, text, sealed, hashes, message_ids, now)
+
+    raw = await crypto.push_sealed(v, tenant, [str(op.get("queue")) for op in ops], attempt)
     results: list[dict[str, Any]] = orjson.loads(raw)["results"]
     return results
+
+
+def timer_payloads(v: crypto.Vault, tenant: str, ops: list[dict[str, Any]], payloads: list[bytes]) -> list[bytes]:
+    """Each op's payload as ``queen.timers`` is to keep it: sealed for a schedule into a queue ``v``
+    believes encrypted."""
+    return [
+        v.seal_for(tenant, str(op.get("queue")), p)[0] if op.get("op") != "cancel" else p
+        for op, p in zip(ops, payloads, strict=True)
+    ]
 
 
 async def cancel(
@@ -59,7 +80,8 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
     if not rows:
         return {"found": False}
     r = rows[0]
-    payload: bytes = r["payload"]
+    stored: bytes = r["payload"]
+    payload = crypto.vault(db).clear(stored)
     return {
         "found": True,
         "queue": queue,
@@ -70,7 +92,7 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
         "partition": r["partition"],
         "payload": base64.b64encode(payload).decode(),
         "data": orjson.Fragment(payload),  # validated JSON when scheduled
-        "encrypted": False,
+        "encrypted": crypto.is_sealed(stored),
     }
 
 

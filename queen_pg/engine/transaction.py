@@ -18,15 +18,17 @@ from queen_pg.engine import push as push_engine
 from queen_pg.engine.ack import BIGINT_MAX, STATUSES
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.engine.timers import timer_payloads
 from queen_pg.errors import Verdict
+from queen_pg.security import crypto
 
 TX_SQL = (
     "SELECT queen.transaction_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24)"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25)"
 )
 TX_ONCE_SQL = (
     "SELECT * FROM queen.transaction_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29)"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29, $30)"
 )
 
 
@@ -106,34 +108,46 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
                 {"leaseId": lease, "error": f"transaction rolled back: required lease {lease} is not held"},
             ) from None
     items = [p.item for p in tx.pushes]
-    prepared = tx.prepared or push_engine.prepare(items)
     txid = str(codec.uuid7())
-    args = (
-        tenant,
-        pids,
-        [codec.txn_hash(a.transaction_id) for a in tx.acks],
-        [a.transaction_id for a in tx.acks],
-        leases,
-        [a.group or QUEUE_MODE for a in tx.acks],
-        [STATUSES[a.status] for a in tx.acks],
-        [a.index for a in tx.acks],
-        required,
-        *prepared.args(),
-        [p.index for p in tx.pushes],
-        prepared.txns,
-        orjson.dumps(tx.kv).decode(),
-        tx.slots,
-        orjson.dumps(tx.timers.ops).decode(),
-        tx.timers.payloads,
-        tx.timers.hashes,
-        tx.timers.msgids,
-        tx.slots + len(tx.kv),
-    )
-    if once is None:
-        raw = await db.fetchval(TX_SQL, *args)
-    else:
-        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid)
-        raw, once.replayed = rows[0]["result"], rows[0]["replayed"]
+    v = crypto.vault(db)
+
+    async def attempt() -> tuple[Any, bool]:
+        # a binary transaction's blobs go as they are unless a queue is (believed) encrypted: then every
+        # push is packed as JSON's are, encrypted queues' payloads sealed (crypto.py)
+        if tx.prepared is not None and not any(v.encrypted(tenant, it.queue) for it in items):
+            prepared = tx.prepared
+        else:
+            prepared = push_engine.prepare(items, v, tenant)
+        args = (
+            tenant,
+            pids,
+            [codec.txn_hash(a.transaction_id) for a in tx.acks],
+            [a.transaction_id for a in tx.acks],
+            leases,
+            [a.group or QUEUE_MODE for a in tx.acks],
+            [STATUSES[a.status] for a in tx.acks],
+            [a.index for a in tx.acks],
+            required,
+            *prepared.args(),
+            [p.index for p in tx.pushes],
+            prepared.txns,
+            orjson.dumps(tx.kv).decode(),
+            tx.slots,
+            orjson.dumps(tx.timers.ops).decode(),
+            timer_payloads(v, tenant, tx.timers.ops, tx.timers.payloads),
+            tx.timers.hashes,
+            tx.timers.msgids,
+            tx.slots + len(tx.kv),
+        )
+        if once is None:
+            return await db.fetchval(TX_SQL, *args, prepared.sealed), False
+        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid, prepared.sealed)
+        return rows[0]["result"], rows[0]["replayed"]
+
+    queues = [it.queue for it in items] + [str(op.get("queue")) for op in tx.timers.ops]
+    raw, replayed = await crypto.push_sealed(v, tenant, queues, attempt)
+    if once is not None:
+        once.replayed = replayed
     out = orjson.loads(raw)
     results: list[Any] = [None] * (tx.slots + len(tx.kv) + len(tx.timers.ops))
     for ack, res in zip(tx.acks, out["acks"], strict=True):

@@ -7,6 +7,8 @@ payload readable as jsonb and lets retention drop the segment. Each call writes 
 from the previous call's rows and hands out the next rows, so :meth:`DlqFill.more` keeps the loop
 going while a decoded batch waits to be written. A dead letter whose segment is gone (retention waits
 for it, so it should not happen) or unreadable gets JSON ``null`` and a logged warning, so it never blocks the loop.
+The frame's producerSub goes along (``log_dlq.producer_sub``); an encrypted queue's payload is written
+still sealed (``log_dlq.sealed``, payload JSON null): the job never opens it and needs no key.
 """
 
 from __future__ import annotations
@@ -21,23 +23,23 @@ from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
-DLQ_FILL_SQL = "SELECT * FROM queen.dlq_fill_v1($1, $2, $3, $4)"
+DLQ_FILL_SQL = "SELECT * FROM queen.dlq_fill_v2($1, $2, $3, $4, $5, $6)"
 CONFIG = JobConfig(name="dlq_fill", interval=5.0, limit=100)
 NULL_JSON = "null"
 
 
 def payloads_by_offset(
     blob: bytes, base_offset: int, dropped: Sequence[int] | None, codec_id: int = codec.CODEC_ZSTD
-) -> dict[int, bytes]:
-    """The JSON payload of every message of a segment, by offset. Frame k (0-based) not listed in
+) -> dict[int, codec.Frame]:
+    """The frame of every message of a segment, by offset. Frame k (0-based) not listed in
     ``dropped`` has offset base_offset + (number of frames before it that are not dropped)."""
     skip = set(dropped or ())
-    out: dict[int, bytes] = {}
+    out: dict[int, codec.Frame] = {}
     offset = base_offset
     for k, frame in enumerate(codec.unpack(blob, codec_id)):
         if k in skip:
             continue
-        out[offset] = frame.payload
+        out[offset] = frame
         offset += 1
     return out
 
@@ -52,6 +54,8 @@ class DlqFill(Job):
         super().__init__(config)
         self._ids: list[int] = []
         self._payloads: list[str] = []
+        self._sealed: list[bytes | None] = []
+        self._subs: list[str | None] = []
 
     def more(self, done: int) -> bool:
         """Call again at once while a decoded batch waits: the next call writes it."""
@@ -59,15 +63,15 @@ class DlqFill(Job):
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Dead letters handed out and decoded by one call (written by the next one)."""
-        rows = await db.fetch(DLQ_FILL_SQL, self._ids, self._payloads, self.config.limit, now)
+        rows = await db.fetch(DLQ_FILL_SQL, self._ids, self._payloads, self._sealed, self._subs, self.config.limit, now)
         # Written now; or, when another replica led this tick, nothing was written and those rows
         # are handed out again (still NULL) to whoever leads next.
-        self._ids, self._payloads = [], []
-        segments: dict[tuple[int, int], dict[int, bytes]] = {}
+        self._ids, self._payloads, self._sealed, self._subs = [], [], [], []
+        segments: dict[tuple[int, int], dict[int, codec.Frame]] = {}
         missing = 0
         for row in rows:
-            payload = self._decode(row, segments)
-            if payload is None:
+            frame = self._decode(row, segments)
+            if frame is None:
                 missing += 1
                 log.warning(
                     "event=dlq_payload_missing dlq_id=%d partition_id=%d offset=%d segment=%s",
@@ -77,13 +81,16 @@ class DlqFill(Job):
                     "gone" if row["base_offset"] is None else "unreadable",
                 )
             self._ids.append(row["id"])
-            self._payloads.append(NULL_JSON if payload is None else _as_text(payload))
+            sealed = frame is not None and frame.sealed
+            self._payloads.append(NULL_JSON if frame is None or sealed else _as_text(frame.payload))
+            self._sealed.append(frame.payload if frame is not None and sealed else None)
+            self._subs.append(frame.producer_sub if frame is not None else None)
         if rows:
             log.info("event=job_done job=%s payloads=%d missing=%d", self.name, len(rows) - missing, missing)
         return len(rows)
 
     @staticmethod
-    def _decode(row: Record, segments: dict[tuple[int, int], dict[int, bytes]]) -> bytes | None:
+    def _decode(row: Record, segments: dict[tuple[int, int], dict[int, codec.Frame]]) -> codec.Frame | None:
         if row["base_offset"] is None:
             return None
         key = (row["partition_id"], row["base_offset"])

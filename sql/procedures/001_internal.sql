@@ -15,9 +15,10 @@
 --   wait ('new' mode starts at the time the group really came to be).
 --
 -- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
--- queen._frame(message_id, transaction_id, payload JSON bytes) -> bytea: one QPF1 frame (WIRE.md §3.3,
---   flags 0), byte for byte what queen_pg/engine/codec.py encode_frame() writes. For SQL callers
---   that write a raw (codec 0) segment: the DLQ requeue and the timer job.
+-- queen._frame(message_id, transaction_id, payload bytes, producer_sub) -> bytea: one QPF1 frame (WIRE.md
+--   §3.3), byte for byte what queen_pg/engine/codec.py encode_frame() writes: flag 2 with a producerSub,
+--   flag 4 when the payload is sealed (queen_pg/security/crypto.py). For SQL callers that write a raw
+--   (codec 0) segment: the DLQ requeue and the timer job.
 --
 -- queen._verdict(reason, detail jsonb): raises SQLSTATE QN000 with MESSAGE = reason and DETAIL = the
 --   detail as JSON text. A verdict aborts the statement, so everything the call wrote is rolled back
@@ -92,14 +93,30 @@ LANGUAGE sql IMMUTABLE AS $$
       FROM generate_series(0, p_bytes - 1) AS i;
 $$;
 
-CREATE OR REPLACE FUNCTION queen._frame(p_message_id uuid, p_txn text, p_payload bytea)
+-- queen._frame(message_id, txn, payload, sub) -> bytea: one QPF1 frame (WIRE §3.3), as the broker
+-- writes them (queen_pg/engine/codec.py): flag 2 with the producerSub when p_sub is not NULL; flag 4 when
+-- the payload is sealed (an encrypted queue's: it starts with a NUL byte, which JSON text never does).
+DROP FUNCTION IF EXISTS queen._frame(uuid, text, bytea);
+
+CREATE OR REPLACE FUNCTION queen._frame(p_message_id uuid, p_txn text, p_payload bytea, p_sub text DEFAULT NULL)
 RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    v_txn  bytea := convert_to(p_txn, 'UTF8');
-    v_body bytea;
+    v_txn   bytea := convert_to(p_txn, 'UTF8');
+    v_sub   bytea := convert_to(p_sub, 'UTF8');
+    v_flags integer := 0;
+    v_body  bytea;
 BEGIN
-    v_body := '\x00'::bytea || uuid_send(p_message_id) || queen._le(length(v_txn), 2) || v_txn || p_payload;
+    IF v_sub IS NOT NULL THEN
+        v_sub := substring(v_sub FROM 1 FOR 65535);
+        v_flags := v_flags | 2;
+    END IF;
+    IF substring(p_payload FROM 1 FOR 1) = '\x00'::bytea THEN
+        v_flags := v_flags | 4;
+    END IF;
+    v_body := set_byte('\x00'::bytea, 0, v_flags) || uuid_send(p_message_id) || queen._le(length(v_txn), 2) || v_txn
+              || CASE WHEN v_sub IS NULL THEN ''::bytea ELSE queen._le(length(v_sub), 2) || v_sub END
+              || p_payload;
     RETURN queen._le(length(v_body), 4) || v_body;
 END;
 $$;

@@ -4,7 +4,10 @@
 --   Called by: POST /api/v1/configure. Creates the queue when missing, then applies the given
 --   options (camelCase keys of WIRE.md §2.9; validated by the broker before the call; keys it does
 --   not know are kept in `options`). Result: the queue as {"id","name","namespace","task","options"}.
---   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/locks.md #1.
+--   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/locks.md #1. Turning
+--   encryptionEnabled on also takes the queue's partition rows FOR NO KEY UPDATE, ascending id (#2):
+--   it waits for the pushes in flight, and every push that locks a partition after this commits
+--   reads encryption_enabled = true under that lock (queen.push_v1 refuses plaintext then).
 --
 -- queen.delete_queue_v1(tenant, queue) -> boolean
 --   Called by: DELETE /api/v1/resources/queues/{queue}. Deletes the queue and, by cascade, its
@@ -21,6 +24,7 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     o     jsonb := coalesce(p_options, '{}'::jsonb);
     q     queen.queues%ROWTYPE;
+    v_was boolean;
 BEGIN
     INSERT INTO queen.queues AS t (tenant, name, namespace, task, created_at, updated_at)
     VALUES (p_tenant, p_queue, p_namespace, p_task, v_now, v_now)
@@ -29,6 +33,7 @@ BEGIN
            task = coalesce(excluded.task, t.task),
            updated_at = v_now
     RETURNING * INTO q;
+    v_was := q.encryption_enabled;
 
     UPDATE queen.queues t SET
         lease_time = coalesce((o ->> 'leaseTime')::integer, t.lease_time),
@@ -45,6 +50,9 @@ BEGIN
         options = t.options || o
      WHERE t.id = q.id
     RETURNING * INTO q;
+    IF q.encryption_enabled AND NOT v_was THEN
+        PERFORM 1 FROM queen.log_partitions lp WHERE lp.queue_id = q.id ORDER BY lp.id FOR NO KEY UPDATE;
+    END IF;
 
     RETURN jsonb_build_object(
         'id', q.id, 'name', q.name, 'namespace', q.namespace, 'task', q.task,

@@ -6,7 +6,10 @@
 --            (or the raw frames when p_codecs[g] = 0: SQL callers such as the timer job write raw);
 --          one entry per ITEM, in request order:
 --            p_item_group[i] (1-based group), p_item_hash[i] (xxh3-128 of the transactionId, as uuid),
---            p_item_msgid[i] (message id minted by the broker).
+--            p_item_msgid[i] (message id minted by the broker);
+--          p_sealed[g]: whether group g's payloads are sealed (queen_pg/security/crypto.py). NULL (the
+--            whole array) = every group plain; a NULL element = not checked (the timer job, whose
+--            frames say it themselves: queen._frame).
 -- Result:  one row per item, in request order: (idx 1-based, status 'queued'|'duplicate', message_id,
 --          partition_id, msg_offset). A duplicate carries the ORIGINAL message id and offset.
 -- Locks:   (docs/locks.md) queues FOR UPDATE only when a partition is created (via
@@ -16,10 +19,16 @@
 --          queue's dedup window, or repeats an earlier item of this call, is a duplicate and adds
 --          nothing; survivors of one group form one segment row. created_at is stamped under the
 --          partition lock and never goes backwards within a partition.
--- Errors:  none of its own; a queue deleted concurrently surfaces as a foreign-key violation
---          (mapped to 503 retry by queen_pg/db).
+--          A group whose sealing disagrees with its queue's encryption_enabled, read after the
+--          partition locks (configure takes them when it turns encryption on: a push that committed
+--          plaintext committed before the switch), writes nothing.
+-- Errors:  encryption_mismatch (queen._refuse; DETAIL = {"queue": encrypted, ...} of every group): the
+--          broker learns it and calls again, sealed as told. A queue deleted concurrently surfaces as a
+--          foreign-key violation (mapped to 503 retry by queen_pg/db).
 
 DROP FUNCTION IF EXISTS queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz);
+DROP FUNCTION IF EXISTS queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz,
+                                      smallint[]);
 
 CREATE OR REPLACE FUNCTION queen.push_v1(
     p_tenant      text,
@@ -30,7 +39,8 @@ CREATE OR REPLACE FUNCTION queen.push_v1(
     p_item_hash   uuid[],
     p_item_msgid  uuid[],
     p_now         timestamptz DEFAULT NULL,
-    p_codecs      smallint[] DEFAULT NULL
+    p_codecs      smallint[] DEFAULT NULL,
+    p_sealed      boolean[] DEFAULT NULL
 ) RETURNS TABLE (idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -39,6 +49,7 @@ DECLARE
     v_next    bigint[];       -- next offset per group (under the partition lock)
     v_win     integer[];      -- dedup window per group (seconds)
     v_ts      timestamptz[];  -- created_at per group
+    v_enc     boolean[];      -- queues.encryption_enabled per group (under the partition lock)
     v_now     timestamptz;
     r_live    boolean[];
     r_status  text[];
@@ -76,11 +87,17 @@ BEGIN
     v_now := coalesce(p_now, clock_timestamp());
     SELECT array_agg(p.next_offset ORDER BY g.ord),
            array_agg(q.dedup_window_seconds ORDER BY g.ord),
-           array_agg(greatest(v_now, p.last_write_at) ORDER BY g.ord)
-      INTO v_next, v_win, v_ts
+           array_agg(greatest(v_now, p.last_write_at) ORDER BY g.ord),
+           array_agg(q.encryption_enabled ORDER BY g.ord)
+      INTO v_next, v_win, v_ts, v_enc
       FROM unnest(v_gp) WITH ORDINALITY AS g(pid, ord)
       JOIN queen.log_partitions p ON p.id = g.pid
       JOIN queen.queues q ON q.id = p.queue_id;
+    IF EXISTS (SELECT 1 FROM generate_subscripts(v_gp, 1) AS g
+                WHERE CASE WHEN p_sealed IS NULL THEN v_enc[g] ELSE p_sealed[g] <> v_enc[g] END) THEN
+        PERFORM queen._refuse('encryption_mismatch',
+                              (SELECT jsonb_object_agg(p_queues[g], v_enc[g]) FROM generate_subscripts(v_gp, 1) AS g)::text);
+    END IF;
 
     -- 4. verdict and offset per item
     WITH it AS (

@@ -240,3 +240,50 @@ BEGIN
      ORDER BY n.id;
 END;
 $$;
+
+-- queen.dlq_fill_v2: dlq_fill_v1 (above, kept for a broker of the previous release during a rolling
+-- deploy), plus, index-aligned with p_ids: p_sealed[i] = the payload as its frame had it when the frame
+-- is sealed (an encrypted queue: queen_pg/security/crypto.py), else NULL; p_subs[i] = the frame's
+-- producerSub (NULL: none). A sealed row gets payload = JSON null (filled: no plaintext is copied into
+-- log_dlq) and `sealed` = the sealed bytes; every row gets producer_sub. Result, locks, guarantees,
+-- errors: as dlq_fill_v1.
+CREATE OR REPLACE FUNCTION queen.dlq_fill_v2(
+    p_ids      bigint[],
+    p_payloads text[],
+    p_sealed   bytea[],
+    p_subs     text[],
+    p_limit    integer,
+    p_now      timestamptz DEFAULT NULL
+) RETURNS TABLE (id bigint, partition_id bigint, msg_offset bigint, base_offset bigint, dropped integer[],
+                 codec smallint, payload bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(7781200103) THEN  -- DLQ_FILL_LOCK
+        RETURN;
+    END IF;
+    BEGIN
+        UPDATE queen.log_dlq d
+           SET payload = CASE WHEN u.seal IS NULL THEN u.body::jsonb ELSE 'null'::jsonb END,
+               sealed = u.seal, producer_sub = u.sub
+          FROM unnest(p_ids, p_payloads, p_sealed, p_subs) AS u(dlq_id, body, seal, sub)
+         WHERE d.id = u.dlq_id AND d.payload IS NULL;
+    EXCEPTION WHEN data_exception THEN
+        FOR r IN SELECT u.dlq_id, u.body, u.seal, u.sub
+                   FROM unnest(p_ids, p_payloads, p_sealed, p_subs) AS u(dlq_id, body, seal, sub) LOOP
+            BEGIN
+                UPDATE queen.log_dlq d
+                   SET payload = CASE WHEN r.seal IS NULL THEN r.body::jsonb ELSE 'null'::jsonb END,
+                       sealed = r.seal, producer_sub = r.sub
+                 WHERE d.id = r.dlq_id AND d.payload IS NULL;
+            EXCEPTION WHEN data_exception THEN
+                UPDATE queen.log_dlq d SET payload = to_jsonb(r.body), producer_sub = r.sub
+                 WHERE d.id = r.dlq_id AND d.payload IS NULL;
+            END;
+        END LOOP;
+    END;
+
+    RETURN QUERY SELECT * FROM queen.dlq_fill_v1('{}', '{}', p_limit, p_now);
+END;
+$$;

@@ -5,7 +5,9 @@
 --   its queue and partition names, `total` (matching rows, for paging; a page past the end is one row
 --   with only `total`) and, while its jsonb payload
 --   is not filled yet (the dlq_fill job copies it out of the zstd segment), the segment that holds it
---   (base_offset, dropped, codec, blob) so the broker can decode it. Locks: none (reads).
+--   (base_offset, dropped, codec, blob) so the broker can decode it; producer_sub and sealed (filled
+--   rows: the frame's producerSub, and an encrypted queue's payload still sealed; the broker opens it).
+--   Locks: none (reads).
 --
 -- queen.dlq_requeue_v1(tenant, partition_id, txn_hash, message_id, now) -> jsonb
 --   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry (queen_pg/engine/dlq.py).
@@ -14,7 +16,8 @@
 --   dead-lettered it (the dead letters of that offset name them) and no other: every other cursor
 --   row of the partition gets a log_passes row for the new offset, so those groups pass over it
 --   (groups created later do receive it). The message: when the dlq_fill job has copied the payload
---   out, a raw QPF1 frame (codec 0) with a new message id (p_message_id); before that (the requeue
+--   out, a raw QPF1 frame (codec 0) with a new message id (p_message_id), the dead letter's
+--   producer_sub, and its payload still sealed when it was (flag 4; no plaintext); before that (the requeue
 --   does not wait for the job), a copy of the segment that holds it with every other frame listed in
 --   `dropped`, so it keeps its message id. Adds a hash row for the new offset (groups that have not
 --   settled the original still resolve their acks to it: see log_txns) and deletes the partition's
@@ -26,13 +29,18 @@
 --   partition's other cursor rows (#3, the log_passes foreign key); log_dlq rows by DELETE. The clock
 --   is read after the partition lock.
 
+-- The result gained producer_sub and sealed (revision 0004) at its end: the arguments are the same, and a
+-- broker of the previous release reads its columns by name, so the name stays (the old shape is dropped).
+DROP FUNCTION IF EXISTS queen.dlq_list_v1(text, text, text, text, timestamptz, timestamptz, integer, integer);
+
 CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
     p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
     p_limit integer, p_offset integer)
 RETURNS TABLE (id bigint, queue_name text, partition_name text, partition_id bigint, consumer_group text,
                msg_offset bigint, message_id uuid, transaction_id text, payload_json text, error text,
                attempts integer, created_at timestamptz, failed_at timestamptz, total bigint,
-               seg_base bigint, seg_dropped integer[], seg_codec smallint, seg_blob bytea)
+               seg_base bigint, seg_dropped integer[], seg_codec smallint, seg_blob bytea,
+               producer_sub text, sealed bytea)
 LANGUAGE sql STABLE AS $$
     WITH matching AS (
         SELECT d.*, q.name AS qname, p.name AS pname
@@ -52,7 +60,7 @@ LANGUAGE sql STABLE AS $$
     )
     SELECT h.id, h.qname, h.pname, h.partition_id, h.consumer_group, h.msg_offset, h.message_id,
            h.transaction_id, h.payload::text, h.error, h.attempts, h.created_at, h.failed_at, t.n,
-           s.base_offset, s.dropped, s.codec, s.payload
+           s.base_offset, s.dropped, s.codec, s.payload, h.producer_sub, h.sealed
       FROM total t
       LEFT JOIN page h ON true
       LEFT JOIN LATERAL (
@@ -104,7 +112,8 @@ BEGIN
         v_msgid := p_message_id;
         INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
         VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0,
-                queen._frame(v_msgid, coalesce(d.transaction_id, v_msgid::text), convert_to(d.payload::text, 'UTF8')));
+                queen._frame(v_msgid, coalesce(d.transaction_id, v_msgid::text),
+                             coalesce(d.sealed, convert_to(d.payload::text, 'UTF8')), d.producer_sub));
     ELSE
         -- not copied out yet: the segment's frames as they are, all but this message's dropped
         SELECT sg.base_offset, sg.end_offset, sg.dropped, sg.codec, sg.payload INTO s

@@ -35,6 +35,10 @@
 --     The message id is p_message_id, except that a resend of the pending schedule (same txn) keeps the
 --     id it promised the first time.
 --     Result {ok: true, status, queue, timerKey, txn, messageId, deliverAt, partition}.
+--     p_payload is sealed (a leading NUL byte) exactly when the queue is encrypted, else
+--     queen._refuse('encryption_mismatch', {queue: encrypted}) (nothing written; the broker learns it and
+--     calls again). Not locked against a concurrent configure: a schedule racing the switch to
+--     encryption may stay plain, like a message pushed just before it.
 --   op = {"op": "cancel", "queue", "timerKey", "txn"?}: a pending timer (with that txn, when given) is
 --     deleted: {ok: true, status: cancelled, txn}. No such pending timer (never scheduled, cancelled, or
 --     already fired): {ok: false, status: absent, txn: <the given txn>}. Results also carry queue and
@@ -60,11 +64,15 @@
 --   1. TIMERS_FIRE_LOCK = 7_781_200_186 (try): one replica per tick; the loser returns leader=false.
 --   2. Up to p_limit due timers (deliver_at <= now), oldest first; each key's lock taken shared with a
 --      try-lock (a busy key is counted in `busy` and left for the next tick).
---   3. Per tenant: the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due, and
---      pushed with ONE queen.push_v1 call (one raw segment per queue/partition, frames in deliver_at
---      order; queue and partition created when missing; locks: queues FOR UPDATE when creating,
---      log_partitions FOR NO KEY UPDATE ascending id). A txn already in the partition's dedup window is
---      a duplicate and pushes nothing. Then every pushed row is deleted (in the same transaction).
+--   3. Per tenant (ascending): the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due;
+--      their missing queues and partitions created (queues FOR UPDATE, docs/locks.md #1).
+--   4. Every partition those rows go to, of every tenant, FOR NO KEY UPDATE in ONE ascending id order
+--      (#2): the per-tenant pushes below then take no lock out of order (retention locks across
+--      tenants too, ascending).
+--   5. Per tenant: ONE queen.push_v1 call (one raw segment per queue/partition, frames in deliver_at
+--      order; a sealed payload keeps flag 4 through queen._frame, the push checks no sealing since
+--      every frame says its own). A txn already in the partition's dedup window is a duplicate and
+--      pushes nothing. Then every pushed row is deleted (in the same transaction).
 --   Result {"leader", "fired" (queued), "duplicates", "busy", "queues": [[tenant, queue], ...]
 --   that received a message}. Exactly once: the leader lock, the key lock + row lock + the row's delete,
 --   and the push's own dedup by txn hash.
@@ -110,6 +118,7 @@ DECLARE
     v_at     timestamptz;
     v_id     uuid;
     v_status text;
+    v_enc    boolean;
 BEGIN
     SELECT tm.* INTO t FROM queen.timers tm
      WHERE tm.tenant = p_tenant AND tm.queue = v_queue AND tm.timer_key = v_key
@@ -126,6 +135,13 @@ BEGIN
                                   'txn', t.txn, 'messageId', t.message_id);
     END IF;
 
+    -- an encrypted queue's timer keeps its payload sealed (queen_pg/security/crypto.py: a sealed payload
+    -- starts with a NUL byte); a disagreement writes nothing and the broker calls again, sealed as told
+    v_enc := coalesce((SELECT q.encryption_enabled FROM queen.queues q
+                        WHERE q.tenant = p_tenant AND q.name = v_queue), false);
+    IF v_enc <> (substring(p_payload FROM 1 FOR 1) = '\x00'::bytea) THEN
+        PERFORM queen._refuse('encryption_mismatch', jsonb_build_object(v_queue, v_enc)::text);
+    END IF;
     v_status := CASE WHEN v_found THEN 'rescheduled' ELSE 'scheduled' END;
     v_id := CASE WHEN v_found AND t.txn = v_txn THEN t.message_id ELSE p_message_id END;
     v_at := v_now + (p_op ->> 'delayMs')::bigint * interval '1 millisecond';
@@ -268,7 +284,46 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- 3. per tenant: rows again under row locks, one push, the rows deleted
+    -- 3. per tenant: rows again under row locks; their queues and partitions created when missing
+    FOR v_tenant IN SELECT DISTINCT u.tn FROM unnest(v_kt) AS u(tn) ORDER BY 1 LOOP
+        PERFORM 1 FROM queen.timers t
+          JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
+            ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
+         WHERE k.tn = v_tenant AND t.deliver_at <= v_now
+           FOR UPDATE OF t SKIP LOCKED;
+        SELECT array_agg(d.queue ORDER BY d.queue, d.partition), array_agg(d.partition ORDER BY d.queue, d.partition)
+          INTO v_gq, v_gp
+          FROM (SELECT DISTINCT t.queue, t.partition
+                  FROM queen.timers t
+                  JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
+                    ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
+                 WHERE k.tn = v_tenant AND t.deliver_at <= v_now) AS d;
+        CONTINUE WHEN v_gq IS NULL;
+        INSERT INTO queen.queues (tenant, name)
+        SELECT DISTINCT v_tenant, g.q FROM unnest(v_gq) AS g(q)
+         WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.tenant = v_tenant AND q.name = g.q)
+         ORDER BY 2
+        ON CONFLICT (tenant, name) DO NOTHING;
+        PERFORM queen._create_partitions(v_tenant, array_agg(q.id ORDER BY g.ord), array_agg(g.p ORDER BY g.ord))
+           FROM unnest(v_gq, v_gp) WITH ORDINALITY AS g(q, p, ord)
+           JOIN queen.queues q ON q.tenant = v_tenant AND q.name = g.q
+         HAVING count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions lp
+                                                    WHERE lp.queue_id = q.id AND lp.name = g.p)) > 0;
+    END LOOP;
+
+    -- 4. the partitions of every tenant's push, in one ascending order
+    PERFORM 1 FROM queen.log_partitions lp
+      JOIN queen.queues q ON q.id = lp.queue_id
+      JOIN (SELECT DISTINCT t.tenant, t.queue, t.partition
+              FROM queen.timers t
+              JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
+                ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
+             WHERE t.deliver_at <= v_now) AS d
+        ON q.tenant = d.tenant AND q.name = d.queue AND lp.name = d.partition
+     ORDER BY lp.id
+       FOR NO KEY UPDATE OF lp;
+
+    -- 5. per tenant: one push, the rows deleted
     FOR v_tenant IN SELECT DISTINCT u.tn FROM unnest(v_kt) AS u(tn) ORDER BY 1 LOOP
         WITH due AS MATERIALIZED (
             SELECT t.queue, t.timer_key, t.partition, t.payload, t.txn, t.txn_hash, t.message_id, t.deliver_at
@@ -303,7 +358,8 @@ BEGIN
                             FILTER (WHERE pr.status = 'queued'), '[]'::jsonb)
           INTO v_queued, v_dups, v_pushed
           FROM queen.push_v1(v_tenant, v_gq, v_gp, v_gb, v_ig, v_ih, v_im, v_now,
-                             array_fill(0::smallint, ARRAY[cardinality(v_gq)])) AS pr;
+                             array_fill(0::smallint, ARRAY[cardinality(v_gq)]),
+                             array_fill(NULL::boolean, ARRAY[cardinality(v_gq)])) AS pr;
 
         DELETE FROM queen.timers t
          USING unnest(v_iq, v_ik) AS u(q, key)

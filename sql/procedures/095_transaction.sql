@@ -86,6 +86,10 @@ BEGIN
 END;
 $$;
 
+-- p_sealed (added last, with a default: a broker of the previous release still calls it) is push_v1's.
+DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
+    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
+    uuid[], uuid[], integer, timestamptz);
 CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_tenant           text,
     p_ack_pids         bigint[],
@@ -111,7 +115,8 @@ CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_timer_hashes     uuid[],
     p_timer_msgids     uuid[],
     p_timer_base       integer,
-    p_now              timestamptz DEFAULT NULL
+    p_now              timestamptz DEFAULT NULL,
+    p_sealed           boolean[] DEFAULT NULL  -- per push group: sealed (queen.push_v1)
 ) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -175,7 +180,7 @@ BEGIN
                          ORDER BY p.idx)
           INTO v_pushes
           FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
-                             p_item_msgid, p_now) AS p;  -- push_v1 reads the clock after its locks
+                             p_item_msgid, p_now, NULL, p_sealed) AS p;  -- push_v1 reads the clock after its locks
         SELECT e.ord::integer AS ord, e.v INTO r
           FROM jsonb_array_elements(v_pushes) WITH ORDINALITY AS e(v, ord)
          WHERE e.v ->> 'status' = 'duplicate' ORDER BY e.ord LIMIT 1;

@@ -81,11 +81,14 @@ LANGUAGE sql AS $$
            created_at = excluded.created_at, expires_at = excluded.expires_at;
 $$;
 
+-- p_sealed (added last, with a default: a broker of the previous release still calls it) is push_v1's.
+DROP FUNCTION IF EXISTS queen.push_v2(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz, text,
+                                      text, uuid, integer);
 CREATE OR REPLACE FUNCTION queen.push_v2(
     p_tenant text, p_queues text[], p_partitions text[], p_blobs bytea[], p_item_group integer[],
     p_item_hash uuid[], p_item_msgid uuid[], p_now timestamptz DEFAULT NULL,
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'push', p_body_hash uuid DEFAULT NULL,
-    p_window_s integer DEFAULT 60
+    p_window_s integer DEFAULT 60, p_sealed boolean[] DEFAULT NULL
 ) RETURNS TABLE (idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint,
                  replayed boolean)
 LANGUAGE plpgsql AS $$
@@ -100,7 +103,7 @@ BEGIN
     IF v_rows IS NULL THEN
         SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.idx), '[]') INTO v_rows
           FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
-                             p_item_msgid, p_now) AS p;
+                             p_item_msgid, p_now, NULL, p_sealed) AS p;
         IF p_request_key IS NOT NULL THEN
             PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, v_rows, p_window_s, v_now);
         END IF;
@@ -200,6 +203,9 @@ $$;
 
 -- p_transaction_id: the id the broker minted for this answer; it is recorded inside the result
 -- ({"transactionId": ...}), so a replay answers the same id.
+DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
+    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
+    uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text);
 CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_tenant text, p_ack_pids bigint[], p_ack_hashes uuid[], p_ack_txns text[], p_ack_leases uuid[],
     p_ack_groups text[], p_ack_statuses text[], p_ack_index integer[], p_required_leases uuid[],
@@ -208,7 +214,7 @@ CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_timers jsonb, p_timer_payloads bytea[], p_timer_hashes uuid[], p_timer_msgids uuid[], p_timer_base integer,
     p_now timestamptz DEFAULT NULL,
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'transaction', p_body_hash uuid DEFAULT NULL,
-    p_window_s integer DEFAULT 60, p_transaction_id text DEFAULT NULL
+    p_window_s integer DEFAULT 60, p_transaction_id text DEFAULT NULL, p_sealed boolean[] DEFAULT NULL
 ) RETURNS TABLE (result jsonb, replayed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -223,7 +229,7 @@ BEGIN
                                        p_ack_statuses, p_ack_index, p_required_leases, p_queues, p_partitions,
                                        p_blobs, p_item_group, p_item_hash, p_item_msgid, p_item_index,
                                        p_item_txns, p_kv, p_kv_base, p_timers, p_timer_payloads, p_timer_hashes,
-                                       p_timer_msgids, p_timer_base, p_now)
+                                       p_timer_msgids, p_timer_base, p_now, p_sealed)
                   || jsonb_build_object('transactionId', p_transaction_id);
         IF p_request_key IS NOT NULL THEN
             PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);

@@ -1,0 +1,248 @@
+"""Encrypted queues: payloads at rest under AES-256-GCM (issue 12 §3).
+
+A sealed payload is ``0x00 | u8 version (1) | u8[4] key id | u8[12] nonce | ciphertext + 16-byte tag``.
+The leading NUL byte never starts a JSON text, so a sealed payload names itself wherever it is stored
+as bytes (a frame payload, ``timers.payload``, ``log_dlq.sealed``); in a QPF1 frame flag 4 says it too
+(WIRE §3.3). The first six bytes are the GCM associated data. The key id is the first 4 bytes of
+SHA-256 over the key, so ``QUEEN_ENCRYPTION_KEYS_OLD`` decrypts what older keys sealed and the key
+itself is never stored. A fresh random 96-bit nonce per payload.
+
+Whether a queue is encrypted is decided by the database (``queues.encryption_enabled``):
+``queen.push_v1`` refuses, under the partition lock, a group whose sealing disagrees with its queue
+(``encryption_mismatch``, nothing written). :class:`Vault` keeps a cache of that answer per
+(tenant, queue) so the next push seals at once; a stale cache costs one refused call and a retry,
+never plaintext in an encrypted queue (:func:`push_sealed`).
+
+The vault belongs to a :class:`~queen_pg.db.pool.Database` handle (:func:`bind`, :func:`vault`), so
+every engine function that is given the handle finds it without a new parameter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from queen_pg.errors import ENCRYPTION_KEY_MISSING, ENCRYPTION_KEY_UNKNOWN, ENCRYPTION_MISMATCH, QueenError
+
+MARK = 0x00
+VERSION = 1
+_HEAD = struct.Struct("<BB4s")
+HEAD_LEN = _HEAD.size  # 6: mark, version, key id
+NONCE_LEN = 12
+TAG_LEN = 16
+CACHE_MAX = 100_000  # (tenant, queue) answers kept; beyond it the cache starts over (it is only a hint)
+PUSH_ATTEMPTS = 4  # a push whose queues flip between attempts more often than this gives up (503)
+
+T = TypeVar("T")
+
+
+def parse_key(text: str, name: str) -> bytes:
+    """A 64-hex-character key as 32 bytes; ValueError naming the setting (never the value) otherwise."""
+    raw = text.strip()
+    if len(raw) != 64:
+        raise ValueError(f"{name} must be 64 hex characters (32 bytes), got {len(raw)} characters")
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be 64 hex characters (32 bytes): not hex") from None
+
+
+def key_id(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()[:4]
+
+
+def is_sealed(payload: bytes) -> bool:
+    return len(payload) > HEAD_LEN and payload[0] == MARK
+
+
+class Vault:
+    """The keys of this process and its cache of which queues are encrypted."""
+
+    def __init__(self, key: bytes | None = None, old: Sequence[bytes] = ()) -> None:
+        self._current = (key_id(key), AESGCM(key)) if key is not None else None
+        self._keys: dict[bytes, AESGCM] = {}
+        for k in (*old, *([key] if key is not None else [])):
+            self._keys[key_id(k)] = AESGCM(k)
+        self._encrypted: dict[tuple[str, str], bool] = {}
+
+    def __repr__(self) -> str:  # never the keys
+        return f"Vault(key={'set' if self._current else 'none'}, readable={len(self._keys)})"
+
+    @classmethod
+    def from_settings(cls, key: str, old: str) -> Vault:
+        olds = [parse_key(k, "QUEEN_ENCRYPTION_KEYS_OLD") for k in old.split(",") if k.strip()]
+        return cls(parse_key(key, "QUEEN_ENCRYPTION_KEY") if key.strip() else None, olds)
+
+    @property
+    def can_seal(self) -> bool:
+        return self._current is not None
+
+    @property
+    def can_open(self) -> bool:
+        """Any key (current or old): only then can a stored segment hold frames this broker may open."""
+        return bool(self._keys)
+
+    def seal(self, plaintext: bytes) -> bytes:
+        if self._current is None:
+            raise QueenError(ENCRYPTION_KEY_MISSING, detail="this broker has no QUEEN_ENCRYPTION_KEY")
+        kid, aes = self._current
+        head = _HEAD.pack(MARK, VERSION, kid)
+        nonce = os.urandom(NONCE_LEN)
+        return head + nonce + aes.encrypt(nonce, plaintext, head)
+
+    def open(self, sealed: bytes) -> bytes:
+        """The plaintext of a sealed payload; 409 ``encryption_key_unknown`` when no key of this
+        process sealed it or it does not authenticate (never a 500, never the bytes)."""
+        if len(sealed) < HEAD_LEN + NONCE_LEN + TAG_LEN:
+            raise QueenError(ENCRYPTION_KEY_UNKNOWN, detail="a sealed payload is truncated")
+        mark, version, kid = _HEAD.unpack_from(sealed)
+        aes = self._keys.get(kid) if mark == MARK and version == VERSION else None
+        if aes is None:
+            raise QueenError(
+                ENCRYPTION_KEY_UNKNOWN,
+                detail=f"a payload is sealed with key id {kid.hex()}, which is neither QUEEN_ENCRYPTION_KEY nor "
+                "in QUEEN_ENCRYPTION_KEYS_OLD",
+            )
+        nonce = sealed[HEAD_LEN : HEAD_LEN + NONCE_LEN]
+        try:
+            return aes.decrypt(nonce, sealed[HEAD_LEN + NONCE_LEN :], sealed[:HEAD_LEN])
+        except InvalidTag:
+            raise QueenError(
+                ENCRYPTION_KEY_UNKNOWN, detail=f"a payload sealed with key id {kid.hex()} does not authenticate"
+            ) from None
+
+    def clear(self, payload: bytes) -> bytes:
+        """``payload`` as JSON text: opened when sealed, as it is otherwise."""
+        return self.open(payload) if is_sealed(payload) else payload
+
+    # --- which queues are encrypted: a hint, the database decides ---------------------------------
+
+    def encrypted(self, tenant: str, queue: str) -> bool:
+        return self._encrypted.get((tenant, queue), False)
+
+    def learn(self, tenant: str, queue: str, encrypted: bool) -> None:
+        if len(self._encrypted) >= CACHE_MAX:
+            self._encrypted.clear()
+        self._encrypted[(tenant, queue)] = encrypted
+
+    def forget(self, tenant: str, queue: str) -> None:
+        """A peer changed the queue's config (mesh CONFIG frame): ask the database again."""
+        self._encrypted.pop((tenant, queue), None)
+
+    def seal_for(self, tenant: str, queue: str, payload: bytes) -> tuple[bytes, bool]:
+        """The payload as it is to be stored in ``queue`` by the cache's belief, and whether sealed."""
+        if self.encrypted(tenant, queue):
+            return self.seal(payload), True
+        return payload, False
+
+
+_VAULTS: weakref.WeakKeyDictionary[Any, Vault] = weakref.WeakKeyDictionary()
+_NO_KEYS = Vault()
+
+
+def bind(db: object, v: Vault) -> None:
+    """Give the database handle its vault (the app's lifespan does, from the settings)."""
+    _VAULTS[db] = v
+
+
+def vault(db: object) -> Vault:
+    """The vault of a database handle; one without keys when none was bound (every queue plain)."""
+    return _VAULTS.get(db, _NO_KEYS)
+
+
+def mismatched(err: QueenError) -> dict[str, bool] | None:
+    """The queues (name -> encrypted) a refused push named, or None when ``err`` is another error."""
+    if err.kind is not ENCRYPTION_MISMATCH:
+        return None
+    try:
+        named = orjson.loads(str(err.fields.get("detail", "{}")))
+    except orjson.JSONDecodeError:
+        return {}
+    return {str(k): bool(v) for k, v in named.items()} if isinstance(named, dict) else {}
+
+
+async def push_sealed(v: Vault, tenant: str, queues: Iterable[str], attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run ``attempt`` (which seals by ``v``'s cache) until the database agrees with the sealing.
+    On ``encryption_mismatch`` the named queues' answers are learned and the attempt is made again;
+    an encrypted queue with no key here is 409 ``encryption_key_missing`` before any write."""
+    names = set(queues)
+    for _ in range(PUSH_ATTEMPTS):
+        if not v.can_seal:
+            missing = sorted(q for q in names if v.encrypted(tenant, q))
+            if missing:
+                raise QueenError(
+                    ENCRYPTION_KEY_MISSING,
+                    detail=f"queue {missing[0]!r} is encrypted and this broker has no QUEEN_ENCRYPTION_KEY",
+                )
+        try:
+            return await attempt()
+        except QueenError as err:
+            named = mismatched(err)
+            if named is None:
+                raise
+            for q, enc in named.items():
+                v.learn(tenant, q, enc)
+    raise QueenError(ENCRYPTION_MISMATCH, detail="the queues' encryption kept changing; retry the request")
+
+
+def may_configure(db: object, options: dict[str, Any]) -> None:
+    """``encryptionEnabled: true`` on a broker without QUEEN_ENCRYPTION_KEY: 409 before any write."""
+    if options.get("encryptionEnabled") is True and not vault(db).can_seal:
+        raise QueenError(
+            ENCRYPTION_KEY_MISSING,
+            detail="encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hex characters) on this broker",
+        )
+
+
+def forgetting(v: Vault, on_config: Callable[[str, str], None]) -> Callable[[str, str], None]:
+    """A mesh CONFIG handler that also drops the vault's answer for that queue (a peer configured it)."""
+
+    def handler(tenant: str, queue: str) -> None:
+        v.forget(tenant, queue)
+        on_config(tenant, queue)
+
+    return handler
+
+
+class _Framed(Protocol):
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def sealed(self) -> bool: ...
+
+
+def opened(v: Vault | None, frame: _Framed) -> bytes:
+    """A frame's payload as JSON text: opened with ``v`` when the frame is sealed (flag 4)."""
+    if not frame.sealed:
+        return frame.payload
+    return (v or _NO_KEYS).open(frame.payload)
+
+
+def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
+    """A stored segment blob as a framed pop may ship it (WIRE §3.3: clients refuse flag 4): as it is
+    when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
+    from queen_pg.engine import codec  # the engine imports this module
+
+    frames = list(codec.unpack(blob, codec_id))
+    if not any(f.sealed for f in frames):
+        return blob, codec_id
+    raw = b"".join(
+        codec.encode_frame(f.message_id, f.transaction_id, opened(v, f), f.trace_id, f.producer_sub) for f in frames
+    )
+    return raw, codec.CODEC_RAW
+
+
+def opened_row(v: Vault, row: Any) -> Any:
+    """A pop_v1 row whose segment a framed pop may ship: its blob through :func:`opened_blob`."""
+    blob, codec_id = opened_blob(v, row["payload"], row["codec"])
+    if blob is row["payload"]:
+        return row
+    return {**dict(row), "payload": blob, "codec": codec_id}

@@ -1,0 +1,192 @@
+"""Tenants in the SQL and the process (issue 12 §5): the timer fire's partition locks in one ascending
+order across tenants, a per-tenant share of admission, idle fusion lanes dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from queen_pg.db.pool import Database
+from queen_pg.engine import codec
+from queen_pg.engine import push as push_engine
+from queen_pg.engine import timers as timers_engine
+from queen_pg.engine.fusion import FuseConfig, Fuser, Lane
+from tests.conftest import Broker
+from tests.helpers import until
+
+
+async def _partition(db: Database, tenant: str, queue: str) -> int:
+    (res,) = await push_engine.push(db, tenant, [push_engine.NewMessage(queue, "Default", b"0", None, None)])
+    return int(res["partitionId"])
+
+
+async def _timer(db: Database, tenant: str, queue: str) -> None:
+    op = {"op": "schedule", "queue": queue, "timerKey": "k", "delayMs": 0, "txn": f"{tenant}-t", "partition": "Default"}
+    (res,) = await timers_engine.apply(db, tenant, [op], [b'{"t": 1}'], [codec.txn_hash(f"{tenant}-t")], [uuid.uuid4()])
+    assert res["status"] == "scheduled"
+
+
+async def test_timers_of_two_tenants_fire_with_partition_locks_in_one_ascending_order(
+    db: Database, db_url: str
+) -> None:
+    """Tenant "a" fires first (tenants in name order) but its partition has the HIGHER id. A retention
+    pass locks partitions ascending across tenants: here a transaction holds b's (low) partition, as
+    retention would first, and then asks for a's (high) one. The fire must not hold a's partition while
+    it waits for b's: before the fix it did, and this was a deadlock."""
+    low = await _partition(db, "b", "qb")
+    high = await _partition(db, "a", "qa")
+    assert low < high
+    await _timer(db, "a", "qa")
+    await _timer(db, "b", "qb")
+
+    holder = await asyncpg.connect(db_url)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SET lock_timeout = '10s'")
+        await holder.execute("SELECT 1 FROM queen.log_partitions WHERE id = $1 FOR NO KEY UPDATE", low)
+        fire = asyncio.create_task(timers_engine.fire(db, 100, datetime.now(UTC) + timedelta(seconds=1)))
+
+        async def fire_waits() -> bool:
+            n = await holder.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%timers_fire%'"
+            )
+            return bool(n)
+
+        await until(fire_waits, "the fire to wait for the low partition")
+        # as retention would next: the higher id. The fire holds no partition yet, so this is granted.
+        await holder.execute("SELECT 1 FROM queen.log_partitions WHERE id = $1 FOR NO KEY UPDATE", high)
+        await tx.commit()
+        result = await asyncio.wait_for(fire, 30)
+    finally:
+        await holder.close()
+    assert result.leader and result.fired == 2
+    assert sorted(result.queues) == [("a", "qa"), ("b", "qb")]
+
+
+async def test_two_tenants_fire_concurrently_with_retention(db: Database, db_url: str) -> None:
+    """The fire and the retention job run side by side, over and over, with timers of two tenants whose
+    partition ids interleave; neither ever fails (a deadlock would surface as an error)."""
+    pids = {}
+    for tenant in ("z", "a", "m"):
+        pids[tenant] = await _partition(db, tenant, f"q{tenant}")
+    other = await asyncpg.connect(db_url)
+    try:
+        for round_ in range(15):
+            for tenant in ("z", "a", "m"):
+                op = {
+                    "op": "schedule",
+                    "queue": f"q{tenant}",
+                    "timerKey": f"k{round_}",
+                    "delayMs": 0,
+                    "txn": f"{tenant}{round_}",
+                }
+                await timers_engine.apply(
+                    db, tenant, [op], [b"1"], [codec.txn_hash(f"{tenant}{round_}")], [uuid.uuid4()]
+                )
+            later = datetime.now(UTC) + timedelta(seconds=1)
+            fired, _ = await asyncio.gather(
+                timers_engine.fire(db, 100, later),
+                other.fetch("SELECT * FROM queen.retention_v1(100, $1)", later),
+            )
+            assert fired.fired == 3
+    finally:
+        await other.close()
+
+
+# --- admission: a share per tenant ----------------------------------------------------------------
+
+BODY = 60_000  # each held request's Content-Length
+
+
+@contextlib.asynccontextmanager
+async def held_pushes(broker: Broker, tenant: str, n: int) -> AsyncIterator[None]:
+    """``n`` pushes of tenant whose headers announce BODY bytes that never come: each holds its
+    admission permits (taken before the body is read) until the connection closes."""
+    writers = []
+    try:
+        for _ in range(n):
+            _, w = await asyncio.open_connection("127.0.0.1", broker.port)
+            w.write(
+                (
+                    f"POST /api/v1/push HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                    f"x-queen-tenant: {tenant}\r\ncontent-length: {BODY}\r\n\r\n"
+                ).encode()
+            )
+            await w.drain()
+            writers.append(w)
+        yield
+    finally:
+        for w in writers:
+            w.close()
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+async def test_one_tenants_flood_does_not_starve_another(start_broker: Any, share: float) -> None:
+    b: Broker = await start_broker(
+        tenancy_header=True,
+        max_body_bytes=64 * 1024,
+        admit_max_mb=1,
+        admit_hold_ms=400,
+        admit_tenant_share=share,
+        jobs_enabled=False,
+    )
+    budget = b.app.state.queen.admission
+    async with held_pushes(b, "flood", 30):
+
+        async def flood_in() -> bool:
+            return bool(
+                budget.sem.used + (sum(g.queued for g in budget.gates.values()) + budget.sem.queued) * BODY >= 28 * BODY
+            )
+
+        await until(flood_in, "the flood to take or wait for the budget")
+        async with httpx.AsyncClient(base_url=b.url, headers={"x-queen-tenant": "quiet"}) as http:
+            r = await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 1}]})
+    if share < 1:
+        assert r.status_code == 201, r.text  # the quiet tenant's push went through at once
+        assert budget.gates["flood"].used <= budget.tenant_capacity
+        assert budget.sem.used <= budget.capacity * share + BODY
+    else:  # without a share the flood holds the whole budget and the quiet tenant waits behind it
+        assert r.status_code == 429 and r.json()["code"] == "overloaded"
+
+
+# --- fusion lanes: idle ones are dropped ---------------------------------------------------------
+
+
+async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) -> None:
+    now = [0.0]
+    fuser = Fuser(db, FuseConfig(hold_us=2000, lane_idle_s=60), clock=lambda: now[0])
+    for i in range(20):
+        await fuser.push(f"t{i}", [push_engine.NewMessage("q", "Default", b"1", None, None)])
+    assert len(fuser.lanes()) == 20
+    release = asyncio.Event()
+
+    async def slow(requests: list[list[int]]) -> list[list[dict[str, Any]]]:
+        await release.wait()
+        return [[] for _ in requests]
+
+    busy: Lane[int] = Lane("push", slow, fuser.config, fuser.clock)
+    fuser._push["busy"] = busy  # a lane with a call running
+    call = asyncio.create_task(busy.submit([1]))
+    await asyncio.sleep(0)
+    now[0] = 59.0
+    fuser.push_lane("late")  # a sweep: nothing idle long enough yet
+    assert len(fuser.lanes()) == 22
+    now[0] = 61.0
+    fuser.push_lane("new")  # creating a lane sweeps: the 20 idle lanes (and "late": 2 s idle) go
+    assert sorted(t for t in fuser._push) == ["busy", "late", "new"]
+    assert fuser.dropped == 20
+    release.set()
+    await call
+    now[0] = 200.0
+    fuser.push_lane("another")
+    assert sorted(fuser._push) == ["another"]
+    await fuser.close()
