@@ -100,6 +100,68 @@ async def test_browse_with_a_groups_state(http: httpx.AsyncClient) -> None:
     assert body["messages"][0]["consumerGroup"] == "g"
 
 
+async def _states_in_segments(http: httpx.AsyncClient) -> dict[str, str]:
+    """Queue f, group g; partition a in three segments, b in one. The expected state of each message."""
+    for batch in (range(3), range(3, 6), range(6, 8)):
+        await push(http, "f", [{"payload": i, "transactionId": f"a{i}"} for i in batch], "a")
+    await push(http, "f", [{"payload": i, "transactionId": f"b{i}"} for i in range(3)], "b")
+    first = await pop(http, "f", partition="a", consumerGroup="g", batch=2)
+    await ack(http, first["messages"][0], "completed", "g")  # a0 consumed (below the cursor)
+    await ack(http, first["messages"][1], "dlq", "g")  # a1 dead (below the cursor too)
+    leased = await pop(http, "f", partition="a", consumerGroup="g", batch=2)
+    assert [m["transactionId"] for m in leased["messages"]] == ["a2", "a3"]  # a lease across two segments
+    r = await http.delete(f"{M}/{leased['messages'][0]['partitionId']}/a5")
+    assert r.status_code == 200 and r.json()["groupsSettled"] == 1  # a5: passed over (log_passes), above the cursor
+    await pop(http, "f", partition="b", consumerGroup="g", batch=1, autoAck=True)  # b0 consumed
+    expected = {"a0": "consumed", "a1": "dead", "a2": "leased", "a3": "leased", "a4": "pending", "a5": "consumed"}
+    expected |= {"a6": "pending", "a7": "pending", "b0": "consumed", "b1": "pending", "b2": "pending"}
+    everything = await listing(http, queue="f", consumerGroup="g", order="asc")
+    assert {m["transactionId"]: m["status"] for m in everything["messages"]} == expected
+    return expected
+
+
+async def _walk(http: httpx.AsyncClient, limit: int, **params: Any) -> tuple[list[str], set[int]]:
+    """Every page of a listing, `limit` at a time: the transactionIds in order and the totals seen."""
+    seen: list[str] = []
+    totals: set[int] = set()
+    for offset in range(0, 20, limit):
+        body = await listing(http, queue="f", consumerGroup="g", limit=limit, offset=offset, **params)
+        assert all(m["status"] == params["status"] for m in body["messages"]), body
+        seen += [m["transactionId"] for m in body["messages"]]
+        totals.add(body["total"])
+    return seen, totals
+
+
+async def test_browse_filtered_by_a_groups_status_pages_over_the_filtered_set(http: httpx.AsyncClient) -> None:
+    expected = await _states_in_segments(http)
+    unfiltered = [m["transactionId"] for m in (await listing(http, queue="f", order="asc"))["messages"]]
+    for status in ("consumed", "leased", "pending", "dead"):
+        want = [t for t in unfiltered if expected[t] == status]
+        for limit in (1, 2, 3):
+            asc, totals = await _walk(http, limit, status=status, order="asc")
+            assert (asc, totals) == (want, {len(want)}), (status, limit)
+            desc, totals = await _walk(http, limit, status=status, order="desc")
+            assert (desc, totals) == (want[::-1], {len(want)}), (status, limit)
+    # with the other filters: one partition, an offset range
+    pending_a = await listing(http, queue="f", consumerGroup="g", status="pending", partition="a", order="asc")
+    assert [m["transactionId"] for m in pending_a["messages"]] == ["a4", "a6", "a7"] and pending_a["total"] == 3
+    ranged = await listing(http, queue="f", consumerGroup="g", status="consumed", fromOffset=1, toOffset=6, order="asc")
+    assert [m["transactionId"] for m in ranged["messages"]] == ["a5"] and ranged["total"] == 1
+    gone = await listing(http, queue="f", consumerGroup="g", status="dead", offset=5)
+    assert (gone["messages"], gone["total"]) == ([], 1)  # a page past the end keeps the total
+
+
+async def test_browse_filtered_by_status_in_queue_mode(http: httpx.AsyncClient) -> None:
+    await push(http, "qm", [{"payload": i, "transactionId": f"m{i}"} for i in range(4)])
+    await pop(http, "qm", batch=1, autoAck=True)  # m0 consumed
+    await pop(http, "qm", batch=2)  # m1, m2 leased
+    leased = await listing(http, queue="qm", consumerGroup="__QUEUE_MODE__", status="leased", order="asc")
+    assert [m["transactionId"] for m in leased["messages"]] == ["m1", "m2"] and leased["total"] == 2
+    assert leased["messages"][0]["consumerGroup"] is None
+    pending = await listing(http, queue="qm", consumerGroup="__QUEUE_MODE__", status="pending")
+    assert [m["transactionId"] for m in pending["messages"]] == ["m3"] and pending["total"] == 1
+
+
 @pytest.mark.parametrize(
     ("params", "status", "code"),
     [
@@ -110,7 +172,10 @@ async def test_browse_with_a_groups_state(http: httpx.AsyncClient) -> None:
         ({"queue": "q", "fromOffset": "x"}, 400, "bad_request"),
         ({"queue": "q", "from": "yesterday"}, 400, "bad_request"),
         ({"queue": "q", "order": "sideways"}, 400, "bad_request"),
-        ({"queue": "q", "status": "pending"}, 400, "bad_request"),
+        ({"queue": "q", "status": "pending"}, 400, "bad_request"),  # a status needs consumerGroup
+        ({"queue": "q", "consumerGroup": "g", "status": "done"}, 400, "bad_request"),
+        ({"queue": "q", "consumerGroup": "g", "status": ""}, 400, "bad_request"),
+        ({"queue": "q", "consumerGroup": "ghost", "status": "pending"}, 404, "not_found"),
         ({"queue": "q", "limit": 0}, 400, "bad_request"),
         ({"queue": "x" * 256}, 413, "name_too_long"),
     ],

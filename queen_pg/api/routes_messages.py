@@ -32,6 +32,15 @@ SINCE = Param("from", f"written at or after, {ISO}", "time")
 UNTIL = Param("to", f"written before, {ISO}; at or before `from`: an empty page", "time")
 ORDER = Param("order", "desc: newest first", "choice", "desc", choices=("asc", "desc"))
 GROUP = Param("consumerGroup", "add each message's status for this group (`__QUEUE_MODE__`: queue mode)")
+STATUSES = ("consumed", "leased", "pending", "dead")
+STATUS = Param(
+    "status",
+    "only the messages in this state for consumerGroup (required with it): consumed (below the group's "
+    "cursor or passed over; an ack is an offset commit), leased (under its live lease), pending, dead "
+    "(dead-lettered by it); total and paging count the filtered messages",
+    "choice",
+    choices=STATUSES,
+)
 
 
 def partition_id_param(raw: str) -> int:
@@ -55,14 +64,17 @@ def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
     summary="Browse a queue's messages (decoded) by partition, offset range and time, paged",
     description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
     "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
-    "status for that group: consumed, leased, pending or dead), limit (1-1000, default 100), offset.",
-    openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, *page()),
+    "status for that group: consumed, leased, pending or dead), status (only the messages in that state "
+    "for consumerGroup, which it requires; total and paging count those), limit (1-1000, default 100), offset.",
+    openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, STATUS, *page()),
     responses=answers({200: MessagePage}, 400, 404, 413),
 )
 async def list_messages(request: Request) -> Response:
     queue = QUEUE.read(request)
-    if request.query_params.get("status"):
-        raise bad_request("a status filter is not supported: pass consumerGroup to see each message's status")
+    group = GROUP.read(request)
+    status = STATUS.read(request)
+    if status is not None and group is None:
+        raise bad_request("query parameter status needs consumerGroup: a message's state is per consumer group")
     order = ORDER.read(request)
     page = page_params(request)
     query = message_engine.MessageQuery(
@@ -73,9 +85,10 @@ async def list_messages(request: Request) -> Response:
         since=SINCE.read(request),
         until=UNTIL.read(request),
         descending=order == "desc",
-        group=GROUP.read(request),
+        group=group,
         limit=page.limit,
         offset=page.offset,
+        status=status,
     )
     st = state(request)
     return json_response(await message_engine.list_messages(st.db, tenant(request), query))

@@ -20,7 +20,7 @@ from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
 
-LIST_SQL = "SELECT * FROM queen.messages_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+LIST_SQL = "SELECT * FROM queen.messages_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 GET_SQL = "SELECT * FROM queen.message_get_v2($1, $2, $3)"
 DELETE_SQL = "SELECT queen.message_delete_v1($1, $2, $3)"
 
@@ -37,6 +37,7 @@ class MessageQuery:
     group: str | None  # report each message's state for this group
     limit: int
     offset: int
+    status: str | None = None  # only the messages in this state for ``group`` (consumed|leased|pending|dead)
 
 
 def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
@@ -54,7 +55,7 @@ def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
 
 
 def _state(row: Record, off: int) -> str:
-    # consumed = below the group's cursor or passed over; the ``acked`` column of messages_list_v1
+    # consumed = below the group's cursor or passed over; the ``acked`` column of messages_list_v2
     # carries the group's queen.log_passes offsets of the segment part (an ack is an offset commit)
     if off in (row["dead"] or ()):
         return "dead"
@@ -106,6 +107,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
         q.group,
         q.limit,
         q.offset,
+        q.status,
     )
     if not rows or rows[0]["status"] != "ok":
         raise _refused(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
@@ -116,6 +118,8 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
         if row["partition_id"] is None:
             continue  # a page past the end: only the total
         frames = _frames(row)
+        if q.status is not None:  # the procedure counted (skip, total) over the messages in that state
+            frames = [(off, frame) for off, frame in frames if _state(row, off) == q.status]
         if q.descending:
             frames.reverse()
         for i, (off, frame) in enumerate(frames, start=row["skip"]):

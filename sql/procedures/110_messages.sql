@@ -5,22 +5,37 @@
 -- slices them. Message k of a segment (k counted over the frames NOT listed in `dropped`) has offset
 -- base_offset + k.
 --
--- queen.messages_list_v1(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
---                        limit, offset, now)
+-- queen.messages_list_v2(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
+--                        limit, offset, status, now)
 --   Called by: GET /api/v1/messages. Selects the retained messages of a queue (one partition, or all)
 --   whose offset is in [from_offset, to_offset) (either bound NULL = open) and whose segment was
---   written in [since, until) (NULL = open); orders them by (segment time, partition id, offset),
---   ascending or (desc) descending, and pages them with limit/offset.
+--   written in [since, until) (NULL = open), and, when `status` is given ('consumed' | 'leased' |
+--   'pending' | 'dead'; it needs `group`, the route refuses it alone), whose state for that group is
+--   `status`; orders them by (segment time, partition id, offset), ascending or (desc) descending, and
+--   pages them with limit/offset (over the filtered set: total counts the matching messages only).
+--   A message's state for the group (the same as message_get_v2 and the broker's per-message status):
+--   'dead' (a dead letter of the group for the offset), else 'consumed' (below the group's cursor on
+--   the partition, or an offset it passes over in log_passes: an ack is an offset commit), else
+--   'leased' (below the end of the partition's live lease), else 'pending' (also: no cursor yet).
+--   Counting per segment: the offsets split by the cursor and the live lease end into three ranges
+--   (consumed, leased, pending), corrected by the segment's few exceptions (its dead letters and
+--   passes of the group), so the filter costs one look-up per segment, not one per message.
 --   Result rows: status 'ok' | 'no_queue' | 'no_partition' | 'no_group'; total (matching messages);
 --   then per segment holding part of the page, in page order: partition id and name, the segment
 --   (base_offset, created_at, dropped, codec, payload), the part of it that matches [lo, hi), `skip`
---   = how many matching messages come before this segment in the chosen order; and, when a group is
---   given, that group's cursor, the offsets it passes over (log_passes), the end of its live lease (NULL when no
---   live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a refusal, is
---   one row with NULL segment columns.
+--   = how many matching messages come before this segment in the chosen order (the broker decodes
+--   [lo, hi), keeps the offsets whose state is `status` and counts from `skip`); and, when a group is
+--   given, that group's cursor, the offsets it passes over (log_passes), the end of its live lease
+--   (NULL when no live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a
+--   refusal, is one row with NULL segment columns.
 --   Cost: one pass over the index entries of the matching segments of the queue (for total and the
---   ordering), then the payloads of the page's segments only.
+--   ordering; with `status`, plus the cursor row and the dead letters and passes of each segment),
+--   then the payloads of the page's segments only.
 --   Locks: none (reads).
+--
+-- queen.messages_list_v1(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
+--                        limit, offset, now)
+--   v2 without `status` (kept one release for a rolling deploy: older brokers call it). Locks: none.
 --
 -- queen.message_get_v1(tenant, partition_id, txn_hash, now)
 --   Called by: GET /api/v1/messages/{partitionId}/{transactionId}. Resolves the transactionId hash in
@@ -62,16 +77,17 @@
 --   may add a hash row of the same transactionId), then the partition's log_consumers rows FOR UPDATE ascending
 --   (partition_id, consumer_group) (#3); the log_txns and log_dlq rows deleted.
 
-CREATE OR REPLACE FUNCTION queen.messages_list_v1(
+CREATE OR REPLACE FUNCTION queen.messages_list_v2(
     p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
     p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
-    p_now timestamptz DEFAULT NULL)
+    p_status text, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
                created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
                skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_qid bigint;
+    v_now timestamptz := coalesce(p_now, now());
 BEGIN
     SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue;
     IF v_qid IS NULL THEN
@@ -108,22 +124,62 @@ BEGIN
            AND (p_to_offset IS NULL OR s.base_offset < p_to_offset)
            AND (p_since IS NULL OR s.created_at >= p_since)
            AND (p_until IS NULL OR s.created_at < p_until)
-    ), ordered AS (
-        SELECT segs.*,
-               CASE WHEN p_desc
-                    THEN sum(segs.hi - segs.lo) OVER (ORDER BY segs.created_at DESC, segs.partition_id DESC,
-                                                      segs.base_offset DESC ROWS UNBOUNDED PRECEDING)
-                    ELSE sum(segs.hi - segs.lo) OVER (ORDER BY segs.created_at, segs.partition_id,
-                                                      segs.base_offset ROWS UNBOUNDED PRECEDING)
-               END - (segs.hi - segs.lo) AS before
+    ), cut AS (
+        -- with a status: [lo, c_end) is below the cursor, [c_end, l_end) under the live lease
+        SELECT segs.*, lc.cursor_offset AS cur,
+               CASE WHEN lc.cursor_offset IS NULL THEN segs.lo
+                    ELSE greatest(segs.lo, least(segs.hi, lc.cursor_offset)) END AS c_end,
+               CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now THEN lc.lease_end END AS le
           FROM segs
+          LEFT JOIN queen.log_consumers lc
+            ON p_status IS NOT NULL AND lc.partition_id = segs.partition_id AND lc.consumer_group = p_group
          WHERE segs.hi > segs.lo
+    ), ranged AS (
+        SELECT cut.*,
+               CASE WHEN cut.le IS NULL THEN cut.c_end ELSE greatest(cut.c_end, least(cut.hi, cut.le)) END AS l_end
+          FROM cut
+    ), counted AS (
+        SELECT ranged.partition_id, ranged.pname, ranged.base_offset, ranged.created_at, ranged.lo, ranged.hi,
+               CASE WHEN p_status IS NULL THEN ranged.hi - ranged.lo
+                    ELSE CASE p_status WHEN 'consumed' THEN ranged.c_end - ranged.lo
+                                       WHEN 'leased' THEN ranged.l_end - ranged.c_end
+                                       WHEN 'pending' THEN ranged.hi - ranged.l_end
+                                       ELSE 0 END
+                         + (SELECT coalesce(sum((e.actual = p_status)::int - (e.by_range = p_status)::int), 0)
+                              FROM (SELECT CASE WHEN bool_or(x.dead) THEN 'dead'
+                                                WHEN ranged.cur IS NOT NULL THEN 'consumed'
+                                                ELSE 'pending' END AS actual,
+                                           CASE WHEN x.o < ranged.c_end THEN 'consumed'
+                                                WHEN x.o < ranged.l_end THEN 'leased'
+                                                ELSE 'pending' END AS by_range
+                                      FROM (SELECT d.msg_offset AS o, true AS dead FROM queen.log_dlq d
+                                             WHERE d.partition_id = ranged.partition_id
+                                               AND d.consumer_group = p_group
+                                               AND d.msg_offset >= ranged.lo AND d.msg_offset < ranged.hi
+                                            UNION ALL
+                                            SELECT lp.msg_offset, false FROM queen.log_passes lp
+                                             WHERE lp.partition_id = ranged.partition_id
+                                               AND lp.consumer_group = p_group
+                                               AND lp.msg_offset >= ranged.lo AND lp.msg_offset < ranged.hi) x
+                                     GROUP BY x.o) e)
+               END AS n
+          FROM ranged
+    ), ordered AS (
+        SELECT counted.*,
+               CASE WHEN p_desc
+                    THEN sum(counted.n) OVER (ORDER BY counted.created_at DESC, counted.partition_id DESC,
+                                              counted.base_offset DESC ROWS UNBOUNDED PRECEDING)
+                    ELSE sum(counted.n) OVER (ORDER BY counted.created_at, counted.partition_id,
+                                              counted.base_offset ROWS UNBOUNDED PRECEDING)
+               END - counted.n AS before
+          FROM counted
+         WHERE counted.n > 0
     ), total AS (
-        SELECT coalesce(sum(ordered.hi - ordered.lo), 0)::bigint AS n FROM ordered
+        SELECT coalesce(sum(ordered.n), 0)::bigint AS n FROM ordered
     ), page AS (
         SELECT ordered.* FROM ordered
          WHERE ordered.before < greatest(p_offset, 0)::bigint + greatest(p_limit, 0)
-           AND ordered.before + (ordered.hi - ordered.lo) > greatest(p_offset, 0)
+           AND ordered.before + ordered.n > greatest(p_offset, 0)
     )
     SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
            s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
@@ -131,7 +187,7 @@ BEGIN
            ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
                   WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
                     AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi ORDER BY 1),
-           CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > coalesce(p_now, now()) THEN lc.lease_end END,
+           CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now THEN lc.lease_end END,
            (SELECT array_agg(DISTINCT d.msg_offset) FROM queen.log_dlq d
              WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
                AND d.msg_offset >= page.lo AND d.msg_offset < page.hi)
@@ -141,6 +197,18 @@ BEGIN
       LEFT JOIN queen.log_consumers lc ON lc.partition_id = page.partition_id AND lc.consumer_group = p_group
      ORDER BY page.before;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.messages_list_v1(
+    p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
+    p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
+    p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
+               created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
+               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM queen.messages_list_v2(p_tenant, p_queue, p_partition, p_from_offset, p_to_offset, p_since,
+                                         p_until, p_desc, p_group, p_limit, p_offset, NULL, p_now);
 $$;
 
 CREATE OR REPLACE FUNCTION queen.message_get_v1(

@@ -107,7 +107,8 @@ async def dash(browser: Browser, start_broker: Any, request: pytest.FixtureReque
     marker = request.node.get_closest_marker("broker")
     broker: Broker = await start_broker(**(marker.kwargs if marker else {}))
     seeded = await seed(broker.url)
-    context = await browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
+    # not UTC: the pages turn local times into the UTC instants the API takes (seek to a time)
+    context = await browser.new_context(viewport=VIEWPORT, timezone_id="America/Sao_Paulo")  # type: ignore[arg-type]
     page = await context.new_page()
     d = Dash(page, broker, seeded)
     yield d

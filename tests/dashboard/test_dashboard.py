@@ -13,6 +13,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from playwright.async_api import Request, Route, expect
@@ -20,7 +21,7 @@ from playwright.async_api import Request, Route, expect
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.stats import Stats
 from tests.dashboard.conftest import Dash
-from tests.helpers import until
+from tests.helpers import pop, push_at, until
 
 pytestmark = pytest.mark.timeout(300)  # the first test may install chromium (apt-get) in its setup
 
@@ -117,6 +118,86 @@ async def test_seek_a_group_from_its_page_changes_its_lag(dash: Dash) -> None:
     await expect(page.get_by_test_id("confirm")).to_have_count(0)
     async with httpx.AsyncClient(base_url=dash.url) as http:
         assert (await http.get("/api/v1/consumer-groups/billing")).json()["totalLag"] == 7
+
+
+async def test_messages_page_filters_by_a_groups_status_on_the_server(dash: Dash) -> None:
+    """The status select asks the API for that status (total and paging over the filtered set), not a
+    filter of the rows already shown."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        r = await http.get("/api/v1/messages", params={"queue": "orders", "consumerGroup": "fulfillment"})
+        states = [(m["transactionId"], m["status"]) for m in r.json()["messages"]]
+    consumed = [t for t, s in states if s == "consumed"]
+    pending = [t for t, s in states if s == "pending"]
+    assert consumed and pending, states
+    await dash.goto("/messages?queue=orders&consumerGroup=fulfillment")
+    rows = page.get_by_test_id("message-row")
+    await expect(rows).to_have_count(len(states))
+    with_status: list[str] = []
+    page.on("request", lambda req: with_status.append(req.url) if "status=consumed" in req.url else None)
+    await page.get_by_test_id("f-status").select_option("consumed")
+    await expect(page.get_by_test_id("messages-total")).to_have_text(f"{len(consumed)} consumed in orders")
+    await expect(rows).to_have_count(len(consumed))
+    for t in consumed:
+        await expect(rows.filter(has_text=t)).to_contain_text("consumed")
+    assert any("/api/v1/messages?" in u and "consumerGroup=fulfillment" in u for u in with_status), with_status
+    await page.get_by_test_id("f-status").select_option("pending")
+    await expect(page.get_by_test_id("messages-total")).to_have_text(f"{len(pending)} pending in orders")
+    await expect(rows).to_have_count(len(pending))
+    await page.get_by_test_id("f-status").select_option("dead")
+    await expect(page.get_by_test_id("messages-total")).to_have_text("0 dead in orders")
+    await expect(page.get_by_text("No message dead for fulfillment.")).to_be_visible()
+    # clearing the group drops the status (the API needs a group for it): every message again
+    await page.get_by_test_id("f-consumerGroup").fill("")
+    await page.get_by_test_id("f-consumerGroup").press("Enter")
+    await expect(page.get_by_test_id("messages-total")).to_have_text(f"{len(states)} in orders")
+    assert "status=" not in page.url
+
+
+LOCAL = """(iso) => {
+  const d = new Date(iso); const p = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}`
+    + `T${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}"""  # an instant as the browser's local date-time (what a datetime-local input holds)
+
+
+async def test_seek_a_group_to_a_time_from_its_page(dash: Dash, conn: asyncpg.Connection) -> None:
+    """Two pushes an hour apart (time passed to queen.push_v1); seeking to a time between them leaves
+    the second push to read, before both all of them, after both none. The page turns the browser's
+    local time into the UTC instant it sends."""
+    page = dash.page
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    t1 = t0 + timedelta(hours=1)
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        r = await http.post("/api/v1/configure", json={"queue": "clock", "options": {}})
+        assert r.status_code == 200, r.text
+        await push_at(conn, "clock", ["early-0", "early-1"], t0)
+        await push_at(conn, "clock", ["late-0", "late-1", "late-2"], t1)
+        got = await pop(
+            http, "clock", consumerGroup="audit", subscriptionMode="all", batch=10, autoAck=True, wait=False
+        )
+        assert len(got["messages"]) == 5  # the group is at the end: lag 0
+    await dash.goto("/groups/audit")
+    lag = page.get_by_test_id("group-queue-lag")
+    await expect(lag).to_have_text("lag 0")
+    seek = page.get_by_test_id("seek-clock")
+
+    async def seek_to(at: datetime, lag_after: int) -> None:
+        await seek.get_by_test_id("seek-time-input").fill(await page.evaluate(LOCAL, at.isoformat()))
+        await seek.get_by_test_id("seek-time").click()
+        iso = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        await expect(page.get_by_test_id("confirm")).to_contain_text(f"Move audit on clock to {iso}?")
+        await dash.confirm()
+        await expect(lag).to_have_text(f"lag {lag_after}")
+
+    await seek_to(t0 + timedelta(minutes=30), 3)  # between the pushes: the late three again
+    await dash.shot("group-seek-time")
+    await seek_to(t0 - timedelta(minutes=30), 5)  # before both
+    await seek_to(t1 + timedelta(minutes=30), 0)  # after both
+    await seek_to(t1, 3)  # at the second push: "at or after"
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        again = await pop(http, "clock", consumerGroup="audit", batch=10, autoAck=True, wait=False)
+        assert [m["transactionId"] for m in again["messages"]] == ["late-0", "late-1", "late-2"]
 
 
 DESTRUCTIVE = re.compile(r"^(Delete.*|Requeue.*|Seek to .*|Turn (on|off)|Edit|Cancel|Put)$")

@@ -26,19 +26,19 @@ export function Messages({ query, nav }) {
   const queue = query.queue || '';
   const offset = Number(query.offset || 0);
   const [form, setForm] = useState(() => Object.fromEntries(FIELDS.map(([k]) => [k, query[k] || ''])));
-  const status = query.status || '';
-  const params = { queue, order: query.order || 'desc', limit: PAGE, offset, ...Object.fromEntries(FIELDS.map(([k]) => [k, query[k]])) };
+  const status = (query.consumerGroup && query.status) || '';  // the API filters (and pages) by a group's status
+  const params = { queue, order: query.order || 'desc', limit: PAGE, offset, status, ...Object.fromEntries(FIELDS.map(([k]) => [k, query[k]])) };
   const list = usePoll(() => (queue ? get('messages', params) : Promise.resolve(null)), [JSON.stringify(params)]);
   const d = list.data;
-  const rows = d ? d.messages.filter((m) => !status || m.status === status) : [];
-  const apply = (e) => { e.preventDefault(); nav({ ...form, offset: 0 }); };
+  const rows = d ? d.messages : [];
+  const apply = (e) => { e.preventDefault(); nav({ ...form, offset: 0, ...(form.consumerGroup ? {} : { status: '' }) }); };
   return html`
-    <h2>Messages <small>${d ? `${fmt.n(d.total)} in ${queue}${d.partition ? ` / ${d.partition}` : ''}` : ''}</small></h2>
+    <h2>Messages <small data-testid="messages-total">${d ? `${fmt.n(d.total)}${status ? ` ${status}` : ''} in ${queue}${d.partition ? ` / ${d.partition}` : ''}` : ''}</small></h2>
     <form class="filters" onSubmit=${apply}>
       <${QueuePicker} value=${queue} onPick=${(q) => nav({ queue: q, offset: 0, partition: '' })} />
       ${FIELDS.map(([k, label]) => html`<label key=${k}>${label}<input data-testid=${`f-${k}`} value=${form[k]}
         onInput=${(e) => setForm({ ...form, [k]: e.target.value })} /></label>`)}
-      <label>Status<select value=${status} disabled=${!query.consumerGroup} onChange=${(e) => nav({ status: e.target.value })}>
+      <label>Status<select data-testid="f-status" value=${status} disabled=${!query.consumerGroup} onChange=${(e) => nav({ status: e.target.value, offset: 0 })}>
         ${['', 'pending', 'leased', 'consumed', 'dead'].map((s) => html`<option key=${s} value=${s}>${s || 'any'}</option>`)}</select></label>
       <label>Order<select value=${query.order || 'desc'} onChange=${(e) => nav({ order: e.target.value, offset: 0 })}>
         <option value="desc">newest first</option><option value="asc">oldest first</option></select></label>
@@ -55,8 +55,7 @@ export function Messages({ query, nav }) {
         <td class="muted">${fmt.time(m.createdAt)}</td>
         ${query.consumerGroup && html`<td><span class=${`badge state-${m.status}`}>${m.status}</span></td>`}
         <td><${Json} value=${m.data} short /></td></tr>`)}</tbody></table>
-      ${d && rows.length === 0 && html`<${Empty}>No message on this page${status ? ` with status ${status}` : ''}.</${Empty}>`}
-      ${status && html`<div class="muted small">The status filter applies to the page shown (the API pages by offset).</div>`}
+      ${d && rows.length === 0 && html`<${Empty}>No message${status ? ` ${status} for ${query.consumerGroup}` : ' on this page'}.</${Empty}>`}
       ${d && html`<${Pager} offset=${offset} limit=${PAGE} total=${d.total} onPage=${(o) => nav({ offset: o })} />`}
     </div>`}`;
 }
