@@ -264,6 +264,13 @@ async def test_a_push_on_a_wakes_a_pop_parked_on_b(db_url: str, tmp_path: Path) 
         async with httpx.AsyncClient() as c:
             text = (await c.get(f"{b.url}/metrics")).text
         assert 'queen_mesh_frames_total{direction="received"}' in text
+        # what the dashboard's overview shows as "replicas seen": A names B as a connected replica
+        async with httpx.AsyncClient() as c:
+            (w,) = (await c.get(f"{a.url}/api/v1/analytics/worker-metrics")).json()["workers"]
+        assert [(p["name"], p["worker"], p["connected"]) for p in w["mesh"]["peers"]] == [
+            (f"127.0.0.1:{pb}", False, True)
+        ], w["mesh"]
+        assert w["mesh"]["framesSent"] >= 1
     finally:
         a.stop()
         b.stop()

@@ -39,6 +39,7 @@ from queen_pg.api.schemas_admin import (
 from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
 from queen_pg.errors import MAINTENANCE, QueenError
+from queen_pg.mesh.node import Mesh
 
 router = APIRouter(prefix="/api/v1")
 
@@ -233,12 +234,31 @@ def _process(request: Request) -> dict[str, Any]:
         },
         "maintenance": {"push": st.maintenance.push, "pop": st.maintenance.pop},
         "jobs": list(request.app.state.jobs.names),
+        "mesh": _mesh(st.mesh),
+    }
+
+
+def _mesh(mesh: Mesh | None) -> dict[str, Any] | None:
+    """The replicas and workers this process reaches over the wake mesh (None: no mesh configured)."""
+    if mesh is None:
+        return None
+    return {
+        "node": mesh.node,
+        "peers": [
+            {"name": name, "worker": p.local, "connected": p.connected, "outbox": p.outbox.qsize()}
+            for name, p in sorted(mesh.peers.items())
+            if not p.is_self
+        ],
+        "framesSent": mesh.frames_sent,
+        "framesReceived": mesh.frames_received,
+        "dropped": sum(mesh.dropped.values()),
     }
 
 
 PROCESS_NOTE = (
     "this broker process only, at this instant (no database call, no history): pid, uptime, CPU, peak "
-    "RSS, connection pool, parked long-poll pops, maintenance switches, background tasks; time series "
+    "RSS, connection pool, parked long-poll pops, maintenance switches, background tasks, the mesh peers "
+    "it reaches (other replicas and workers); time series "
     "come from /metrics (Prometheus) and /api/v1/status/analytics"
 )
 

@@ -335,6 +335,21 @@ class LongPoll(Answer):
     limit: int
 
 
+class MeshPeer(Answer):
+    name: str = Field(description="host:port of a replica, or a worker of this host")
+    worker: bool
+    connected: bool
+    outbox: int = Field(description="frames queued for it")
+
+
+class MeshState(Answer):
+    node: str
+    peers: list[MeshPeer]
+    framesSent: int
+    framesReceived: int
+    dropped: int
+
+
 class ProcessMetrics(Answer):
     pid: int
     uptimeSeconds: float
@@ -344,6 +359,7 @@ class ProcessMetrics(Answer):
     longPoll: LongPoll
     maintenance: Switches
     jobs: list[str]
+    mesh: MeshState | None = Field(description="the wake mesh as this process sees it; null: no mesh configured")
 
 
 class SystemMetrics(ProcessMetrics):

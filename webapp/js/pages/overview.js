@@ -80,5 +80,19 @@ function Workers({ data }) {
       <td>${Object.entries(w.limiters || {}).map(([k, l]) => html`<span class="badge" key=${k} style="margin-right:4px">${k} ${l.inFlight}/${l.limit}${l.queued ? `, ${l.queued} queued` : ''}</span>`)}
           ${!w.limiters || Object.keys(w.limiters).length === 0 ? html`<span class="muted">off</span>` : ''}</td>
       <td class="muted small">${w.jobs.length ? w.jobs.join(', ') : 'none (jobs off)'}</td></tr>`)}</tbody></table>
+    ${data.workers.map((w) => html`<${MeshPeers} key=${`mesh-${w.pid}`} mesh=${w.mesh} />`)}
     <div class="muted small">${data.note}</div>`;
+}
+
+// The replicas and workers the answering process reaches over the wake mesh (README "Running several
+// replicas"); the API knows no other process, so this is what "replicas seen" can honestly show.
+function MeshPeers({ mesh }) {
+  if (!mesh) return html`<div class="muted small" data-testid="mesh-off">Wake mesh off: this process sees no other replica.</div>`;
+  return html`<h4>Replicas and workers seen over the mesh (node ${mesh.node})</h4>
+    <table data-testid="mesh-peers"><thead><tr><th>peer</th><th>kind</th><th>state</th><th class="num">outbox</th></tr></thead>
+    <tbody>${mesh.peers.map((p) => html`<tr key=${p.name}><td class="mono">${p.name}</td><td>${p.worker ? 'worker' : 'replica'}</td>
+      <td><span class=${`badge ${p.connected ? 'ok' : 'bad'}`}>${p.connected ? 'connected' : 'down'}</span></td>
+      <td class="num">${fmt.n(p.outbox)}</td></tr>`)}
+      ${mesh.peers.length === 0 ? html`<tr><td colspan="4" class="muted">no peers configured</td></tr>` : ''}</tbody></table>
+    <div class="muted small">frames sent ${fmt.n(mesh.framesSent)}, received ${fmt.n(mesh.framesReceived)}, dropped ${fmt.n(mesh.dropped)}</div>`;
 }
