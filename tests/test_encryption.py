@@ -226,14 +226,17 @@ async def test_a_stale_cache_never_stores_plaintext(start_broker: Any, conn: asy
         await hb.post("/api/v1/push", json={"items": [{"queue": "flip", "payload": {"before": True}}]})
         assert not crypto.vault(b.app.state.queen.db).encrypted("default", "flip")
 
+        first = asyncio.Event()
+
         async def pusher(n: int) -> None:
             for i in range(n):
                 items = [{"queue": "flip", "partition": f"p{i % 3}", "payload": {"s": SECRET_WORD, "i": i}}]
                 r = await hb.post("/api/v1/push", json={"items": items})
                 assert r.status_code == 201, r.text
+                first.set()
 
         task = asyncio.create_task(pusher(60))
-        await asyncio.sleep(0)  # let it start before the switch
+        await first.wait()  # B is pushing when A switches encryption on
         r = await ha.post("/api/v1/configure", json={"queue": "flip", "options": {"encryptionEnabled": True}})
         assert r.status_code == 200
         switched = await conn.fetchval("SELECT clock_timestamp()")

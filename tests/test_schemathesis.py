@@ -51,8 +51,7 @@ async def schemathesis(broker: Broker, log: Path, checks: tuple[str, ...], *sele
     out, _ = await proc.communicate()
     text = out.decode(errors="replace")
     await asyncio.to_thread(log.write_text, text)
-    assert proc.returncode is not None
-    return proc.returncode, text
+    return await proc.wait(), text  # already exited (communicate read to EOF): its exit code
 
 
 @pytest.mark.timeout(400)

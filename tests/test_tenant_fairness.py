@@ -167,16 +167,17 @@ async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) ->
     for i in range(20):
         await fuser.push(f"t{i}", [push_engine.NewMessage("q", "Default", b"1", None, None)])
     assert len(fuser.lanes()) == 20
-    release = asyncio.Event()
+    release, started = asyncio.Event(), asyncio.Event()
 
     async def slow(requests: list[list[int]]) -> list[list[dict[str, Any]]]:
+        started.set()
         await release.wait()
         return [[] for _ in requests]
 
     busy: Lane[int] = Lane("push", slow, fuser.config, fuser.clock)
     fuser._push["busy"] = busy  # a lane with a call running
     call = asyncio.create_task(busy.submit([1]))
-    await asyncio.sleep(0)
+    await started.wait()  # the lane's call is running
     now[0] = 59.0
     fuser.push_lane("late")  # a sweep: nothing idle long enough yet
     assert len(fuser.lanes()) == 22
