@@ -191,56 +191,6 @@ $$;
 --          is stored as a JSON string holding its text, so one bad message never blocks the job.
 -- Errors:  none of its own.
 
-CREATE OR REPLACE FUNCTION queen.dlq_fill_v1(
-    p_ids      bigint[],
-    p_payloads text[],
-    p_limit    integer,
-    p_now      timestamptz DEFAULT NULL
-) RETURNS TABLE (id bigint, partition_id bigint, msg_offset bigint, base_offset bigint, dropped integer[],
-                 codec smallint, payload bytea)
-LANGUAGE plpgsql AS $$
-DECLARE
-    r record;
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(7781200103) THEN  -- DLQ_FILL_LOCK
-        RETURN;
-    END IF;
-    BEGIN
-        UPDATE queen.log_dlq d
-           SET payload = u.body::jsonb
-          FROM unnest(p_ids, p_payloads) AS u(dlq_id, body)
-         WHERE d.id = u.dlq_id AND d.payload IS NULL;
-    EXCEPTION WHEN data_exception THEN
-        -- Some payload is JSON that jsonb refuses (\u0000, a number past numeric's range, ...):
-        -- row by row, storing a refused one as a JSON string of its text.
-        FOR r IN SELECT u.dlq_id, u.body FROM unnest(p_ids, p_payloads) AS u(dlq_id, body) LOOP
-            BEGIN
-                UPDATE queen.log_dlq d SET payload = r.body::jsonb WHERE d.id = r.dlq_id AND d.payload IS NULL;
-            EXCEPTION WHEN data_exception THEN
-                UPDATE queen.log_dlq d SET payload = to_jsonb(r.body) WHERE d.id = r.dlq_id AND d.payload IS NULL;
-            END;
-        END LOOP;
-    END;
-
-    RETURN QUERY
-    SELECT n.id, n.partition_id, n.msg_offset, s.base_offset, s.dropped, s.codec,
-           CASE WHEN row_number() OVER (PARTITION BY s.partition_id, s.base_offset ORDER BY n.id) = 1
-                THEN s.payload END
-      FROM (SELECT d.id, d.partition_id, d.msg_offset
-              FROM queen.log_dlq d
-             WHERE d.payload IS NULL
-             ORDER BY d.id
-             LIMIT greatest(p_limit, 1)) AS n
-      LEFT JOIN LATERAL (
-            SELECT s.partition_id, s.base_offset, s.end_offset, s.dropped, s.codec, s.payload
-              FROM queen.log_segments s
-             WHERE s.partition_id = n.partition_id AND s.base_offset <= n.msg_offset
-             ORDER BY s.base_offset DESC
-             LIMIT 1) AS s ON s.end_offset > n.msg_offset
-     ORDER BY n.id;
-END;
-$$;
-
 -- queen.dlq_fill_v2: dlq_fill_v1 (above, kept for a broker of the previous release during a rolling
 -- deploy), plus, index-aligned with p_ids: p_sealed[i] = the payload as its frame had it when the frame
 -- is sealed (an encrypted queue: queen_pg/security/crypto.py), else NULL; p_subs[i] = the frame's
@@ -284,6 +234,37 @@ BEGIN
         END LOOP;
     END;
 
-    RETURN QUERY SELECT * FROM queen.dlq_fill_v1('{}', '{}', p_limit, p_now);
+    RETURN QUERY
+    SELECT n.id, n.partition_id, n.msg_offset, s.base_offset, s.dropped, s.codec,
+           CASE WHEN row_number() OVER (PARTITION BY s.partition_id, s.base_offset ORDER BY n.id) = 1
+                THEN s.payload END
+      FROM (SELECT d.id, d.partition_id, d.msg_offset
+              FROM queen.log_dlq d
+             WHERE d.payload IS NULL
+             ORDER BY d.id
+             LIMIT greatest(p_limit, 1)) AS n
+      LEFT JOIN LATERAL (
+            SELECT s.partition_id, s.base_offset, s.end_offset, s.dropped, s.codec, s.payload
+              FROM queen.log_segments s
+             WHERE s.partition_id = n.partition_id AND s.base_offset <= n.msg_offset
+             ORDER BY s.base_offset DESC
+             LIMIT 1) AS s ON s.end_offset > n.msg_offset
+     ORDER BY n.id;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.dlq_fill_v1(
+    p_ids      bigint[],
+    p_payloads text[],
+    p_limit    integer,
+    p_now      timestamptz DEFAULT NULL
+) RETURNS TABLE (id bigint, partition_id bigint, msg_offset bigint, base_offset bigint, dropped integer[],
+                 codec smallint, payload bytea)
+LANGUAGE sql AS $$
+    -- kept one release for brokers of the previous version during a rolling deploy: plain payloads,
+    -- no producerSub (what those brokers knew); queen.dlq_fill_v2 does the work
+    SELECT * FROM queen.dlq_fill_v2(p_ids, p_payloads,
+                                    array_fill(NULL::bytea, ARRAY[coalesce(cardinality(p_ids), 0)]),
+                                    array_fill(NULL::text, ARRAY[coalesce(cardinality(p_ids), 0)]),
+                                    p_limit, p_now);
 $$;
