@@ -138,6 +138,22 @@ class _Progress:
         self.started = time.monotonic()
 
 
+DEADLOCK_ATTEMPTS = 5
+
+
+def _deadlock(exc: BaseException) -> bool:
+    """A PostgreSQL deadlock (SQLSTATE 40P01), however wrapped (SQLAlchemy, psycopg)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if (
+            getattr(seen, "sqlstate", None) == "40P01"
+            or getattr(getattr(seen, "orig", None), "sqlstate", None) == "40P01"
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def upgrade(url: str, revision: str = "head", out: Printer = print) -> None:
     """Upgrade the database at ``url`` to ``revision`` (default: the newest), printing progress."""
     cfg = alembic_config(url)
@@ -151,7 +167,17 @@ def upgrade(url: str, revision: str = "head", out: Printer = print) -> None:
     progress = _Progress(pending, out)
     cfg.attributes["on_version_apply"] = progress
     progress.begin()
-    command.upgrade(cfg, revision)
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            command.upgrade(cfg, revision)
+            break
+        except Exception as exc:
+            # a live broker's jobs lock the tables the DDL re-takes (ALTER ... IF NOT EXISTS still locks):
+            # PostgreSQL may pick this transaction as the deadlock's victim. It rolled back whole and is
+            # idempotent: run it again.
+            if attempt == DEADLOCK_ATTEMPTS or not _deadlock(exc):
+                raise
+            out(f"migrate: deadlock with a running broker (attempt {attempt}); retrying")
     after = current_heads(url)
     heads = set(script_dir.get_heads())
     where = "at head" if after and set(after) == heads else "at"

@@ -384,3 +384,25 @@ async def test_timer_tombstones_go_on_either_path(pg_server: PgServer, path: str
         assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
     assert scalar(old, "SELECT string_agg(timer_key, ',') FROM queen.timers") == "pending"
     assert_same_catalog(catalog(fresh), catalog(old), "new database", f"old database after {path}")
+
+
+def test_migrate_retries_only_deadlocks() -> None:
+    """`queen-pg migrate` against a database whose broker is running can be a deadlock's victim (its
+    DDL re-takes table locks the broker's jobs hold); the upgrade is idempotent and runs again. Only a
+    deadlock: any other error is raised at once."""
+    import sqlalchemy.exc
+
+    from queen_pg.migrate import _deadlock
+
+    def wrapped(driver_error: Exception) -> Exception:
+        try:
+            try:
+                raise driver_error
+            except Exception as orig:
+                raise sqlalchemy.exc.OperationalError("ALTER TABLE ...", {}, orig) from orig
+        except Exception as outer:
+            return outer
+
+    assert _deadlock(wrapped(psycopg.errors.DeadlockDetected("deadlock detected")))
+    assert not _deadlock(wrapped(psycopg.errors.UndefinedTable("no such table")))
+    assert not _deadlock(RuntimeError("not a database error"))

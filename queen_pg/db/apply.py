@@ -34,11 +34,20 @@ def sql_text(root: Path | None = None) -> str:
     return "\n".join(f"-- file: {p.name}\n" + p.read_text() for p in sql_files(root))
 
 
-async def apply_sql(conn: asyncpg.Connection, root: Path | None = None) -> None:
+async def apply_sql(conn: asyncpg.Connection, root: Path | None = None, attempts: int = 5) -> None:
     started = time.monotonic()
     files = sql_files(root)
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", APPLY_LOCK)
-        for path in files:
-            await conn.execute(path.read_text())
+    for attempt in range(1, attempts + 1):
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", APPLY_LOCK)
+                for path in files:
+                    await conn.execute(path.read_text())
+            break
+        except asyncpg.DeadlockDetectedError:
+            # other replicas' jobs hold table locks the DDL re-takes: the apply rolled back whole and is
+            # idempotent, so it runs again
+            if attempt == attempts:
+                raise
+            log.warning("event=schema_apply_deadlock attempt=%d", attempt)
     log.info("event=schema_applied files=%d ms=%.0f", len(files), (time.monotonic() - started) * 1000)
