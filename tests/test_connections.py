@@ -60,11 +60,17 @@ async def test_a_dribbling_head_is_closed_within_the_timeout(guarded: Callable[.
             await asyncio.sleep(0.02)  # the client's pace, not a wait for the broker
 
     sender = asyncio.create_task(dribble())
-    answer = await asyncio.wait_for(read_all(reader), 5)
+    reset = False
+    try:
+        answer = await asyncio.wait_for(read_all(reader), 5)
+    except ConnectionResetError:
+        # the client kept dribbling after the broker answered 408 and closed: the kernel answers those
+        # bytes with a reset, which may discard the unread 408 (the silent-client test checks the 408)
+        answer, reset = b"", True
     closed_after = time.monotonic() - t0
     sender.cancel()
     writer.close()
-    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert reset or answer.startswith(b"HTTP/1.1 408"), answer
     assert 0.4 <= closed_after < 2.0, closed_after
 
 
