@@ -55,7 +55,7 @@ from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
 from queen_pg.security import install as install_security
 from queen_pg.security.tenancy import enabled as tenancy_enabled
-from queen_pg.server import STATE_KEY, Transport, fit_connections
+from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -123,7 +123,10 @@ def create_app(settings: Settings) -> FastAPI:
             settings.header_timeout_s,
             fit_connections(settings.max_connections),
             app.state.queen.waiters.drain,
+            drain_delay_s=settings.drain_delay_ms / 1000,
         )
+        app.state.queen.transport = transport
+        install_lame_duck(transport)  # SIGTERM: /health 503 and a delay before the listener closes
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
         try:
             yield {STATE_KEY: transport}  # the server's protocol reads it (queen_pg/server.py)

@@ -60,6 +60,10 @@ CATALOG.update({k.code: k for k in (OVERLOADED, STORAGE_FULL)})
 MAINTENANCE = ErrorKind("maintenance", 503, "{detail}")
 CATALOG[MAINTENANCE.code] = MAINTENANCE
 
+# The lame duck after SIGTERM (queen_pg/server.py): /health tells the proxy to stop routing here.
+DRAINING = ErrorKind("draining", 503, "this replica is shutting down; send requests to another one")
+CATALOG[DRAINING.code] = DRAINING
+
 # Outcome window (sql/procedures/096_outcomes.sql, raised there by queen._refuse): the request key
 # already answered another request (another body or route) within the window.
 IDEMPOTENCY_KEY_REUSED = ErrorKind("idempotency_key_reused", 422, "{detail}")

@@ -9,6 +9,12 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   after its first byte (or after it was accepted) is answered 408 and closed;
 - a connection cap: beyond ``max_connections`` open connections per process a new one is answered
   503 + ``Retry-After`` and closed at once;
+- the lame duck (SIGTERM with ``drain_delay_ms`` > 0): ``/health`` answers 503 ``draining`` at once,
+  parked long-poll pops answer 204 and new ones do not park, every response carries
+  ``Connection: close``; the listening socket stays open for ``drain_delay_ms`` so that a proxy's
+  health check takes the replica out of rotation before a connection it may reuse is closed (closing
+  an idle keep-alive connection under a proxy that is sending on it loses that request). Then the
+  drain below. SIGINT (Ctrl-C), a second SIGTERM or ``drain_delay_ms=0`` skip the lame duck;
 - the drain: the first ``shutdown()`` uvicorn calls on a connection (graceful shutdown has begun:
   SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
   requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.
@@ -22,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,14 +62,32 @@ class Transport:
     drained_pops: int | None = None  # set by the first begin_drain()
     in_flight: int = 0  # requests running when the drain began (parked pops included)
     drain_started: float | None = None
+    drain_delay_s: float = 0.0  # the lame duck's length on SIGTERM (0: none)
+    draining: bool = False  # the lame duck has begun: /health is 503, responses close their connection
     refused_connections: int = 0
     head_timeouts: int = 0
+    # uvicorn's server-wide sets (its ServerState), seen through the first connection
+    connections: set[Any] | None = None
+    tasks: set[asyncio.Task[None]] | None = None
 
     def begin_drain(self, in_flight: int) -> None:
         if self.drained_pops is None:
             self.drain_started = time.monotonic()
             self.in_flight = in_flight
             self.drained_pops = self.drain_pops()
+
+    def begin_lame_duck(self) -> None:
+        """SIGTERM's first step (see the module doc): drain the parked pops now and make every
+        response in flight, and every later one, close its connection."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("event=draining delay_ms=%.0f", self.drain_delay_s * 1000)
+        self.begin_drain(len(self.tasks) if self.tasks is not None else 0)
+        for conn in list(self.connections or ()):
+            cycle = getattr(conn, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                close_after(cycle)
 
     def shutdown_line(self) -> str:
         took = 0.0 if self.drain_started is None else time.monotonic() - self.drain_started
@@ -70,6 +96,42 @@ class Transport:
             f"took_ms={took * 1000:.0f} refused_connections={self.refused_connections} "
             f"head_timeouts={self.head_timeouts}"
         )
+
+
+def close_after(cycle: Any) -> None:
+    """Make a uvicorn request cycle answer with ``Connection: close`` and close the connection after
+    the response: httptools adds the header when ``keep_alive`` is off, h11 when the request asked."""
+    cycle.keep_alive = False
+    headers = cycle.scope.get("headers")
+    if isinstance(headers, list) and (b"connection", b"close") not in headers:
+        headers.append((b"connection", b"close"))
+
+
+def install_lame_duck(transport: Transport) -> None:
+    """Put the lame duck in front of uvicorn's SIGTERM handler (called from the lifespan, after
+    uvicorn installed its own; a no-op off the main thread, where uvicorn handles no signal, or with
+    ``drain_delay_s`` 0). The handler only schedules: the loop does the work."""
+    if transport.drain_delay_s <= 0 or threading.current_thread() is not threading.main_thread():
+        return
+    uvicorns = signal.getsignal(signal.SIGTERM)
+    if not callable(uvicorns):
+        return
+    loop = asyncio.get_running_loop()
+    asked = False
+
+    def on_sigterm(sig: int, frame: Any) -> None:
+        nonlocal asked
+        if asked:  # a second SIGTERM: shut down now
+            uvicorns(sig, frame)
+            return
+        asked = True
+        loop.call_soon_threadsafe(start)
+
+    def start() -> None:
+        transport.begin_lame_duck()
+        loop.call_later(transport.drain_delay_s, uvicorns, signal.SIGTERM, None)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _raw_answer(status: bytes, body: dict[str, Any], extra: bytes = b"") -> bytes:
@@ -110,6 +172,8 @@ class _Guard:
         self._queen: Transport | None = app_state.get(STATE_KEY)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
+        if self._queen is not None and self._queen.connections is None:
+            self._queen.connections, self._queen.tasks = self.connections, self.tasks
 
     def _guard_connected(self) -> bool:
         t = self._queen
@@ -143,6 +207,8 @@ class _Guard:
     def _after_data(self) -> None:
         if self._head_timer is not None and self.cycle is not self._head_cycle:
             self._disarm_head()  # a new request cycle: its head is complete
+        if self._queen is not None and self._queen.draining and self.cycle is not None and self.cycle.keep_alive:
+            close_after(self.cycle)  # the lame duck: this connection's last request
 
     def _head_expired(self) -> None:
         self._head_timer = None
@@ -233,6 +299,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "proxy_headers": False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
+        "timeout_keep_alive": settings.keep_alive_s,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

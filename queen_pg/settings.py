@@ -99,6 +99,22 @@ class Settings(BaseSettings):
         "is answered 503 + Retry-After and closed. Lowered, with a warning, to what the file-descriptor "
         "limit allows.",
     )
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="An idle keep-alive connection is closed after this many seconds. Keep it above your proxy's "
+        "idle timeout for its server connections: when the broker closes one the proxy is sending on, that "
+        "request fails.",
+    )
+    drain_delay_ms: int = Field(
+        1000,
+        ge=0,
+        le=60_000,
+        description="On SIGTERM /health answers 503 `draining` and responses close their connections for this "
+        "long before the listener closes, so a proxy's health check takes the replica out first (keep it above "
+        "the check's interval x fall). 0, SIGINT or a second SIGTERM: no wait.",
+    )
     shutdown_grace_s: int = Field(
         8,
         ge=1,

@@ -209,6 +209,13 @@ async def test_a_replica_sigtermed_under_load_is_drained_without_a_failed_reques
         before = dict(done)
         victim.send(signal.SIGTERM)
         assert victim.proc is not None
+        async with httpx.AsyncClient(base_url=victim.url, timeout=5) as direct:  # the proxy's health check sees it
+
+            async def draining() -> bool:
+                r = await direct.get("/health")
+                return r.status_code == 503 and r.json()["status"] == "draining"
+
+            await until(draining, "the victim's /health to answer 503 draining", within=10)
         await until(lambda: _true(victim.proc is not None and victim.proc.poll() is not None), "drain", within=40)
         await until(lambda: _true(done["push"] >= before["push"] + 30), "load after the drain", within=20)
     finally:

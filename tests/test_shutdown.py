@@ -93,3 +93,49 @@ async def test_sigterm_answers_parked_pops_at_once_lets_calls_finish_and_exits_f
     finally:
         broker.kill()
         await watcher.close()
+
+
+async def test_sigterm_starts_a_lame_duck_that_a_proxy_can_see_and_a_second_sigterm_ends(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The first SIGTERM keeps the listener open for the drain delay (here 60 s, far beyond the test):
+    /health answers 503 `draining`, a parked pop answers 204 at once, requests are still served but
+    close their connection. A second SIGTERM ends the wait: the process exits 0 long before 60 s."""
+    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_DRAIN_DELAY_MS="60000")
+    await broker.start()
+    try:
+        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+            r = await http.post("/api/v1/push", json={"items": [{"queue": "lame", "payload": 0}]})
+            assert r.status_code == 201 and r.headers.get("connection") != "close"
+            assert (await http.get("/api/v1/pop/queue/lame", params={"autoAck": "true"})).status_code == 200
+            pop = asyncio.create_task(http.get("/api/v1/pop/queue/lame", params={"wait": "true", "timeout": 600_000}))
+
+            async def one_parked() -> bool:
+                return await parked(http) == 1
+
+            await until(one_parked, "the pop to park")
+            broker.terminate()
+            assert (await asyncio.wait_for(pop, 10)).status_code == 204
+
+            async def draining() -> bool:
+                return (await http.get("/health")).status_code == 503
+
+            await until(draining, "/health to answer 503")
+            r = await http.get("/health")
+            assert r.json()["status"] == "draining" and r.json()["code"] == "draining"
+            assert r.headers["connection"] == "close"
+            # still serving, one request per connection
+            r = await http.post("/api/v1/push", json={"items": [{"queue": "lame", "payload": 1}]})
+            assert r.status_code == 201 and r.headers["connection"] == "close"
+            # a new pop does not park: it answers at once (the message just pushed, or nothing)
+            r = await asyncio.wait_for(
+                http.get("/api/v1/pop/queue/lame", params={"wait": "true", "timeout": 600_000, "autoAck": "true"}), 10
+            )
+            assert r.status_code in (200, 204)
+            assert broker.proc is not None and broker.proc.poll() is None  # the delay holds the listener open
+        broker.terminate()  # the second SIGTERM
+        code = await asyncio.to_thread(broker.proc.wait, 20)
+        assert code == 0
+        assert "event=draining delay_ms=60000" in broker.log()
+    finally:
+        broker.kill()

@@ -23,6 +23,7 @@ from queen_pg.jobs.storage import StorageCheck
 from queen_pg.limiter import Limiter
 from queen_pg.mesh.node import Mesh
 from queen_pg.security import principal
+from queen_pg.server import Transport
 from queen_pg.settings import Settings
 
 __all__ = ["AppState", "check_name", "json_response", "permit", "refuse_when_storage_full", "state", "tenant"]
@@ -43,6 +44,7 @@ class AppState:
     maintenance: Maintenance = field(default_factory=Maintenance)
     started_at: float = field(default_factory=time.time)  # wall clock when this state was built
     mesh: Mesh | None = None  # the wake mesh (queen_pg/mesh/); None = not configured
+    transport: Transport | None = None  # the HTTP server's side (queen_pg/server.py): draining or not
 
 
 def state(request: Request) -> AppState:

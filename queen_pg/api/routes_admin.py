@@ -14,7 +14,7 @@ from queen_pg.api.common import check_name, json_response, state, tenant
 from queen_pg.api.docs import answers, body
 from queen_pg.api.schemas_admin import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.engine import queues as queue_engine
-from queen_pg.errors import QueenError, bad_request
+from queen_pg.errors import DRAINING, QueenError, bad_request
 from queen_pg.security import crypto
 
 router = APIRouter()
@@ -133,12 +133,16 @@ async def delete_queue(request: Request, queue: str) -> Response:
 
 @router.get(
     "/health",
-    summary="Liveness: 200 when the database answers, 503 when not",
-    description="The 503 body also carries `status: unhealthy`, `database: down` and `version`.",
+    summary="Liveness: 200 when the database answers, 503 when not or when the replica is draining",
+    description="The 503 body also carries `status: unhealthy`, `database: down` and `version`; after SIGTERM "
+    "(the drain delay) it is `status: draining`, `code: draining`.",
     responses=answers({200: HealthAnswer}),
 )
 async def health(request: Request) -> Response:
     st = state(request)
+    if st.transport is not None and st.transport.draining:  # the proxy takes this replica out now
+        err = QueenError(DRAINING)
+        return json_response({**err.body(), "status": "draining", "version": __version__}, err.status)
     ok = await st.db.ping()
     body = {"status": "healthy" if ok else "unhealthy", "database": "up" if ok else "down", "version": __version__}
     if not ok:
