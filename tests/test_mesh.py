@@ -113,8 +113,16 @@ class Heard:
         self.configs: list[tuple[str, str]] = []
         self.maintenance = 0
 
-    def mesh(self, port: int, peers: list[int], secret: bytes = SECRET, outbox: int = 1024) -> Mesh:
-        cfg = MeshConfig(secret=secret, port=port, peers=tuple(("127.0.0.1", p) for p in peers), outbox=outbox)
+    def mesh(
+        self, port: int, peers: list[int], secret: bytes = SECRET, outbox: int = 1024, max_inbound: int = 64
+    ) -> Mesh:
+        cfg = MeshConfig(
+            secret=secret,
+            port=port,
+            peers=tuple(("127.0.0.1", p) for p in peers),
+            outbox=outbox,
+            max_inbound=max_inbound,
+        )
         return Mesh(
             cfg,
             on_wake=lambda t, q: self.wakes.append((t, q)),
@@ -176,6 +184,34 @@ async def test_a_peer_without_the_secret_gets_nothing_through() -> None:
         writer.close()
         assert good.dropped.get("recv:oversize") == 1 and ha.wakes == [] and good.frames_received == 0
     finally:
+        await _stop(tasks)
+
+
+async def test_inbound_connections_beyond_the_cap_are_closed_and_counted() -> None:
+    """Half-open dials that never say HELLO hold their slot until the HELLO timeout; beyond the cap a
+    new connection is closed at once (and counted), while a real peer still gets in once a slot frees."""
+    pa, pb = free_port(), free_port()
+    ha, hb = Heard(), Heard()
+    good = ha.mesh(pa, [], max_inbound=2)
+    tasks = await _running(good)
+    held = [await asyncio.open_connection("127.0.0.1", pa) for _ in range(2)]
+    try:
+        await eventually(lambda: len(good._conns) == 2, "both silent dials held")
+        reader, writer = await asyncio.open_connection("127.0.0.1", pa)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the third: closed at once, no HELLO wait
+        writer.close()
+        assert good.dropped == {"recv:too_many_connections": 1}
+        for _, w in held:
+            w.close()
+        await eventually(lambda: len(good._conns) == 0, "the silent dials gone")
+        peer = hb.mesh(pb, [pa])
+        tasks += await _running(peer)
+        await eventually(lambda: peer.connected == 1, "a real peer connects once slots are free")
+        peer.publish_wake("t", "q")
+        await eventually(lambda: ha.wakes == [("t", "q")], "its wake heard")
+    finally:
+        for _, w in held:
+            w.close()
         await _stop(tasks)
 
 

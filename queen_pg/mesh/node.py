@@ -49,6 +49,9 @@ class MeshConfig:
     local_dir: Path | None = None  # the workers of one host (queen-pg serve --workers N)
     outbox: int = 1024  # frames queued per peer before new ones are dropped
     coalesce_s: float = 0.002
+    # inbound connections held at once (each peer and sibling dials one); beyond it a new one is
+    # closed at once and counted, so a flood of half-open dials cannot take the process's descriptors
+    max_inbound: int = 64
     node: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -166,6 +169,12 @@ class Mesh:
 
     # ---- receiving ----------------------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, local: bool) -> None:
+        if len(self._conns) >= self.config.max_inbound:
+            self.dropped_recv("too_many_connections")
+            if self.dropped["recv:too_many_connections"] == 1:  # once: a flood must not flood the log too
+                log.warning("event=mesh_inbound_refused max_inbound=%d", self.config.max_inbound)
+            writer.close()
+            return
         me = asyncio.current_task()
         if me is not None:
             self._conns.add(me)
