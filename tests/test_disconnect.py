@@ -60,6 +60,7 @@ async def test_a_claim_running_when_the_client_left_gives_the_lease_back_at_once
     tx = conn.transaction()
     await tx.start()
     await conn.execute("SELECT id FROM queen.queues WHERE name = 'rq' FOR UPDATE")
+    before = set(broker.server.server_state.connections)  # the http fixture's idle keep-alive one
     _, writer = await open_pop(broker.port, "/api/v1/pop/queue/rq?wait=true&timeout=30000&consumerGroup=late")
 
     async def claim_waits() -> bool:
@@ -73,7 +74,7 @@ async def test_a_claim_running_when_the_client_left_gives_the_lease_back_at_once
 
     await until(claim_waits, "the pop's claim to wait for the queue row")
     await hang_up(writer)
-    await eventually(lambda: not broker.server.server_state.connections, "the broker to see the hang-up")
+    await eventually(lambda: broker.server.server_state.connections <= before, "the broker to see the hang-up")
     await tx.commit()  # the claim goes on and leases m1 for a client that is gone
     await until(lambda: _done(broker), "the abandoned pop to end")
 
