@@ -40,3 +40,25 @@ class Stats(Job):
         if pruned:
             log.info("event=job_done job=%s queues=%d pruned=%d", self.name, queues, pruned)
         return int(max(queues, pruned))
+
+
+SNAPSHOT_SQL = "SELECT queen.stats_snapshot_v1($1, $2, $3)"
+SNAPSHOT_CONFIG = JobConfig(name="stats_snapshot", interval=5.0, limit=100)
+
+
+class StatsSnapshot(Job):
+    """The per-tenant counts of ``/status``, ``/resources/overview`` and ``/metrics``
+    (``queen.tenant_stats``, ``sql/procedures/098_stats_snapshot.sql``): each tick recomputes up to
+    ``limit`` tenants not refreshed in the last half interval, one set-based pass per tenant, so those
+    reads are a primary-key probe and their ``asOf`` is at most about one interval old."""
+
+    def __init__(self, config: JobConfig = SNAPSHOT_CONFIG) -> None:
+        super().__init__(config)
+
+    @property
+    def min_gap_seconds(self) -> int:
+        return max(int(self.config.interval / 2), 0)
+
+    async def run_once(self, db: Database, now: datetime | None = None) -> int:
+        """Tenants refreshed (0: none due, or another replica holds STATS_SNAPSHOT_LOCK)."""
+        return int(await db.fetchval(SNAPSHOT_SQL, self.config.limit, self.min_gap_seconds, now) or 0)
