@@ -83,9 +83,9 @@ async def timed(http: httpx.AsyncClient, path: str, n: int, root: int) -> dict[s
     }
 
 
-async def run(sizes: list[int], requests: int) -> dict[str, Any]:
-    results: dict[str, Any] = {"sizes": {}}
-    with BrokerProcess() as b:
+async def run(sizes: list[int], requests: int, jobs: bool = True) -> dict[str, Any]:
+    results: dict[str, Any] = {"sizes": {}, "jobs": jobs}
+    with BrokerProcess(env={} if jobs else {"QUEEN_JOBS_ENABLED": "false"}) as b:
         conn = await asyncpg.connect(b.pg_dsn())
         have = 0
         async with httpx.AsyncClient(base_url=b.url, timeout=120) as http:
@@ -122,9 +122,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,100000", help="queue counts, ascending")
     ap.add_argument("--requests", type=int, default=50, help="GETs per route and size")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--no-jobs", action="store_true", help="background jobs off: the reads alone")
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.sizes.split(","))
-    res = asyncio.run(run(sizes, a.requests))
+    res = asyncio.run(run(sizes, a.requests, not a.no_jobs))
     a.out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {a.out}")
 

@@ -137,15 +137,19 @@ RETURNS TABLE (queues bigint, partitions bigint, messages bigint, retained bigin
                in_flight bigint, dlq bigint, consumer_groups bigint, namespaces bigint, tasks bigint,
                group_lag bigint, lag_seconds double precision, leased_partitions bigint, acked bigint,
                as_of timestamptz)
-LANGUAGE sql STABLE AS $$
-    (SELECT s.queues, s.partitions, s.messages, s.retained, s.backlog, s.in_flight, s.dlq, s.consumer_groups,
-            s.namespaces, s.tasks, s.group_lag, s.lag_seconds, s.leased_partitions, s.acked, s.as_of
-       FROM queen.tenant_stats s WHERE s.tenant = p_tenant)
-    UNION ALL
-    (SELECT f.*, coalesce(p_now, now())
-       FROM queen._tenant_figures(p_tenant, coalesce(p_now, now())) f
-      WHERE NOT EXISTS (SELECT 1 FROM queen.tenant_stats s WHERE s.tenant = p_tenant))
-    LIMIT 1
+LANGUAGE plpgsql STABLE AS $$
+-- plpgsql, not sql: the live query is planned only when it runs (a sql function re-plans every
+-- branch at every call, which cost more than the snapshot read at 100,000 queues).
+BEGIN
+    RETURN QUERY
+        SELECT s.queues, s.partitions, s.messages, s.retained, s.backlog, s.in_flight, s.dlq, s.consumer_groups,
+               s.namespaces, s.tasks, s.group_lag, s.lag_seconds, s.leased_partitions, s.acked, s.as_of
+          FROM queen.tenant_stats s WHERE s.tenant = p_tenant;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT f.*, coalesce(p_now, now())
+                       FROM queen._tenant_figures(p_tenant, coalesce(p_now, now())) f;
+    END IF;
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION queen.metrics_tenants_v1()
