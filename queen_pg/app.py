@@ -104,7 +104,12 @@ def create_app(settings: Settings) -> FastAPI:
         jobs = app.state.jobs = Supervisor()
         if settings.jobs_enabled:
             start_jobs(
-                jobs, db, app.state.queen.waiters.notify, settings.stats_retention_hours, settings.trace_retention_hours
+                jobs,
+                db,
+                app.state.queen.waiters.notify,
+                settings.stats_retention_hours,
+                settings.trace_retention_hours,
+                settings.stats_snapshot_interval_s,
             )
         # in every process, jobs or not: it gates this process's pushes and pops
         refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)

@@ -3,13 +3,18 @@
 Three kinds of numbers, three ways to get them:
 
 * **Counted on the request path** (HTTP requests and latency per route template, messages pushed,
-  popped and acked per queue): plain prometheus-client counters and histograms; the label children
+  popped and acked per tenant): plain prometheus-client counters and histograms; the label children
   are cached so a hot-path update is a dict lookup and an increment.
 * **Sampled in this process** (pool connections, parked long-polls, limiter limits, background-job
   runs): :meth:`Metrics.sample` reads them just before a scrape.
-* **Read from PostgreSQL** (partitions, backlog, lag per queue and group, DLQ depth): ONE call to
-  ``queen.metrics_snapshot_v1`` per scrape, reused for ``snapshot_max_age`` seconds, never a query per
-  request (:class:`SnapshotCollector`).
+* **Read from PostgreSQL** (queues, partitions, backlog, lag, DLQ depth, summed per tenant): ONE call
+  to ``queen.metrics_tenants_v1`` per scrape (one row per tenant, kept by the stats_snapshot job, so the
+  scrape costs the same at 100,000 queues), reused for ``snapshot_max_age`` seconds
+  (:class:`SnapshotCollector`).
+
+``GET /metrics`` carries no per-queue series, so its size does not grow with the number of queues (as
+RabbitMQ's ``/metrics``); the same gauge names with ``queue`` and ``consumer_group`` labels are on
+``GET /metrics/queues``, one page of queues per call (:func:`render_queues`).
 
 Every app has its own :class:`~prometheus_client.CollectorRegistry` (tests build many apps in one
 process). With several uvicorn workers (``queen-pg serve --workers N``) the CLI sets
@@ -17,10 +22,6 @@ process). With several uvicorn workers (``queen-pg serve --workers N``) the CLI 
 there and a scrape, whichever worker answers it, sums every worker's (prometheus-client's
 multiprocess mode); per-process gauges are summed over live workers (limiter gauges keep a ``pid``
 label), and each worker samples them every second. The database snapshot is global by nature.
-
-An ack names its message by partition id only: the queue of a partition is learned from push and pop
-answers of this process; ids it has not seen are counted aside and named at the next scrape (or
-sampling tick) with one call to ``queen.metrics_partition_queues_v1``.
 """
 
 from __future__ import annotations
@@ -48,18 +49,19 @@ log = logging.getLogger("queen_pg.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 UNMATCHED = "<unmatched>"  # the route label of a request no route matched (404s): bounded cardinality
-UNKNOWN_QUEUE = "<deleted>"  # acks of a partition that no longer exists when its id is resolved
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-MAX_KNOWN_PARTITIONS = 100_000  # partition id -> queue cache; cleared (and relearned) when full
-MAX_PENDING_ACKS = 100_000  # distinct (partition id, status) awaiting a name; beyond it: UNKNOWN_QUEUE
 SAMPLE_INTERVAL_S = 1.0  # per-worker sampling with several workers
 
 
+Q_LABELS = ["tenant", "queue"]
+G_LABELS = ["tenant", "queue", "consumer_group"]
+
+
 class SnapshotCollector:
-    """The gauges read from the database: rendered from the last snapshot at collection time."""
+    """The gauges read from the database, summed per tenant: rendered from the last snapshot."""
 
     def __init__(self) -> None:
-        self.snapshot: metrics_engine.Snapshot | None = None
+        self.snapshot: list[metrics_engine.TenantRow] | None = None
         self.db_up = False
         self.seconds = 0.0  # how long the last snapshot query took
 
@@ -70,27 +72,102 @@ class SnapshotCollector:
         took = GaugeMetricFamily("queen_metrics_snapshot_seconds", "Duration of the last metrics snapshot query")
         took.add_metric([], self.seconds)
         yield took
-        snap = self.snapshot
-        if snap is None:
+        if self.snapshot is None:
             return
-        q_labels = ["tenant", "queue"]
-        g_labels = ["tenant", "queue", "consumer_group"]
-        partitions = GaugeMetricFamily("queen_queue_partitions", "Partitions of the queue", labels=q_labels)
+        t = ["tenant"]
+        fams = [
+            (GaugeMetricFamily("queen_queues", "Queues of the tenant", labels=t), "queues"),
+            (
+                GaugeMetricFamily("queen_queue_partitions", "Partitions, summed over the tenant's queues", labels=t),
+                "partitions",
+            ),
+            (
+                GaugeMetricFamily(
+                    "queen_queue_messages_written",
+                    "Messages ever written (sum of next offsets) over the tenant's queues",
+                    labels=t,
+                ),
+                "messages",
+            ),
+            (
+                GaugeMetricFamily(
+                    "queen_queue_backlog",
+                    "Sum over the tenant's queues of the messages their most lagging group has not done",
+                    labels=t,
+                ),
+                "backlog",
+            ),
+            (
+                GaugeMetricFamily("queen_queue_in_flight", "Messages under a live lease not yet acked", labels=t),
+                "in_flight",
+            ),
+            (GaugeMetricFamily("queen_queue_dlq_depth", "Dead letters of the tenant's queues", labels=t), "dlq"),
+            (
+                GaugeMetricFamily(
+                    "queen_group_lag_messages", "Messages not yet done, summed over every group", labels=t
+                ),
+                "group_lag",
+            ),
+            (
+                GaugeMetricFamily(
+                    "queen_group_lag_seconds",
+                    "Age of the oldest message any group of the tenant has not done",
+                    labels=t,
+                ),
+                "lag_seconds",
+            ),
+            (
+                GaugeMetricFamily(
+                    "queen_group_leased_partitions", "Partitions under a live lease, over every group", labels=t
+                ),
+                "leased_partitions",
+            ),
+            (GaugeMetricFamily("queen_group_dlq_depth", "Dead letters, over every group", labels=t), "dlq"),
+            (
+                GaugeMetricFamily(
+                    "queen_stats_snapshot_timestamp_seconds",
+                    "When these per-tenant figures were computed (stats_snapshot job), Unix time",
+                    labels=t,
+                ),
+                "as_of",
+            ),
+        ]
+        for row in self.snapshot:
+            for fam, field in fams:
+                v = getattr(row, field)
+                fam.add_metric([row.tenant], v.timestamp() if field == "as_of" else float(v))
+        for fam, _ in fams:
+            yield fam
+
+
+class QueuePageCollector:
+    """The per-queue and per-group gauges of one page of queues (``GET /metrics/queues``)."""
+
+    def __init__(self, snap: metrics_engine.Snapshot, total: int) -> None:
+        self.snap = snap
+        self.total = total
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snap
+        total = GaugeMetricFamily("queen_metrics_queues_total", "Queues in all pages of /metrics/queues")
+        total.add_metric([], self.total)
+        yield total
+        partitions = GaugeMetricFamily("queen_queue_partitions", "Partitions of the queue", labels=Q_LABELS)
         written = GaugeMetricFamily(
-            "queen_queue_messages_written", "Messages ever written to the queue (sum of next offsets)", labels=q_labels
+            "queen_queue_messages_written", "Messages ever written to the queue (sum of next offsets)", labels=Q_LABELS
         )
         backlog = GaugeMetricFamily(
-            "queen_queue_backlog", "Messages not yet done by the queue's most lagging consumer group", labels=q_labels
+            "queen_queue_backlog", "Messages not yet done by the queue's most lagging consumer group", labels=Q_LABELS
         )
-        dlq = GaugeMetricFamily("queen_queue_dlq_depth", "Dead letters of the queue", labels=q_labels)
-        lag = GaugeMetricFamily("queen_group_lag_messages", "Messages not yet done by the group", labels=g_labels)
+        dlq = GaugeMetricFamily("queen_queue_dlq_depth", "Dead letters of the queue", labels=Q_LABELS)
+        lag = GaugeMetricFamily("queen_group_lag_messages", "Messages not yet done by the group", labels=G_LABELS)
         lag_s = GaugeMetricFamily(
-            "queen_group_lag_seconds", "Age of the oldest message not yet done by the group", labels=g_labels
+            "queen_group_lag_seconds", "Age of the oldest message not yet done by the group", labels=G_LABELS
         )
         leased = GaugeMetricFamily(
-            "queen_group_leased_partitions", "Partitions the group holds a live lease on", labels=g_labels
+            "queen_group_leased_partitions", "Partitions the group holds a live lease on", labels=G_LABELS
         )
-        g_dlq = GaugeMetricFamily("queen_group_dlq_depth", "Dead letters of the group", labels=g_labels)
+        g_dlq = GaugeMetricFamily("queen_group_dlq_depth", "Dead letters of the group", labels=G_LABELS)
         worst: dict[tuple[str, str], int] = {}
         for g in snap.groups:
             key = [g.tenant, g.queue, g.group]
@@ -106,6 +183,13 @@ class SnapshotCollector:
             backlog.add_metric(key, worst.get((q.tenant, q.queue), 0))
             dlq.add_metric(key, q.dlq)
         yield from (partitions, written, backlog, dlq, lag, lag_s, leased, g_dlq)
+
+
+def render_queues(snap: metrics_engine.Snapshot, total: int) -> bytes:
+    """The exposition of one page of ``GET /metrics/queues``."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(QueuePageCollector(snap, total))
+    return generate_latest(reg)
 
 
 class Metrics:
@@ -129,17 +213,17 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
-        q = ["tenant", "queue"]
-        self.pushed = Counter("queen_messages_pushed", "Messages appended by POST /push", q, registry=reg)
+        t = ["tenant"]  # per queue: GET /metrics/queues (gauges from the database), never here
+        self.pushed = Counter("queen_messages_pushed", "Messages appended by POST /push", t, registry=reg)
         self.duplicates = Counter(
             "queen_messages_push_duplicates",
             "Pushed items refused as duplicates of a stored transactionId",
-            q,
+            t,
             registry=reg,
         )
-        self.popped = Counter("queen_messages_popped", "Messages delivered by pops", q, registry=reg)
+        self.popped = Counter("queen_messages_popped", "Messages delivered by pops", t, registry=reg)
         self.acked = Counter(
-            "queen_messages_acked", "Messages settled by acks, by status", [*q, "status"], registry=reg
+            "queen_messages_acked", "Messages settled by acks, by status", [*t, "status"], registry=reg
         )
         self.pool_size = Gauge(
             "queen_db_pool_connections", "Open connections of the pool", registry=reg, multiprocess_mode="livesum"
@@ -215,8 +299,6 @@ class Metrics:
             reg.register(self.snapshot)
             self.exposed = reg
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._partition_queue: dict[str, tuple[str, str]] = {}  # partition id -> (tenant, queue)
-        self._pending_acks: dict[tuple[str, str], int] = {}  # (partition id, status) -> count
         self._seen: dict[tuple[int, str], float] = {}  # counters fed from cumulative values
         self._snapshot_at: float | None = None
         self._lock = asyncio.Lock()
@@ -234,68 +316,41 @@ class Metrics:
         self._child(self.requests, (method, route, str(status))).inc()
         self._child(self.latency, (method, route)).observe(seconds)
 
-    def _learn(self, partition_id: str, tenant: str, queue: str) -> None:
-        known = self._partition_queue
-        if partition_id not in known:
-            if len(known) >= MAX_KNOWN_PARTITIONS:
-                known.clear()
-            known[partition_id] = (tenant, queue)
-
     def count_push(self, tenant: str, results: Iterable[Mapping[str, Any]]) -> None:
-        queued: dict[str, int] = {}
-        dups: dict[str, int] = {}
-        last_pid: object = None
+        queued = dups = 0
         for r in results:
-            queue = r["queue"]
             if r["status"] == "queued":
-                queued[queue] = queued.get(queue, 0) + 1
+                queued += 1
             else:
-                dups[queue] = dups.get(queue, 0) + 1
-            pid = r["partitionId"]
-            if pid != last_pid:  # the items of one partition come together: learn it once
-                self._learn(str(pid), tenant, queue)
-                last_pid = pid
-        for queue, n in queued.items():
-            self._child(self.pushed, (tenant, queue)).inc(n)
-        for queue, n in dups.items():
-            self._child(self.duplicates, (tenant, queue)).inc(n)
+                dups += 1
+        if queued:
+            self._child(self.pushed, (tenant,)).inc(queued)
+        if dups:
+            self._child(self.duplicates, (tenant,)).inc(dups)
 
     def count_pop(self, tenant: str, answer: Mapping[str, Any] | None) -> None:
-        if not answer:
-            return
-        per_queue: dict[str, int] = {}
-        last_pid: object = None
-        for m in answer.get("messages", ()):
-            queue = m["queue"]
-            per_queue[queue] = per_queue.get(queue, 0) + 1
-            pid = m["partitionId"]
-            if pid != last_pid:
-                self._learn(str(pid), tenant, queue)
-                last_pid = pid
-        for queue, n in per_queue.items():
-            self._child(self.popped, (tenant, queue)).inc(n)
+        if answer:
+            n = len(answer.get("messages", ()))
+            if n:
+                self._child(self.popped, (tenant,)).inc(n)
 
     def count_pop_claims(self, tenant: str, claimed: Iterable[tuple[str, str, int]]) -> None:
         """A framed pop's count: (queue, partitionId, messages) per claimed partition."""
-        for queue, pid, n in claimed:
-            self._learn(pid, tenant, queue)
-            self._child(self.popped, (tenant, queue)).inc(n)
+        n = sum(c[2] for c in claimed)
+        if n:
+            self._child(self.popped, (tenant,)).inc(n)
 
-    def count_ack(self, items: Sequence[ack_engine.AckItem], results: Iterable[Mapping[str, Any]]) -> None:
+    def count_ack(self, tenant: str, items: Sequence[ack_engine.AckItem], results: Iterable[Mapping[str, Any]]) -> None:
         """Acks that applied (not refused, not a resend answered as ``noop``); results carry ``index``."""
-        known = self._partition_queue
+        per_status: dict[str, int] = {}
         for r in results:
             if not r.get("success") or r.get("noop"):
                 continue
             item = items[r["index"]]
-            pid, status = item.partition_id, ack_engine.STATUSES.get(item.status, item.status)
-            where = known.get(pid)
-            if where is not None:
-                self._child(self.acked, (*where, status)).inc()
-            elif len(self._pending_acks) < MAX_PENDING_ACKS or (pid, status) in self._pending_acks:
-                self._pending_acks[(pid, status)] = self._pending_acks.get((pid, status), 0) + 1
-            else:
-                self._child(self.acked, ("", UNKNOWN_QUEUE, status)).inc()
+            status = ack_engine.STATUSES.get(item.status, item.status)
+            per_status[status] = per_status.get(status, 0) + 1
+        for status, n in per_status.items():
+            self._child(self.acked, (tenant, status)).inc(n)
 
     # ---- sampling, snapshot, exposition -------------------------------------------------------
 
@@ -358,24 +413,6 @@ class Metrics:
             for name in supervisor.names:
                 self._feed(self.task_restarts, name, supervisor.restarts(name))
 
-    async def resolve_acks(self, db: Database) -> None:
-        """Name the queue of acked partitions this process has not seen: one call, if any."""
-        if not self._pending_acks:
-            return
-        pending, self._pending_acks = self._pending_acks, {}
-        ids = sorted({int(pid) for pid, _ in pending})
-        try:
-            found = await metrics_engine.partition_queues(db, ids)
-        except QueenError:
-            for key, n in pending.items():  # try again next time
-                self._pending_acks[key] = self._pending_acks.get(key, 0) + n
-            raise
-        for (pid, status), n in pending.items():
-            where = found.get(int(pid))
-            if where is not None:
-                self._learn(pid, *where)
-            self._child(self.acked, (*(where or ("", UNKNOWN_QUEUE)), status)).inc(n)
-
     async def refresh(self, db: Database) -> None:
         """Refresh the database snapshot unless it is younger than ``snapshot_max_age``."""
         async with self._lock:  # concurrent scrapes share one query
@@ -383,8 +420,7 @@ class Metrics:
             if self._snapshot_at is not None and now - self._snapshot_at < self.snapshot_max_age:
                 return
             try:
-                await self.resolve_acks(db)
-                self.snapshot.snapshot = await metrics_engine.snapshot(db)
+                self.snapshot.snapshot = await metrics_engine.tenants(db)
                 self.snapshot.db_up = True
             except QueenError as exc:
                 log.warning("event=metrics_snapshot_error code=%s error=%s", exc.code, exc)
@@ -396,13 +432,9 @@ class Metrics:
         return generate_latest(self.exposed)
 
     async def run_sampler(self, db: Database, waiters: Any, limiters: Any, supervisor: Any, mesh: Any = None) -> None:
-        """With several workers: keep this worker's gauges and ack names current for any scrape."""
+        """With several workers: keep this worker's gauges current for any scrape."""
         while True:
             self.sample(db, waiters, limiters, supervisor, mesh)
-            try:
-                await self.resolve_acks(db)
-            except QueenError as exc:
-                log.warning("event=metrics_resolve_error code=%s error=%s", exc.code, exc)
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     def close(self) -> None:

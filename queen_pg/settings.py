@@ -133,6 +133,13 @@ class Settings(BaseSettings):
     stats_retention_hours: int = Field(
         168, ge=0, description="Per-minute throughput/lag rows (status, analytics) are kept this long; 0 = forever."
     )
+    stats_snapshot_interval_s: float = Field(
+        5.0,
+        ge=0.5,
+        le=3600,
+        description="The counts of /api/v1/status, /api/v1/resources/overview and /metrics are recomputed this "
+        "often (their asOf); each pass reads every row of the tenant once.",
+    )
     trace_retention_hours: int = Field(
         168, ge=0, description="Trace events (POST /api/v1/traces) are kept this long; 0 = forever."
     )

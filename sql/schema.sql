@@ -337,3 +337,49 @@ CREATE TABLE IF NOT EXISTS queen.request_outcomes (
     CONSTRAINT request_outcomes_pkey PRIMARY KEY (tenant, request_key)
 );
 CREATE INDEX IF NOT EXISTS request_outcomes_expires_idx ON queen.request_outcomes (expires_at);
+
+-- Status snapshot (revision 0005; sql/procedures/098_stats_snapshot.sql) ----------------------------
+
+-- The figures of GET /api/v1/status, /api/v1/resources/overview and the aggregated series of /metrics,
+-- one row per tenant that has queues, written only by the stats_snapshot job (one replica per tick,
+-- STATS_SNAPSHOT_LOCK) in one set-based pass over the tenant's rows, so a read is one primary-key probe
+-- whatever the number of queues, and no push or ack writes here (no hot row). `as_of` is when the
+-- figures were computed (answered as "asOf"); `took_ms` what computing them cost.
+CREATE TABLE IF NOT EXISTS queen.tenant_stats (
+    tenant              text NOT NULL,
+    queues              bigint NOT NULL,
+    partitions          bigint NOT NULL,
+    messages            bigint NOT NULL,    -- every offset ever given (sum of next_offset)
+    retained            bigint NOT NULL,
+    backlog             bigint NOT NULL,    -- sum over queues of the queue's backlog
+    in_flight           bigint NOT NULL,
+    dlq                 bigint NOT NULL,
+    consumer_groups     bigint NOT NULL,    -- (queue, group) pairs
+    namespaces          bigint NOT NULL,
+    tasks               bigint NOT NULL,
+    group_lag           bigint NOT NULL,    -- sum over (queue, group) of the group's lag
+    lag_seconds         double precision NOT NULL,  -- age of the oldest message some group has not done
+    leased_partitions   bigint NOT NULL,    -- live leases
+    acked               bigint NOT NULL,    -- sum of log_consumers.acked_total
+    as_of               timestamptz NOT NULL,
+    took_ms             double precision NOT NULL,
+    CONSTRAINT tenant_stats_pkey PRIMARY KEY (tenant)
+);
+
+-- Throughput per tenant and minute: the sum of the tenant's stats_minutes rows of that minute, added by
+-- the stats job in the same statement (GET /api/v1/status reads at most 61 rows of it, not one row per
+-- queue and minute). Pruned with stats_minutes.
+CREATE TABLE IF NOT EXISTS queen.tenant_minutes (
+    tenant              text NOT NULL,
+    minute              timestamptz NOT NULL,
+    pushed              bigint NOT NULL DEFAULT 0,
+    acked               bigint NOT NULL DEFAULT 0,
+    CONSTRAINT tenant_minutes_pkey PRIMARY KEY (tenant, minute)
+);
+CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (minute);
+-- Databases that had per-queue rows before revision 0005: their tenant sums, once (while empty).
+INSERT INTO queen.tenant_minutes (tenant, minute, pushed, acked)
+SELECT s.tenant, s.minute, sum(s.pushed), sum(s.acked) FROM queen.stats_minutes s
+ WHERE NOT EXISTS (SELECT 1 FROM queen.tenant_minutes)
+ GROUP BY s.tenant, s.minute
+ON CONFLICT ON CONSTRAINT tenant_minutes_pkey DO NOTHING;

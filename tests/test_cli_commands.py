@@ -301,7 +301,7 @@ def test_serve_with_two_workers(tmp_path: Path) -> None:
                 for s in f.samples
             }
 
-        pushed = "queen_messages_pushed_total[('queue', 'w'), ('tenant', 'default')]"
+        pushed = "queen_messages_pushed_total[('tenant', 'default')]"
         pool = "queen_db_pool_max_connections[]"
         # both workers' numbers in every scrape, whichever worker answers it
         _wait(lambda: scrape().get(pool) == 6, 10, "both workers' pools in /metrics")

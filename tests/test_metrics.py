@@ -1,7 +1,8 @@
-"""GET /metrics: the Prometheus text output parsed by prometheus-client's own parser, after real
-pushes, pops and acks over HTTP; per-route counters use templates; backlog and lag come from the
-database; acks of partitions another broker served are named through the database; a scrape with the
-database gone still answers."""
+"""GET /metrics and GET /metrics/queues: the Prometheus text output parsed by prometheus-client's own
+parser, after real pushes, pops and acks over HTTP; per-route counters use templates; message counters
+and database gauges on /metrics are per tenant (its size does not grow with the number of queues), the
+per-queue and per-group gauges are on /metrics/queues, paged; a scrape with the database gone still
+answers."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.helpers import eventually, push
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-async def scrape(http: httpx.AsyncClient) -> Samples:
-    r = await http.get("/metrics")
+async def scrape(http: httpx.AsyncClient, path: str = "/metrics", **params: Any) -> Samples:
+    r = await http.get(path, params=params)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == CONTENT_TYPE
     out: Samples = {}
@@ -56,7 +57,8 @@ async def ack(http: httpx.AsyncClient, msgs: list[dict[str, Any]], group: str | 
     return r.json()
 
 
-async def test_push_pop_ack_then_scrape(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+async def test_push_pop_ack_then_scrape(broker: Broker, http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    broker.app.state.metrics.snapshot_max_age = 0.0  # every scrape reads the snapshot table again
     await push(http, "orders", [{"payload": i} for i in range(3)], partition="p1")
     await push(http, "orders", [{"payload": i} for i in range(2)], partition="p2")
     dup = await push(http, "orders", [{"payload": 0, "transactionId": "t-1"}, {"payload": 1, "transactionId": "t-1"}])
@@ -73,13 +75,13 @@ async def test_push_pop_ack_then_scrape(http: httpx.AsyncClient, conn: asyncpg.C
     assert (await http.get("/nowhere")).status_code == 404
 
     m = await scrape(http)
-    # messages per queue, counted from the engine's answers
-    assert value(m, "queen_messages_pushed_total", queue="orders", tenant="default") == 6
-    assert value(m, "queen_messages_pushed_total", queue="other") == 1
-    assert value(m, "queen_messages_push_duplicates_total", queue="orders") == 1
-    assert value(m, "queen_messages_popped_total", queue="orders") == 3 + len(qm)
-    assert value(m, "queen_messages_acked_total", queue="orders", status="completed") == 2
-    assert value(m, "queen_messages_acked_total", queue="orders", status="failed") == 1
+    # messages per tenant, counted from the engine's answers; no per-queue label on /metrics
+    assert value(m, "queen_messages_pushed_total", tenant="default") == 7
+    assert value(m, "queen_messages_push_duplicates_total", tenant="default") == 1
+    assert value(m, "queen_messages_popped_total", tenant="default") == 3 + len(qm)
+    assert value(m, "queen_messages_acked_total", tenant="default", status="completed") == 2
+    assert value(m, "queen_messages_acked_total", tenant="default", status="failed") == 1
+    assert not any("queue" in lab for series in m.values() for lab, _ in series)
     # requests per route template, never the raw path
     assert value(m, "queen_http_requests_total", method="POST", route="/api/v1/push", status="201") == 4
     assert value(m, "queen_http_requests_total", route="/api/v1/pop/queue/{queue}/partition/{partition}") == 1
@@ -90,7 +92,8 @@ async def test_push_pop_ack_then_scrape(http: httpx.AsyncClient, conn: asyncpg.C
     assert not any("orders" in r or "p1" in r for r in routes), routes
     assert value(m, "queen_http_request_duration_seconds_count", method="POST", route="/api/v1/push") == 4
     assert (value(m, "queen_http_request_duration_seconds_sum", method="POST", route="/api/v1/push") or 0) > 0
-    # backlog, lag and partitions from the database, as psql's view tells them
+    # backlog, lag and partitions per queue and group from the database (/metrics/queues), as psql's
+    # view tells them
     truth = {
         r["consumer_group"]: r["total_lag"]
         for r in await conn.fetch(
@@ -98,15 +101,31 @@ async def test_push_pop_ack_then_scrape(http: httpx.AsyncClient, conn: asyncpg.C
         )
     }
     assert truth["billing"] == 1 + 2 + 1  # p1: 1 left, p2: 2, Default: 1
-    assert value(m, "queen_group_lag_messages", queue="orders", consumer_group="billing") == truth["billing"]
-    qm_lag = value(m, "queen_group_lag_messages", queue="orders", consumer_group="__QUEUE_MODE__")
+    pq = await scrape(http, "/metrics/queues")
+    assert value(pq, "queen_metrics_queues_total") == 2
+    assert value(pq, "queen_group_lag_messages", queue="orders", consumer_group="billing") == truth["billing"]
+    qm_lag = value(pq, "queen_group_lag_messages", queue="orders", consumer_group="__QUEUE_MODE__")
     assert qm_lag == truth[None] == 6
-    assert value(m, "queen_queue_backlog", queue="orders") == 6
-    assert value(m, "queen_queue_partitions", queue="orders") == 3
-    assert value(m, "queen_queue_messages_written", queue="orders") == 6
-    assert value(m, "queen_queue_dlq_depth", queue="orders") == 0
-    assert (value(m, "queen_group_lag_seconds", queue="orders", consumer_group="billing") or -1) >= 0
-    assert value(m, "queen_group_leased_partitions", queue="orders", consumer_group="billing") == 1  # p1, 1 left
+    assert value(pq, "queen_queue_backlog", queue="orders") == 6
+    assert value(pq, "queen_queue_partitions", queue="orders") == 3
+    assert value(pq, "queen_queue_messages_written", queue="orders") == 6
+    assert value(pq, "queen_queue_dlq_depth", queue="orders") == 0
+    assert (value(pq, "queen_group_lag_seconds", queue="orders", consumer_group="billing") or -1) >= 0
+    assert value(pq, "queen_group_leased_partitions", queue="orders", consumer_group="billing") == 1  # p1, 1 left
+    assert value(pq, "queen_queue_partitions", queue="other") == 1
+    # /metrics: the same gauges summed per tenant, from the stats_snapshot job's figures
+    assert (await http.post("/api/v1/stats/refresh")).json()["refreshed"] is True
+    m = await scrape(http)
+    assert value(m, "queen_queues", tenant="default") == 2
+    assert value(m, "queen_queue_partitions", tenant="default") == 4
+    assert value(m, "queen_queue_messages_written", tenant="default") == 7
+    assert value(m, "queen_group_lag_messages", tenant="default") == truth["billing"] + 6
+    assert value(m, "queen_queue_backlog", tenant="default") == 6 + 1  # orders' worst group; other: retained
+    leased = sum(v for _, v in pq["queen_group_leased_partitions"])
+    assert leased >= 1 and value(m, "queen_group_leased_partitions", tenant="default") == leased
+    assert (value(m, "queen_group_lag_seconds", tenant="default") or -1) >= 0
+    assert (value(m, "queen_stats_snapshot_timestamp_seconds", tenant="default") or 0) > 1.7e9
+    assert not any("queue" in lab for series in m.values() for lab, _ in series)
     assert value(m, "queen_db_up") == 1
     # this process: pool, long-poll waiters, limiters (when built), version
     assert value(m, "queen_db_pool_max_connections") == 5
@@ -125,12 +144,17 @@ async def test_dead_letters_and_parked_waiters_show(broker: Broker, http: httpx.
     parked = asyncio.create_task(http.get("/api/v1/pop/queue/idle", params={"wait": "true", "timeout": 5000}))
     waiters = broker.app.state.queen.waiters
     await eventually(lambda: waiters.parked == 1, "a parked pop")
+    pq = await scrape(http, "/metrics/queues")
+    assert value(pq, "queen_queue_dlq_depth", queue="dl") == 1
+    assert value(pq, "queen_group_dlq_depth", queue="dl", consumer_group="g") == 1
+    assert value(pq, "queen_group_lag_messages", queue="dl", consumer_group="g") == 0
+    assert value(pq, "queen_group_lag_seconds", queue="dl", consumer_group="g") == 0
+    await http.post("/api/v1/stats/refresh")
+    broker.app.state.metrics.snapshot_max_age = 0.0
     m = await scrape(http)
-    assert value(m, "queen_queue_dlq_depth", queue="dl") == 1
-    assert value(m, "queen_group_dlq_depth", queue="dl", consumer_group="g") == 1
-    assert value(m, "queen_group_lag_messages", queue="dl", consumer_group="g") == 0
-    assert value(m, "queen_group_lag_seconds", queue="dl", consumer_group="g") == 0
-    assert value(m, "queen_messages_acked_total", queue="dl", status="dlq") == 1
+    assert value(m, "queen_queue_dlq_depth", tenant="default") == 1
+    assert value(m, "queen_group_dlq_depth", tenant="default") == 1
+    assert value(m, "queen_messages_acked_total", tenant="default", status="dlq") == 1
     assert value(m, "queen_longpoll_waiters") == 1
     await push(http, "idle", [{"payload": 1}])
     assert (await parked).status_code == 200
@@ -147,32 +171,66 @@ async def test_limiters_are_exposed_when_present(broker: Broker, http: httpx.Asy
             assert value(m, "queen_limiter", family=family, field=field) == float(v)
 
 
-async def test_ack_on_another_broker_is_named_through_the_database(start_broker: Any, http: httpx.AsyncClient) -> None:
+async def test_ack_on_another_broker_counts_for_the_tenant(start_broker: Any, http: httpx.AsyncClient) -> None:
+    """An ack names its partition by id only: the broker that did not serve the push or pop counts it for
+    the request's tenant at once (no per-queue name to look up, nothing pending until a scrape)."""
     other = await start_broker()
     await push(http, "split", [{"payload": i} for i in range(3)])
     msgs = (await http.get("/api/v1/pop/queue/split", params={"batch": 3})).json()["messages"]
     async with httpx.AsyncClient(base_url=other.url) as b:
         await ack(b, msgs, None)
-        assert other.app.state.metrics._pending_acks  # not seen by this broker: named at scrape time
         m = await scrape(b)
-        assert value(m, "queen_messages_acked_total", queue="split", status="completed") == 3
-        assert value(m, "queen_messages_pushed_total", queue="split") is None  # pushed through the first
-        assert not other.app.state.metrics._pending_acks
-        assert value(m, "queen_group_lag_messages", queue="split", consumer_group="__QUEUE_MODE__") == 0
+        assert value(m, "queen_messages_acked_total", tenant="default", status="completed") == 3
+        assert value(m, "queen_messages_pushed_total", tenant="default") is None  # pushed through the first
+        pq = await scrape(b, "/metrics/queues")
+        assert value(pq, "queen_group_lag_messages", queue="split", consumer_group="__QUEUE_MODE__") == 0
+
+
+async def test_metrics_size_does_not_grow_with_queues_and_queues_are_paged(
+    broker: Broker, http: httpx.AsyncClient
+) -> None:
+    broker.app.state.metrics.snapshot_max_age = 0.0
+    await push(http, "q-000", [{"payload": 0}])
+    await http.post("/api/v1/stats/refresh")
+    small = (await http.get("/metrics")).content
+    items = [{"queue": f"q-{i:03d}", "payload": i} for i in range(1, 300)]
+    r = await http.post("/api/v1/push", json={"items": items})
+    assert r.status_code == 201, r.text
+    await http.post("/api/v1/stats/refresh")
+    text = (await http.get("/metrics")).text
+    assert 'queue="' not in text
+    # the same series (values differ, and requests made since add a few route samples)
+    assert abs(len(text) - len(small)) < 2000, (len(small), len(text))
+    m = await scrape(http)
+    assert value(m, "queen_queues", tenant="default") == 300
+
+    first = await scrape(http, "/metrics/queues", limit=100)
+    assert value(first, "queen_metrics_queues_total") == 300
+    names = [lab["queue"] for lab, _ in first["queen_queue_partitions"]]
+    assert names == [f"q-{i:03d}" for i in range(100)]
+    last = await scrape(http, "/metrics/queues", limit=100, offset=250)
+    assert [lab["queue"] for lab, _ in last["queen_queue_partitions"]] == [f"q-{i:03d}" for i in range(250, 300)]
+    beyond = await scrape(http, "/metrics/queues", offset=300)
+    assert "queen_queue_partitions" not in beyond or beyond["queen_queue_partitions"] == []
+    for bad in ({"limit": 0}, {"limit": 10_001}, {"offset": -1}, {"limit": "x"}):
+        r = await http.get("/metrics/queues", params=bad)
+        assert r.status_code == 400 and "error" in r.json(), (bad, r.text)
 
 
 async def test_snapshot_is_cached_between_close_scrapes(broker: Broker, http: httpx.AsyncClient) -> None:
     broker.app.state.metrics.snapshot_max_age = 3600.0
     await push(http, "c", [{"payload": 1}])
+    await http.post("/api/v1/stats/refresh")
     first = await scrape(http)
     await push(http, "c", [{"payload": 2}])
+    await http.post("/api/v1/stats/refresh")
     second = await scrape(http)
-    assert value(first, "queen_queue_messages_written", queue="c") == 1
-    assert value(second, "queen_queue_messages_written", queue="c") == 1  # the same snapshot
-    assert value(second, "queen_messages_pushed_total", queue="c") == 2  # counters are live
+    assert value(first, "queen_queue_messages_written", tenant="default") == 1
+    assert value(second, "queen_queue_messages_written", tenant="default") == 1  # the same snapshot
+    assert value(second, "queen_messages_pushed_total", tenant="default") == 2  # counters are live
     broker.app.state.metrics.snapshot_max_age = 0.0
     third = await scrape(http)
-    assert value(third, "queen_queue_messages_written", queue="c") == 2
+    assert value(third, "queen_queue_messages_written", tenant="default") == 2
 
 
 async def test_scrape_answers_with_the_database_gone(pg_server: PgServer, start_broker: Any) -> None:
@@ -184,7 +242,7 @@ async def test_scrape_answers_with_the_database_gone(pg_server: PgServer, start_
             c.execute(f"DROP DATABASE {urlsplit(url).path.lstrip('/')} WITH (FORCE)")
         m = await scrape(http)
     assert value(m, "queen_db_up") == 0
-    assert value(m, "queen_messages_pushed_total", queue="gone") == 1  # the rest is still there
+    assert value(m, "queen_messages_pushed_total", tenant="default") == 1  # the rest is still there
     assert "queen_queue_partitions" not in m  # no snapshot ever succeeded
 
 

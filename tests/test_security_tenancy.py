@@ -288,7 +288,13 @@ async def test_tenant_claim_wins_and_a_disagreeing_header_is_403(start_broker: A
         assert r.status_code == 403  # a token that names no tenant
         # /metrics (a skip path) without a token cannot pick a tenant by header
         r = await http.get("/metrics", headers={"x-queen-tenant": A})
-        assert 'queue="cq"' not in r.text
+        assert f'tenant="{A}"' not in r.text
+        # the per-queue series need a token, and show the token's tenant's queues only
+        assert (await http.get("/metrics/queues", headers={"x-queen-tenant": A})).status_code == 401
+        r = await http.get("/metrics/queues", headers=auth_a)
+        assert r.status_code == 200 and 'queue="cq"' in r.text
+        r = await http.get("/metrics/queues", headers={"Authorization": f"Bearer {tok(tenant=B)}"})
+        assert r.status_code == 200 and 'queue="cq"' not in r.text
 
 
 @pytest.mark.parametrize("tenancy", [True])
@@ -297,6 +303,11 @@ async def test_metrics_show_only_the_callers_tenant(start_broker: Any, tenancy: 
     async with as_tenant(broker, A) as ha, as_tenant(broker, B) as hb:
         await ok(await ha.post("/api/v1/push", json={"items": [{"queue": f"only-{MARK}", "payload": 1}]}))
         await ok(await hb.post("/api/v1/push", json={"items": [{"queue": "bq", "payload": 1}]}))
-        mb = (await hb.get("/metrics")).text
+        mb = (await hb.get("/metrics/queues")).text
         assert MARK not in mb and 'queue="bq"' in mb
-        assert MARK in (await ha.get("/metrics")).text
+        assert MARK in (await ha.get("/metrics/queues")).text
+        await ha.post("/api/v1/stats/refresh")
+        await hb.post("/api/v1/stats/refresh")
+        ma, mb = (await ha.get("/metrics")).text, (await hb.get("/metrics")).text
+        assert f'queen_queues{{tenant="{A}"}} 1.0' in ma and f'tenant="{B}"' not in ma
+        assert f'queen_queues{{tenant="{B}"}} 1.0' in mb and f'tenant="{A}"' not in mb

@@ -1,5 +1,12 @@
-"""``GET /metrics`` (Prometheus text format 0.0.4), the HTTP metrics middleware, and the one-line
-helpers the data routes call to count messages (``count_push``, ``count_pop``, ``count_ack``).
+"""``GET /metrics`` (Prometheus text format 0.0.4), ``GET /metrics/queues`` (the per-queue series, one
+page of queues per call), the HTTP metrics middleware, and the one-line helpers the data routes call
+to count messages (``count_push``, ``count_pop``, ``count_ack``).
+
+``/metrics`` stays small at any number of queues: message counters and database gauges are per tenant
+(RabbitMQ's ``/metrics`` vs ``/metrics/per-object``). ``/metrics/queues?limit=&offset=`` answers the
+same gauge names with ``queue`` (and ``consumer_group``) labels for queues ``offset`` .. ``offset+limit``
+by (tenant, name), read live from the database (cost: that page's queues), plus
+``queen_metrics_queues_total``; with tenancy on, the caller's tenant's queues only.
 
 The middleware labels a request with its route *template* (``/api/v1/pop/queue/{queue}``), read
 from ``scope["route"]`` after routing, never with the raw path: the label set stays bounded however
@@ -16,10 +23,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from queen_pg.api.common import tenant
+from queen_pg.api.common import state, tenant
+from queen_pg.api.docs import answers, params
+from queen_pg.api.params import page, read_page
+from queen_pg.engine import metrics as metrics_engine
 from queen_pg.engine.ack import AckItem
 from queen_pg.engine.pop_frames import FramedPop
-from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
+from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
 from queen_pg.security import tenancy
 
 router = APIRouter()
@@ -59,14 +69,14 @@ def _metrics(request: Request) -> Metrics | None:
 
 
 def count_push(request: Request, results: Sequence[dict[str, Any]]) -> None:
-    """After a push: messages appended (and duplicates) per queue."""
+    """After a push: messages appended (and duplicates) per tenant."""
     m = _metrics(request)
     if m is not None:
         m.count_push(tenant(request), results)
 
 
 def count_pop(request: Request, answer: dict[str, Any] | FramedPop | None) -> None:
-    """After a pop: messages delivered per queue."""
+    """After a pop: messages delivered per tenant."""
     m = _metrics(request)
     if m is not None:
         if isinstance(answer, FramedPop):
@@ -76,10 +86,10 @@ def count_pop(request: Request, answer: dict[str, Any] | FramedPop | None) -> No
 
 
 def count_ack(request: Request, items: Sequence[AckItem], results: Sequence[dict[str, Any]]) -> None:
-    """After an ack: messages settled per queue and status."""
+    """After an ack: messages settled per tenant and status."""
     m = _metrics(request)
     if m is not None:
-        m.count_ack(items, results)
+        m.count_ack(tenant(request), items, results)
 
 
 @router.get(
@@ -105,3 +115,28 @@ async def metrics(request: Request) -> Response:
     if st is not None and tenancy.enabled(st.settings):  # a tenant sees only its own labels
         text = tenancy.only_tenant(text, tenant(request))
     return Response(text, media_type=CONTENT_TYPE)
+
+
+QUEUES_PAGE = page(1000, 10_000)
+
+
+@router.get(
+    "/metrics/queues",
+    summary="Per-queue and per-group Prometheus series, one page of queues (by tenant, name)",
+    description="The gauges of `/metrics` with `queue` and `consumer_group` labels (partitions, messages "
+    "written, backlog, DLQ depth; group lag, lag seconds, leased partitions, DLQ depth) for `limit` queues "
+    "from `offset`, read live; `queen_metrics_queues_total` counts every queue. Scrape it less often than "
+    "`/metrics` (its cost grows with `limit`).",
+    response_class=Response,
+    openapi_extra=params(*QUEUES_PAGE),
+    responses={
+        **answers({}, 400),
+        200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"},
+    },
+)
+async def metrics_queues(request: Request) -> Response:
+    limit, offset = read_page(request, QUEUES_PAGE)
+    st = state(request)
+    who = tenant(request) if tenancy.enabled(st.settings) else None
+    snap, total = await metrics_engine.queues_page(st.db, who, limit, offset)
+    return Response(render_queues(snap, total), media_type=CONTENT_TYPE)

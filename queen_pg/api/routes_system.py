@@ -130,12 +130,15 @@ async def set_pop_maintenance(request: Request) -> Response:
 
 @router.post(
     "/stats/refresh",
-    summary="No-op kept for clients: statistics are computed on read (no body)",
-    description="Takes no body (the client sends `Content-Length: 0`); a cheap 200.",
+    summary="Recompute the caller's overview counts now (no body)",
+    description="Takes no body (the client sends `Content-Length: 0`). `/status` and `/resources/overview` "
+    "read counts the stats_snapshot job refreshes every few seconds (their `asOf`); this recomputes the "
+    "caller's tenant's at once, at the cost of one pass over that tenant's queues.",
     responses=answers({200: StatsRefreshAnswer}),
 )
 async def stats_refresh(request: Request) -> Response:
-    return json_response({"success": True, "refreshed": False, "note": "statistics are computed on read"})
+    st = state(request)
+    return json_response(await admin.refresh_stats(st.db, tenant(request)))
 
 
 WINDOW = window()

@@ -80,7 +80,12 @@ class Overview(Answer):
     consumerGroups: int = Field(description="(queue, group) pairs")
     namespaces: int
     tasks: int
-    timestamp: str
+    timestamp: str = Field(description="when this answer was made")
+    asOf: str = Field(
+        description="when the counts were computed: the stats_snapshot job refreshes them every few seconds "
+        "(QUEEN_STATS_SNAPSHOT_INTERVAL_S); POST /api/v1/stats/refresh recomputes them at once"
+    )
+    ageSeconds: float = Field(description="timestamp - asOf")
 
 
 class QueueListItem(QueueSummary):
@@ -319,8 +324,8 @@ class MaintenanceAnswer(Answer):
 
 class StatsRefreshAnswer(Answer):
     success: Literal[True]
-    refreshed: Literal[False]
-    note: str
+    refreshed: bool = Field(description="the caller's tenant's overview counts were recomputed")
+    asOf: str | None = Field(description="when they were computed (null: the tenant has no queue)")
 
 
 class Pool(Answer):

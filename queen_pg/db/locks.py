@@ -26,3 +26,4 @@ OUTCOMES_PRUNE_LOCK = 7_781_200_196  # queen.outcomes_prune_v1 (job outcomes_pru
 # Operations jobs (sql/procedures/130_system.sql, 120_traces.sql): one replica per tick.
 STATS_LOCK = 7_781_200_170  # queen.stats_sample_v1 (job stats)
 TRACES_RETENTION_LOCK = 7_781_200_171  # queen.traces_retention_v1 (job trace_retention)
+STATS_SNAPSHOT_LOCK = 7_781_200_172  # queen.stats_snapshot_v1 (job stats_snapshot)

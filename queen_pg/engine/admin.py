@@ -24,6 +24,8 @@ DEPTH_SQL = "SELECT queen.resources_queue_depth_v1($1, $2, $3, $4, $5)"
 PARTITIONS_SQL = "SELECT queen.resources_partitions_v1($1, $2, $3, $4)"
 TAGS_SQL = "SELECT queen.resources_tags_v1($1, $2, $3, $4)"
 STATUS_SQL = "SELECT queen.status_v1($1)"
+SNAPSHOT_SQL = "SELECT queen.stats_snapshot_v1(1, 0, NULL, $1)"
+SNAPSHOT_AS_OF_SQL = "SELECT queen._iso_utc(s.as_of) FROM queen.tenant_stats s WHERE s.tenant = $1"
 STATUS_QUEUES_SQL = "SELECT queen.status_queues_v1($1, $2, $3, $4, $5)"
 STATUS_QUEUE_SQL = "SELECT queen.status_queue_v1($1, $2, $3, $4, $5)"
 ANALYTICS_SQL = "SELECT queen.analytics_v1($1, $2, $3, $4, $5)"
@@ -92,6 +94,13 @@ async def list_partitions(db: Database, tenant: str, queue: str | None, page: Pa
 
 async def list_tags(db: Database, tenant: str, kind: Literal["namespace", "task"], page: Page) -> dict[str, Any]:
     return _result(await db.fetchval(TAGS_SQL, tenant, kind, page.limit, page.offset))
+
+
+async def refresh_stats(db: Database, tenant: str) -> dict[str, Any]:
+    """Recompute the tenant's overview counts now (waits for a snapshot tick in progress)."""
+    refreshed = await db.fetchval(SNAPSHOT_SQL, tenant)
+    as_of = await db.fetchval(SNAPSHOT_AS_OF_SQL, tenant)
+    return {"success": True, "refreshed": bool(refreshed), "asOf": as_of}
 
 
 async def status(db: Database, tenant: str) -> dict[str, Any]:

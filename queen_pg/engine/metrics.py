@@ -1,5 +1,6 @@
-"""What ``GET /metrics`` reads from the database: one call to ``queen.metrics_snapshot_v1`` per
-scrape, and ``queen.metrics_partition_queues_v1`` to name the queue of partitions acked by id."""
+"""What the metrics routes read from the database: ``GET /metrics`` one row per tenant
+(``queen.metrics_tenants_v1``: the stats_snapshot job's figures, not a scan), ``GET /metrics/queues`` the
+per-queue and per-group rows of one page of queues (``queen.metrics_queues_v1``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,29 @@ from datetime import datetime
 
 from queen_pg.db.pool import Database
 
-SNAPSHOT_SQL = "SELECT * FROM queen.metrics_snapshot_v1($1)"
-PARTITIONS_SQL = "SELECT * FROM queen.metrics_partition_queues_v1($1)"
+TENANTS_SQL = "SELECT * FROM queen.metrics_tenants_v1()"
+QUEUES_SQL = "SELECT * FROM queen.metrics_queues_v1($1, $2, $3, $4)"
+QUEUE_COUNT_SQL = "SELECT count(*) FROM queen.queues q WHERE $1::text IS NULL OR q.tenant = $1"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRow:
+    """A tenant's figures as of ``as_of`` (sql/procedures/098_stats_snapshot.sql)."""
+
+    tenant: str
+    queues: int
+    partitions: int
+    messages: int
+    retained: int
+    backlog: int
+    in_flight: int
+    dlq: int
+    consumer_groups: int
+    group_lag: int
+    lag_seconds: float
+    leased_partitions: int
+    acked: int
+    as_of: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +61,16 @@ class Snapshot:
     groups: list[GroupRow]
 
 
-async def snapshot(db: Database, now: datetime | None = None) -> Snapshot:
-    rows = await db.fetch(SNAPSHOT_SQL, now)
+async def tenants(db: Database) -> list[TenantRow]:
+    return [TenantRow(**dict(r)) for r in await db.fetch(TENANTS_SQL)]
+
+
+async def queues_page(
+    db: Database, tenant: str | None, limit: int, offset: int, now: datetime | None = None
+) -> tuple[Snapshot, int]:
+    """The rows of one page of queues by (tenant, name), and how many queues there are in all."""
+    rows = await db.fetch(QUEUES_SQL, tenant, limit, offset, now)
+    total = int(await db.fetchval(QUEUE_COUNT_SQL, tenant))
     queues: list[QueueRow] = []
     groups: list[GroupRow] = []
     for r in rows:
@@ -59,10 +89,4 @@ async def snapshot(db: Database, now: datetime | None = None) -> Snapshot:
                     r["dlq"],
                 )
             )
-    return Snapshot(queues, groups)
-
-
-async def partition_queues(db: Database, partition_ids: list[int]) -> dict[int, tuple[str, str]]:
-    """partition id -> (tenant, queue) for the ids that still exist."""
-    rows = await db.fetch(PARTITIONS_SQL, partition_ids)
-    return {r["partition_id"]: (r["tenant"], r["queue"]) for r in rows}
+    return Snapshot(queues, groups), total

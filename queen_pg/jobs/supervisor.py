@@ -55,6 +55,10 @@ class Job(ABC):
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Make one bounded procedure call; return how much it did (0 = nothing, or not the leader)."""
 
+    def idle_delay(self) -> float:
+        """Seconds to sleep after a tick that drained the backlog (the interval unless a job says more)."""
+        return self.config.interval
+
     def more(self, done: int) -> bool:
         """Whether to call :meth:`run_once` again at once: the batch came back full."""
         return done >= self.config.limit
@@ -105,7 +109,7 @@ async def run_job(job: Job, db: Database, rng: random.Random | None = None) -> N
             if failures:
                 log.info("event=job_recovered job=%s after_failures=%d", job.name, failures)
             failures = 0
-            delay = interval
+            delay = job.idle_delay()
         await asyncio.sleep(_jittered(delay, rng))
 
 

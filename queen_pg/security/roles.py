@@ -82,6 +82,7 @@ ROUTES: dict[tuple[str, str], Level] = {
     ("GET", "/api/v1/analytics/worker-metrics"): R,
     ("GET", "/health"): R,
     ("GET", "/metrics"): R,
+    ("GET", "/metrics/queues"): R,
     ("GET", "/api/v1/kv/namespaces"): R,
     ("GET", "/api/v1/kv/keys"): R,
     # static files (the dashboard's code, Swagger UI): no data, served without a token (PUBLIC_PREFIXES)

@@ -12,7 +12,7 @@
 --   * Queue mode is the group '__QUEUE_MODE__', shown as "name": null, "queueMode": true.
 --   * An unknown queue or group is a result: {"notFound": "queue"|"group"} (detail: NULL), turned into
 --     404 not_found by queen_pg/engine/admin.py. Inputs are validated by the broker first.
---   * p_now: NULL = now(). Cost: these reads visit every partition and cursor row of the queues they
+--   * p_now: NULL = now(). Cost (but the overview's, a snapshot read): these reads visit every partition and cursor row of the queues they
 --     report (one primary-key probe into log_segments per partition for its first retained offset and,
 --     for the per-group lagSeconds of a queue's detail, per lagging cursor); lists are paged.
 --
@@ -20,7 +20,11 @@
 --   "inFlight","dlq","groups":[{"name","queueMode","lag"}]}. Internal to the procedures below.
 -- queen.resources_overview_v1(tenant, now) -> jsonb: counts over the tenant: queues, partitions,
 --   messages, retained, backlog (sum of the queues' backlogs), inFlight, dlq, consumerGroups
---   ((queue, group) pairs), namespaces, tasks, timestamp. Called by GET /api/v1/resources/overview.
+--   ((queue, group) pairs), namespaces, tasks, timestamp (now), asOf (when the counts were computed)
+--   and ageSeconds (now - asOf). Called by GET /api/v1/resources/overview and /status. The counts
+--   are the tenant's queen.tenant_stats row (sql/procedures/098_stats_snapshot.sql: one primary-key
+--   probe, refreshed every few seconds by the stats_snapshot job), computed live only while the tenant
+--   has no row yet.
 -- queen.resources_queues_v1(tenant, search, namespace, task, limit, offset, now) -> jsonb
 --   Called by GET /api/v1/resources/queues. {"queues":[{"name","namespace","task","createdAt", +the
 --   summary}],"total","limit","offset"}, by name; search = case-insensitive substring of the name.
@@ -79,23 +83,14 @@ $$;
 CREATE OR REPLACE FUNCTION queen.resources_overview_v1(p_tenant text, p_now timestamptz DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    WITH q AS (
-        SELECT q.namespace, q.task, queen._queue_summary(q.id, coalesce(p_now, now())) AS s
-          FROM queen.queues q WHERE q.tenant = p_tenant
-    )
     SELECT jsonb_build_object(
-        'queues', count(*),
-        'partitions', coalesce(sum((q.s ->> 'partitions')::bigint), 0),
-        'messages', coalesce(sum((q.s ->> 'messages')::bigint), 0),
-        'retained', coalesce(sum((q.s ->> 'retained')::bigint), 0),
-        'backlog', coalesce(sum((q.s ->> 'backlog')::bigint), 0),
-        'inFlight', coalesce(sum((q.s ->> 'inFlight')::bigint), 0),
-        'dlq', coalesce(sum((q.s ->> 'dlq')::bigint), 0),
-        'consumerGroups', coalesce(sum(jsonb_array_length(q.s -> 'groups')), 0),
-        'namespaces', count(DISTINCT q.namespace),
-        'tasks', count(DISTINCT q.task),
-        'timestamp', queen._iso_utc(coalesce(p_now, now())))
-      FROM q
+        'queues', o.queues, 'partitions', o.partitions, 'messages', o.messages, 'retained', o.retained,
+        'backlog', o.backlog, 'inFlight', o.in_flight, 'dlq', o.dlq, 'consumerGroups', o.consumer_groups,
+        'namespaces', o.namespaces, 'tasks', o.tasks,
+        'timestamp', queen._iso_utc(coalesce(p_now, now())),
+        'asOf', queen._iso_utc(o.as_of),
+        'ageSeconds', round(greatest(extract(epoch FROM coalesce(p_now, now()) - o.as_of), 0)::numeric, 3))
+      FROM queen.tenant_overview_v1(p_tenant, p_now) o
 $$;
 
 CREATE OR REPLACE FUNCTION queen.resources_queues_v1(

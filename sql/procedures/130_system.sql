@@ -21,9 +21,12 @@
 --   of the oldest message some group has not done; NULL when none) of the sample as that minute's.
 --   A queue sampled for the first time counts its whole history only when it was created less than a
 --   minute ago (a new queue); an older one (e.g. from before this job existed) starts from its current
---   counters. Then deletes up to `limit` stats rows older than keep_seconds (<= 0: kept forever).
+--   counters. The sample's growth is also added, summed per tenant, to queen.tenant_minutes (what
+--   GET /api/v1/status reads). Then deletes up to `limit` stats rows (and tenant_minutes rows) older
+--   than keep_seconds (<= 0: kept forever).
 --   Result: one row (queues sampled, rows pruned); (0, 0) when another replica holds STATS_LOCK.
---   Locks (docs/locks.md): STATS_LOCK (try); the stats_marks and stats_minutes rows written. The
+--   Locks (docs/locks.md): STATS_LOCK (try); the stats_marks, stats_minutes and tenant_minutes rows
+--   written. The
 --   counters are read without locks (a push or ack committing meanwhile lands in the next sample).
 
 CREATE OR REPLACE FUNCTION queen.system_settings_v1()
@@ -104,6 +107,12 @@ BEGIN
            SET pushed_total = excluded.pushed_total, acked_total = excluded.acked_total,
                sampled_at = excluded.sampled_at
         RETURNING 1
+    ), tenant_minutes AS (
+        INSERT INTO queen.tenant_minutes AS t (tenant, minute, pushed, acked)
+        SELECT cur.tenant, v_minute, sum(cur.d_pushed), sum(cur.d_acked)
+          FROM cur GROUP BY cur.tenant HAVING sum(cur.d_pushed) + sum(cur.d_acked) > 0 ORDER BY cur.tenant
+        ON CONFLICT ON CONSTRAINT tenant_minutes_pkey DO UPDATE
+           SET pushed = t.pushed + excluded.pushed, acked = t.acked + excluded.acked
     ), minutes AS (
         INSERT INTO queen.stats_minutes AS s (queue_id, minute, tenant, pushed, acked, backlog, lag_seconds)
         SELECT cur.id, v_minute, cur.tenant, cur.d_pushed, cur.d_acked, cur.backlog, cur.lag_seconds
@@ -122,6 +131,11 @@ BEGIN
                 WHERE o.minute < v_now - make_interval(secs => p_keep_seconds)
                 ORDER BY o.minute LIMIT greatest(p_limit, 1));
         GET DIAGNOSTICS v_pruned = ROW_COUNT;
+        DELETE FROM queen.tenant_minutes t
+         WHERE (t.tenant, t.minute) IN (
+               SELECT o.tenant, o.minute FROM queen.tenant_minutes o
+                WHERE o.minute < v_now - make_interval(secs => p_keep_seconds)
+                ORDER BY o.minute LIMIT greatest(p_limit, 1));
     END IF;
     RETURN QUERY SELECT v_n, v_pruned;
 END;

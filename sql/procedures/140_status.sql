@@ -11,9 +11,10 @@
 --   group of the queue has not done (NULL: none). One primary-key probe into log_segments per lagging
 --   cursor row.
 -- queen.status_v1(tenant, now) -> jsonb
---   Called by GET /api/v1/status: queen.resources_overview_v1 plus "maintenance" {"push","pop"},
---   "throughput" {"lastMinute": {"minute","pushed","acked"} (the last complete minute),
---   "lastHour": {"pushed","acked"}}.
+--   Called by GET /api/v1/status: queen.resources_overview_v1 (a snapshot read: "asOf") plus
+--   "maintenance" {"push","pop"}, "throughput" {"lastMinute": {"minute","pushed","acked"} (the last
+--   complete minute), "lastHour": {"pushed","acked"}} from queen.tenant_minutes (at most 61 rows, the
+--   per-tenant sums the stats job adds with each sample), never from the per-queue rows.
 -- queen.status_queues_v1(tenant, from, to, limit, offset, now) -> jsonb
 --   Called by GET /api/v1/status/queues: {"queues":[{name, namespace, task, the queue summary,
 --   "lagSeconds", "throughput": {"pushed","acked"} over [from, to)}],"total","limit","offset","from","to"}.
@@ -59,12 +60,12 @@ LANGUAGE sql STABLE AS $$
                    'lastMinute', (SELECT jsonb_build_object('minute', queen._iso_utc(clock.last_minute),
                                                             'pushed', coalesce(sum(s.pushed), 0),
                                                             'acked', coalesce(sum(s.acked), 0))
-                                    FROM clock LEFT JOIN queen.stats_minutes s
+                                    FROM clock LEFT JOIN queen.tenant_minutes s
                                       ON s.tenant = p_tenant AND s.minute = clock.last_minute
                                    GROUP BY clock.last_minute),
                    'lastHour', (SELECT jsonb_build_object('pushed', coalesce(sum(s.pushed), 0),
                                                           'acked', coalesce(sum(s.acked), 0))
-                                  FROM clock LEFT JOIN queen.stats_minutes s
+                                  FROM clock LEFT JOIN queen.tenant_minutes s
                                     ON s.tenant = p_tenant AND s.minute > clock.now - interval '1 hour')))
 $$;
 
