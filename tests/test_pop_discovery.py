@@ -19,7 +19,7 @@ POP = (
 )
 
 
-def P(i: int, prefix: str = "p") -> str:  # noqa: N802
+def P(i: int, prefix: str = "p") -> str:
     """The name fill() gives partition i (zero-padded: name order is creation order)."""
     return f"{prefix}{i:05d}"
 
@@ -59,9 +59,7 @@ async def pop(
     auto_ack: bool = False,
     now: Any = None,
 ) -> list[asyncpg.Record]:
-    return list(
-        await conn.fetch(POP, queue, namespace, None, partition, group, batch, partitions, auto_ack, now)
-    )
+    return list(await conn.fetch(POP, queue, namespace, None, partition, group, batch, partitions, auto_ack, now))
 
 
 async def ack(conn: asyncpg.Connection, queue: str, partition: str, group: str = "g") -> None:
@@ -272,11 +270,14 @@ async def test_marked_pending_but_nothing_came_is_cleaned_by_the_pop(conn: async
         P(0),
     )
     assert [r["partition_name"] for r in await pop(conn, "q")] == [P(1)]
-    assert await conn.fetchval(
-        "SELECT head_at FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id "
-        "WHERE p.name = $1",
-        P(0),
-    ) is None
+    assert (
+        await conn.fetchval(
+            "SELECT head_at FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id "
+            "WHERE p.name = $1",
+            P(0),
+        )
+        is None
+    )
 
 
 async def test_delayed_messages_wait_in_the_index(conn: asyncpg.Connection) -> None:
@@ -292,9 +293,12 @@ async def test_new_group_on_many_partitions_gets_heads(conn: asyncpg.Connection)
     them claims the oldest at once."""
     await fill(conn, "q", 500)
     assert [r["partition_name"] for r in await pop(conn, "q", group="late")] == [P(0)]
-    assert await conn.fetchval(
-        "SELECT count(*) FROM queen.log_consumers WHERE consumer_group = 'late' AND head_at IS NOT NULL"
-    ) == 500
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM queen.log_consumers WHERE consumer_group = 'late' AND head_at IS NOT NULL"
+        )
+        == 500
+    )
 
 
 async def test_cursor_updates_are_hot_where_the_index_does_not_change(conn: asyncpg.Connection) -> None:
