@@ -18,7 +18,9 @@ Shapes (the issue names the counts; the rest is chosen here and recorded in resu
 - partition scale (issue 14 §3): queues with 1, 1,000, 10,000 and 100,000 pending partitions whose
   queue-mode group exists before they are filled (a running consumer: its cursors are woken by the
   pushes); one client pops sequentially naming no partition (batch 1, autoAck, so nothing stays leased
-  and each pop moves one cursor); the metric is the p50 of those pops, with CPU µs per pop. Each queue
+  and each pop moves one cursor); the metric is the p50 of those pops, with CPU µs per pop; then 200
+  calls of queen.pop_v1 straight over the started broker's PostgreSQL socket (the same pop without the
+  HTTP hop and the rendering: the discovery's own cost). Each queue
   holds ≥ 20,000 messages (1 per partition at 100k, 20,000 in the single partition) so no run drains it.
   Then push 1 item/request, 32 clients, round-robin over 10,000 partitions vs all on one partition, both
   queues with a group; the metric is the ratio in %. Pre-filling runs in chunks of 10,000 partitions of
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -218,13 +221,13 @@ def _with_group(ctx: Context, queue: str) -> None:
         raise BenchError(f"seed pop of {queue}: {status} {body}")
 
 
-def _fill_progress(ctx: Context, queue: str, partitions: int, per_partition: int) -> None:
+def _fill_progress(ctx: Context, queue: str, partitions: int, per_partition: int, per_req: int = 1000) -> None:
     chunk = 10_000
     t0 = time.monotonic()
     for first in range(0, partitions, chunk):
         n = min(chunk, partitions - first)
         ctx.setup({"action": "fill", "queue": queue, "partitions": n, "first_partition": first,
-                   "per_partition": per_partition, "per_req": 1000, "concurrency": min(n, 4)})  # fmt: skip
+                   "per_partition": per_partition, "per_req": per_req, "concurrency": min(n, 4)})  # fmt: skip
         if partitions > chunk:
             print(f"  [partition_scale] {queue}: {first + n:,}/{partitions:,} partitions filled "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
@@ -234,11 +237,37 @@ def scale_setup(ctx: Context) -> None:
     for n in SCALE_SIZES:
         q = ctx.shared[f"pop{n}"] = ctx.queue(f"scale-pop{n}-")
         _with_group(ctx, q)
-        _fill_progress(ctx, q, n, max(1, -(-SCALE_MESSAGES // n)))
+        # small segments (≤ 10 messages where a partition holds many): a pop of 1 then costs the claim,
+        # not the decoding of a large segment's other frames (issue 14 §2's subject, not this one's)
+        _fill_progress(ctx, q, n, max(1, -(-SCALE_MESSAGES // n)), per_req=min(1000, 10 * n))
     for n in (1, 10_000):
         q = ctx.shared[f"push{n}"] = ctx.queue(f"scale-push{n}-")
         _with_group(ctx, q)
         _fill_progress(ctx, q, n, 1)
+
+
+SQL_POP = (
+    "SELECT count(*) FROM queen.pop_v1('default', %s, NULL, NULL, NULL, '__QUEUE_MODE__', 1, 1, gen_random_uuid(), "
+    "true, NULL, NULL)"
+)
+
+
+def _sql_pop_p50(ctx: Context, queue: str, pops: int = 200) -> float:
+    """p50 in ms of queen.pop_v1 called straight (psycopg, Unix socket): discovery and claim without the
+    HTTP hop and the broker's rendering. NaN without the started broker's PostgreSQL."""
+    if ctx.pg_dsn is None:
+        return float("nan")
+    import psycopg
+
+    lat = []
+    with psycopg.connect(ctx.pg_dsn, autocommit=True) as conn:
+        for _ in range(pops):
+            t0 = time.perf_counter()
+            row = conn.execute(SQL_POP, (queue,)).fetchone()
+            lat.append((time.perf_counter() - t0) * 1000)
+            if not row or row[0] == 0:
+                raise BenchError(f"{queue} ran dry during the SQL pops")
+    return statistics.median(lat)
 
 
 def _per_op_us(r: dict[str, Any], role: str) -> float:
@@ -254,6 +283,7 @@ def partition_scale(ctx: Context, run: int) -> tuple[Values, Details]:
         values[f"pop_p50_ms_{n}"] = lat.get("p50", float("nan"))
         values[f"pop_broker_us_{n}"] = _per_op_us(r, "broker")
         values[f"pop_pg_us_{n}"] = _per_op_us(r, "postgres")
+        values[f"pop_sql_p50_ms_{n}"] = _sql_pop_p50(ctx, ctx.shared[f"pop{n}"])
         details[f"pop{n}"] = r
     base = {"action": "push", "clients": 32, "items": 1, "partition_mode": "spread"}
     one = ctx.measure(base | {"queue": ctx.shared["push1"], "partitions": 1}, "-push1")
@@ -360,6 +390,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              "pop p50 ≤ 3 ms at 100k; push at 10k ≥ 90 % of 1",
              (Metric("pop_p50_ms_100000", "ms", 3.0, "<="), Metric("push_pct_10k_of_1", "%", 90.0),
               Metric("pop_p50_ms_1", "ms"), Metric("pop_p50_ms_1000", "ms"), Metric("pop_p50_ms_10000", "ms"),
+              Metric("pop_sql_p50_ms_1", "ms"), Metric("pop_sql_p50_ms_1000", "ms"),
+              Metric("pop_sql_p50_ms_10000", "ms"), Metric("pop_sql_p50_ms_100000", "ms"),
               Metric("pop_broker_us_1", "µs/req"), Metric("pop_pg_us_1", "µs/req"),
               Metric("pop_broker_us_100000", "µs/req"), Metric("pop_pg_us_100000", "µs/req"),
               Metric("push_msg_s_1", "msg/s"), Metric("push_msg_s_10k", "msg/s"),
