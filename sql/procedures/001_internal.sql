@@ -24,6 +24,11 @@
 --   the cursor is marked pending at the clock (its append may be for us and its queen._wake_cursors
 --   cannot see our uncommitted NULL); a pop that finds such a row with nothing to read recomputes it.
 --
+-- queen._head_of(partition_id, cursor) -> timestamptz: head_at of a cursor known to be below its
+--   partition's next_offset (committed data only, no lock): _cursor_head, _create_group (which sets the
+--   pending cursors' heads itself; the insert trigger runs only for a row inserted with head_at NULL)
+--   and the one-time fill below.
+--
 -- queen._wake_cursors(partition_ids[], times[]) -> void: a partition got messages written at times[i]:
 --   its caught-up cursors (head_at NULL) become pending at that time. Called by push_v1 and
 --   dlq_requeue_v1 after the append, while they hold the partition rows (level 2); locks the cursor
@@ -86,19 +91,38 @@ BEGIN
     INSERT INTO queen.log_groups (queue_id, name, tenant, subscription_mode, subscribed_from, created_at)
     VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, v_now);
 
-    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
-    SELECT p.id, p_group, p_queue_id, p_tenant,
-           CASE WHEN v_from IS NULL THEN
-                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
-                               WHERE s.partition_id = p.id), p.next_offset)
-                ELSE
-                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
-                               WHERE s.partition_id = p.id AND s.created_at >= v_from), p.next_offset)
-           END
-      FROM queen.log_partitions p
-     WHERE p.queue_id = p_queue_id
+    -- head_at of the pending cursors in the same pass (committed segments: a pending one stays so);
+    -- the caught-up ones (NULL) go through the insert trigger, which decides it under its try-lock
+    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset, head_at)
+    SELECT x.id, p_group, p_queue_id, p_tenant, x.cursor,
+           CASE WHEN x.cursor < x.next_offset THEN queen._head_of(x.id, x.cursor) END
+      FROM (SELECT p.id, p.next_offset,
+                   CASE WHEN v_from IS NULL THEN
+                            coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                                       WHERE s.partition_id = p.id), p.next_offset)
+                        ELSE
+                            coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                                       WHERE s.partition_id = p.id AND s.created_at >= v_from), p.next_offset)
+                   END AS cursor
+              FROM queen.log_partitions p
+             WHERE p.queue_id = p_queue_id) AS x
     ON CONFLICT DO NOTHING;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._head_of(p_pid bigint, p_cursor bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    -- for a cursor below its partition's next_offset (committed): the time of the segment holding it,
+    -- else of the first segment above it (the one holding it is gone), else -infinity
+    SELECT coalesce(
+        (SELECT CASE WHEN h.end_offset > p_cursor THEN h.created_at END
+           FROM (SELECT s.created_at, s.end_offset FROM queen.log_segments s
+                  WHERE s.partition_id = p_pid AND s.base_offset <= p_cursor
+                  ORDER BY s.base_offset DESC LIMIT 1) h),
+        (SELECT min(s.created_at) FROM queen.log_segments s
+          WHERE s.partition_id = p_pid AND s.base_offset > p_cursor),
+        '-infinity');
 $$;
 
 CREATE OR REPLACE FUNCTION queen._cursor_head(p_pid bigint, p_cursor bigint)
@@ -122,15 +146,7 @@ BEGIN
     IF v_next <= p_cursor THEN
         RETURN NULL;                         -- caught up; the next append wakes it (_wake_cursors)
     END IF;
-    -- appended since the first look, or the cursor's own segment is gone: the first one above it
-    SELECT s.created_at, s.end_offset INTO v_at, v_end FROM queen.log_segments s
-     WHERE s.partition_id = p_pid AND s.base_offset <= p_cursor
-     ORDER BY s.base_offset DESC LIMIT 1;
-    IF v_end > p_cursor THEN
-        RETURN v_at;
-    END IF;
-    RETURN coalesce((SELECT min(s.created_at) FROM queen.log_segments s
-                      WHERE s.partition_id = p_pid AND s.base_offset > p_cursor), '-infinity');
+    RETURN queen._head_of(p_pid, p_cursor);  -- appended since the first look, or its segment is gone
 END;
 $$;
 
@@ -168,19 +184,13 @@ BEGIN
                     AND tgrelid = 'queen.log_consumers'::regclass) THEN
         LOCK TABLE queen.log_partitions IN SHARE MODE;
         CREATE TRIGGER log_consumers_head_ins BEFORE INSERT ON queen.log_consumers
-            FOR EACH ROW EXECUTE FUNCTION queen._cursor_head_trg();
+            FOR EACH ROW WHEN (NEW.head_at IS NULL) EXECUTE FUNCTION queen._cursor_head_trg();
         CREATE TRIGGER log_consumers_head_upd BEFORE UPDATE OF cursor_offset ON queen.log_consumers
             FOR EACH ROW WHEN (OLD.cursor_offset IS DISTINCT FROM NEW.cursor_offset)
             EXECUTE FUNCTION queen._cursor_head_trg();
         UPDATE queen.log_consumers lc
-           SET head_at = CASE WHEN lc.cursor_offset < p.next_offset THEN
-                   coalesce((SELECT CASE WHEN h.end_offset > lc.cursor_offset THEN h.created_at END
-                               FROM (SELECT s.created_at, s.end_offset FROM queen.log_segments s
-                                      WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                                      ORDER BY s.base_offset DESC LIMIT 1) h),
-                            (SELECT min(s.created_at) FROM queen.log_segments s
-                              WHERE s.partition_id = lc.partition_id AND s.base_offset > lc.cursor_offset),
-                            '-infinity') END
+           SET head_at = CASE WHEN lc.cursor_offset < p.next_offset
+                              THEN queen._head_of(lc.partition_id, lc.cursor_offset) END
           FROM queen.log_partitions p
          WHERE p.id = lc.partition_id;
     END IF;
