@@ -337,3 +337,22 @@ async def test_cursor_updates_are_hot_where_the_index_does_not_change(conn: asyn
     upd1, hot1 = await counts()
     assert upd1 - upd0 == 2
     assert hot1 - hot0 == 2, "lease extend and an ack inside the segment should be HOT updates"
+
+
+async def test_new_group_from_now_starts_caught_up_and_wakes(conn: asyncpg.Connection) -> None:
+    """A group subscribed from now: every cursor is created caught up (head_at NULL, through the insert
+    trigger's try-lock), so its first pop gets nothing; the next push into one partition wakes that one."""
+    await fill(conn, "q", 50)
+    new_pop = (
+        "SELECT partition_name, lease_start FROM queen.pop_v1('default', 'q', NULL, NULL, NULL, 'fresh', 1, 1, "
+        "gen_random_uuid(), true, 'new', NULL)"
+    )
+    assert await conn.fetch(new_pop) == []
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FILTER (WHERE head_at IS NULL) FROM queen.log_consumers WHERE consumer_group = 'fresh'"
+        )
+        == 50
+    )
+    await fill(conn, "q", 1, start=7)
+    assert [(r["partition_name"], r["lease_start"]) for r in await conn.fetch(new_pop)] == [(P(7), 1)]
