@@ -19,8 +19,10 @@ Actions (``spec["action"]``):
   loop pop ``batch`` (no wait) + ``/ack/batch``; rate = acknowledged deliveries per second. With
   ``frames``: the pops ask for QPF1 and the answer is decoded as the official client's framed_pop does. A group
   that has acknowledged ``expect`` messages is drained: the window ends early when every group is.
-- ``fill``: push ``per_partition`` messages to each of ``partitions`` partitions, ``per_req`` per
-  request (not timed work: set-up for the other actions).
+- ``fill``: push ``per_partition`` messages to each of ``partitions`` partitions (from index
+  ``first_partition``, 0 by default), ``per_req`` per request (not timed work: set-up for the others).
+- ``pop_latency``: one client, sequential pops naming no partition (``batch=1&wait=false&autoAck=true``:
+  each answer moves the cursor, nothing stays leased); p50/p99 of the answered (200) pops.
 
 With ``root_pid`` the CPU seconds of that process tree (python processes vs postgres processes) are
 read from /proc at the window's edges, with this process's own CPU and the rest of the machine's.
@@ -278,7 +280,8 @@ async def run_fill(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]
 
     def bodies() -> Any:
         batch: list[bytes] = []
-        for p in range(spec["partitions"]):
+        first = spec.get("first_partition", 0)
+        for p in range(first, first + spec["partitions"]):
             for i in range(spec["per_partition"]):
                 batch.append(
                     b'{"queue":%s,"partition":"p%05d","transactionId":"%s-f-%05d-%08d","payload":%s}'
@@ -322,6 +325,45 @@ async def run_fill(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]
             "first_error": errors[0] if errors else None}  # fmt: skip
 
 
+async def pop_latency_client(conn: Conn, spec: dict[str, Any], meter: Meter, deadline: float) -> None:
+    path = f"/api/v1/pop/queue/{quote(spec['queue'], safe='')}?batch=1&wait=false&autoAck=true"
+    pop_raw = raw_request("GET", path)
+    lat = meter.latencies
+    while not meter.stop:
+        t0 = time.perf_counter_ns()
+        try:
+            status, body = await conn.request(pop_raw)
+        except HttpError as exc:
+            meter.error(str(exc))
+            await asyncio.sleep(0.05)
+            continue
+        t1 = time.perf_counter_ns()
+        meter.reqs += 1
+        if status == 200:
+            meter.count += 1
+            if lat is not None and meter.measuring:
+                lat.append(t1 - t0)
+        elif status in (429, 503):
+            await backoff(meter, deadline)
+        else:  # 204 included: the queue ran dry, the figure would be an empty pop's
+            meter.error(f"pop {status}: {body[:300]!r}")
+
+
+async def run_pop_latency(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]:
+    meter = Meter()
+    meter.latencies = []
+    (conn,) = await connect_all(host, port, 1)
+    deadline = time.monotonic() + spec["warmup"] + spec["duration"]
+    out = await measured(spec, meter, [asyncio.create_task(pop_latency_client(conn, spec, meter, deadline))], None)
+    lat = sorted(meter.latencies)
+    if lat:
+        n = len(lat)
+        out["latency_ms"] = {"p50": lat[n // 2] / 1e6, "p99": lat[min(n - 1, (n * 99) // 100)] / 1e6,
+                             "max": lat[-1] / 1e6, "samples": n}  # fmt: skip
+    conn.close()
+    return out
+
+
 async def main_async(spec: dict[str, Any]) -> dict[str, Any]:
     url = urlsplit(spec["url"])
     host, port = url.hostname or "127.0.0.1", url.port or 80
@@ -334,6 +376,8 @@ async def main_async(spec: dict[str, Any]) -> dict[str, Any]:
         return await run_consume(spec, host, port)
     if action == "fill":
         return await run_fill(spec, host, port)
+    if action == "pop_latency":
+        return await run_pop_latency(spec, host, port)
     raise SystemExit(f"unknown action {action!r}")
 
 

@@ -15,6 +15,16 @@ Shapes (the issue names the counts; the rest is chosen here and recorded in resu
   total deliveries per second of the 10 groups over the single group's.
 - 10,000 partitions: 32 clients push one item per request round-robin over 10,000 existing partitions
   (one message each made in set-up), vs the same over 10 partitions; the metric is the ratio in %.
+- partition scale (issue 14 §3): queues with 1, 1,000, 10,000 and 100,000 pending partitions whose
+  queue-mode group exists before they are filled (a running consumer: its cursors are woken by the
+  pushes); one client pops sequentially naming no partition (batch 1, autoAck, so nothing stays leased
+  and each pop moves one cursor); the metric is the p50 of those pops, with CPU µs per pop; then 200
+  calls of queen.pop_v1 straight over the started broker's PostgreSQL socket (the same pop without the
+  HTTP hop and the rendering: the discovery's own cost). Each queue
+  holds ≥ 20,000 messages (1 per partition at 100k, 20,000 in the single partition) so no run drains it.
+  Then push 1 item/request, 32 clients, round-robin over 10,000 partitions vs all on one partition, both
+  queues with a group; the metric is the ratio in %. Pre-filling runs in chunks of 10,000 partitions of
+  1,000-item pushes, with progress lines.
 - floor (no target): a bare FastAPI route on the same stack, without and with one asyncpg ``SELECT 1``,
   driven like the single-push scenario: the CPU one request costs on this machine before queen-pg's work.
 - memory: VmRSS of each broker worker after all other scenarios (from /proc/<pid>/status).
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -31,8 +42,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-from benchmarks.broker import BenchError, delete_queue, free_port, wait_healthy
+from benchmarks.broker import BenchError, delete_queue, free_port, http, wait_healthy
 from benchmarks.machine import ROOT
 from benchmarks.procstat import broker_processes, workers
 from benchmarks.profiling import Profiler
@@ -193,6 +205,98 @@ def partitions(ctx: Context, run: int) -> tuple[Values, Details]:
     return {"pct_of_10": pct, "rate_10k_msg_s": _rate(many), "rate_10_msg_s": _rate(ten)}, {"p10": ten, "p10k": many}
 
 
+SCALE_SIZES = (1, 1_000, 10_000, 100_000)
+SCALE_MESSAGES = 20_000  # at least this many messages per queue: the pops of a run never drain it
+
+
+def _with_group(ctx: Context, queue: str) -> None:
+    """The queue exists with its queue-mode group before the partitions are filled (the consumer came
+    first): one message to partition `seed`, taken by an autoAck pop."""
+    status, body = http("POST", f"{ctx.url}/api/v1/push",
+                        {"items": [{"queue": queue, "partition": "seed", "payload": {"seed": True}}]})  # fmt: skip
+    if status != 201:
+        raise BenchError(f"seed push to {queue}: {status} {body}")
+    status, body = http("GET", f"{ctx.url}/api/v1/pop/queue/{quote(queue, safe='')}?batch=1&wait=false&autoAck=true")
+    if status != 200:
+        raise BenchError(f"seed pop of {queue}: {status} {body}")
+
+
+def _fill_progress(ctx: Context, queue: str, partitions: int, per_partition: int, per_req: int = 1000) -> None:
+    chunk = 10_000
+    t0 = time.monotonic()
+    for first in range(0, partitions, chunk):
+        n = min(chunk, partitions - first)
+        ctx.setup({"action": "fill", "queue": queue, "partitions": n, "first_partition": first,
+                   "per_partition": per_partition, "per_req": per_req, "concurrency": min(n, 4)})  # fmt: skip
+        if partitions > chunk:
+            print(f"  [partition_scale] {queue}: {first + n:,}/{partitions:,} partitions filled "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+
+
+def scale_setup(ctx: Context) -> None:
+    for n in SCALE_SIZES:
+        q = ctx.shared[f"pop{n}"] = ctx.queue(f"scale-pop{n}-")
+        _with_group(ctx, q)
+        # small segments (≤ 10 messages where a partition holds many): a pop of 1 then costs the claim,
+        # not the decoding of a large segment's other frames (issue 14 §2's subject, not this one's)
+        _fill_progress(ctx, q, n, max(1, -(-SCALE_MESSAGES // n)), per_req=min(1000, 10 * n))
+    for n in (1, 10_000):
+        q = ctx.shared[f"push{n}"] = ctx.queue(f"scale-push{n}-")
+        _with_group(ctx, q)
+        _fill_progress(ctx, q, n, 1)
+
+
+SQL_POP = (
+    "SELECT count(*) FROM queen.pop_v1('default', %s, NULL, NULL, NULL, '__QUEUE_MODE__', 1, 1, gen_random_uuid(), "
+    "true, NULL, NULL)"
+)
+
+
+def _sql_pop_p50(ctx: Context, queue: str, pops: int = 200) -> float:
+    """p50 in ms of queen.pop_v1 called straight (psycopg, Unix socket): discovery and claim without the
+    HTTP hop and the broker's rendering. NaN without the started broker's PostgreSQL."""
+    if ctx.pg_dsn is None:
+        return float("nan")
+    import psycopg
+
+    lat = []
+    with psycopg.connect(ctx.pg_dsn, autocommit=True) as conn:
+        for _ in range(pops):
+            t0 = time.perf_counter()
+            row = conn.execute(SQL_POP, (queue,)).fetchone()
+            lat.append((time.perf_counter() - t0) * 1000)
+            if not row or row[0] == 0:
+                raise BenchError(f"{queue} ran dry during the SQL pops")
+    return statistics.median(lat)
+
+
+def _per_op_us(r: dict[str, Any], role: str) -> float:
+    return float(r["cpu_cores"].get(role, 0.0)) * 1e6 / max(_rate(r), 1e-9)
+
+
+def partition_scale(ctx: Context, run: int) -> tuple[Values, Details]:
+    values: Values = {}
+    details: Details = {}
+    for n in SCALE_SIZES:
+        r = ctx.measure({"action": "pop_latency", "queue": ctx.shared[f"pop{n}"]}, f"-pop{n}")
+        lat = r.get("latency_ms") or {}
+        values[f"pop_p50_ms_{n}"] = lat.get("p50", float("nan"))
+        values[f"pop_broker_us_{n}"] = _per_op_us(r, "broker")
+        values[f"pop_pg_us_{n}"] = _per_op_us(r, "postgres")
+        values[f"pop_sql_p50_ms_{n}"] = _sql_pop_p50(ctx, ctx.shared[f"pop{n}"])
+        details[f"pop{n}"] = r
+    base = {"action": "push", "clients": 32, "items": 1, "partition_mode": "spread"}
+    one = ctx.measure(base | {"queue": ctx.shared["push1"], "partitions": 1}, "-push1")
+    many = ctx.measure(base | {"queue": ctx.shared["push10000"], "partitions": 10_000}, "-push10k")
+    values["push_pct_10k_of_1"] = 100 * _rate(many) / max(_rate(one), 1e-9)
+    values["push_msg_s_1"], values["push_msg_s_10k"] = _rate(one), _rate(many)
+    for key, r in (("1", one), ("10k", many)):
+        values[f"push_broker_us_{key}"] = _per_op_us(r, "broker")
+        values[f"push_pg_us_{key}"] = _per_op_us(r, "postgres")
+    details["push1"], details["push10k"] = one, many
+    return values, details
+
+
 def floor_setup(ctx: Context) -> None:
     if ctx.pg_dsn is None:
         raise BenchError("the floor scenario needs the PostgreSQL of a broker started by the harness")
@@ -282,6 +386,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("partitions_10k", "10,000 partitions, 1 item per push", "≥ 70 % of the 10-partition rate",
              (Metric("pct_of_10", "%", 70.0), Metric("rate_10k_msg_s", "msg/s"), Metric("rate_10_msg_s", "msg/s")),
              partitions, partitions_setup, _teardown_shared),
+    Scenario("partition_scale", "pop naming no partition at 1/1k/10k/100k pending partitions; push b=1 at 10k vs 1",
+             "pop p50 ≤ 3 ms at 100k; push at 10k ≥ 90 % of 1",
+             (Metric("pop_p50_ms_100000", "ms", 3.0, "<="), Metric("push_pct_10k_of_1", "%", 90.0),
+              Metric("pop_p50_ms_1", "ms"), Metric("pop_p50_ms_1000", "ms"), Metric("pop_p50_ms_10000", "ms"),
+              Metric("pop_sql_p50_ms_1", "ms"), Metric("pop_sql_p50_ms_1000", "ms"),
+              Metric("pop_sql_p50_ms_10000", "ms"), Metric("pop_sql_p50_ms_100000", "ms"),
+              Metric("pop_broker_us_1", "µs/req"), Metric("pop_pg_us_1", "µs/req"),
+              Metric("pop_broker_us_100000", "µs/req"), Metric("pop_pg_us_100000", "µs/req"),
+              Metric("push_msg_s_1", "msg/s"), Metric("push_msg_s_10k", "msg/s"),
+              Metric("push_broker_us_1", "µs/req"), Metric("push_pg_us_1", "µs/req"),
+              Metric("push_broker_us_10k", "µs/req"), Metric("push_pg_us_10k", "µs/req")),
+             partition_scale, scale_setup, _teardown_shared),
     Scenario("floor", "floor: bare FastAPI route, 128 clients (plain / + asyncpg SELECT 1)", "none (context)",
              (Metric("plain_us_per_req", "µs/req"), Metric("db_us_per_req", "µs/req"),
               Metric("plain_req_s", "req/s"), Metric("db_req_s", "req/s")), floor, floor_setup, floor_teardown),

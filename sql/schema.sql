@@ -132,7 +132,25 @@ CREATE TABLE IF NOT EXISTS queen.log_consumers (
     claimed_at          timestamptz,
     CONSTRAINT log_consumers_pkey PRIMARY KEY (partition_id, consumer_group)
 ) WITH (fillfactor = 70);
-CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx ON queen.log_consumers (queue_id, consumer_group);
+-- Pop discovery (revision 0005): `head_at` is the time of the segment holding the cursor while the
+-- group has something at or above it in the partition (its oldest pending message), NULL when it is
+-- caught up. Kept by queen._cursor_head (sql/procedures/001_internal.sql) through the triggers
+-- log_consumers_head_ins/_upd whenever a cursor is created or moves, and by the writers that append
+-- (push_v1, dlq_requeue_v1: queen._wake_cursors) when a caught-up cursor gets a message. The index
+-- gives a pop its group's claimable partitions oldest first without visiting the others; its prefix
+-- (queue_id, consumer_group) also serves every per-queue/per-group lookup (the index of the same
+-- prefix it replaces is dropped below).
+DO $$  -- only when missing: ALTER TABLE takes an ACCESS EXCLUSIVE lock
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'head_at' AND NOT attisdropped) THEN
+        ALTER TABLE queen.log_consumers ADD COLUMN head_at timestamptz;
+    END IF;
+END;
+$$;
+CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
+    ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
+DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
 CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id) WHERE lease_id IS NOT NULL;
 -- Databases made before the offset-commit ack (revision 0002): drop the out-of-order array. Only when
 -- it is there: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a booting replica must not take on

@@ -406,3 +406,61 @@ def test_migrate_retries_only_deadlocks() -> None:
     assert _deadlock(wrapped(psycopg.errors.DeadlockDetected("deadlock detected")))
     assert not _deadlock(wrapped(psycopg.errors.UndefinedTable("no such table")))
     assert not _deadlock(RuntimeError("not a database error"))
+
+
+# What a database of the release before revision 0005 held: no head_at, its index and triggers, the
+# (queue_id, consumer_group) index instead.
+OLD_SHAPE_0004 = """
+    DROP TRIGGER log_consumers_head_ins ON queen.log_consumers;
+    DROP TRIGGER log_consumers_head_upd ON queen.log_consumers;
+    DROP FUNCTION queen._cursor_head_trg();
+    DROP FUNCTION queen._wake_cursors(bigint[], timestamptz[]);
+    DROP FUNCTION queen._cursor_head(bigint, bigint);
+    DROP INDEX queen.log_consumers_ready_idx;
+    ALTER TABLE queen.log_consumers DROP COLUMN head_at;
+    CREATE INDEX log_consumers_queue_group_idx ON queen.log_consumers (queue_id, consumer_group);
+"""
+
+PUSH_3 = """
+    SELECT count(*) FROM queen.push_v1('default', ARRAY['q', 'q', 'q'], ARRAY['a', 'b', 'c'],
+        ARRAY[queen._frame(gen_random_uuid(), 'ta', '1'), queen._frame(gen_random_uuid(), 'tb', '1'),
+              queen._frame(gen_random_uuid(), 'tc', '1')],
+        ARRAY[1, 2, 3], ARRAY[md5('ta')::uuid, md5('tb')::uuid, md5('tc')::uuid],
+        ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], NULL, ARRAY[0, 0, 0]::smallint[])
+"""
+POP_1 = """
+    SELECT partition_name FROM queen.pop_v1('default', 'q', NULL, NULL, %s, 'g', 1, 1, gen_random_uuid(),
+                                            true, NULL, NULL)
+"""
+
+
+@pytest.mark.parametrize("way", ["alembic", "boot"])
+async def test_a_0004_database_gets_pop_discovery_heads(pg_server: PgServer, way: str) -> None:
+    """Revision 0005 on a database with cursors in every state: boot's first creation of the triggers
+    fills head_at (pending ones at their head segment's time, caught-up ones NULL), the catalog is a new
+    database's, and pops find what was pending, oldest first."""
+    fresh = empty_database(pg_server)
+    await boot_apply(fresh)
+    old = empty_database(pg_server)
+    await boot_apply(old)
+    with psycopg.connect(old, autocommit=True) as c:
+        c.execute(PUSH_3)
+        assert c.execute(POP_1, ("b",)).fetchall() == [("b",)]  # b caught up; a and c pending
+        c.execute(OLD_SHAPE_0004)
+        c.execute("CREATE TABLE public.alembic_version (version_num varchar(32) PRIMARY KEY)")
+        c.execute("INSERT INTO public.alembic_version VALUES ('0004')")
+    if way == "alembic":
+        upgrade(old, out=lambda *_: None)
+        assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
+    await boot_apply(old)
+    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0004 shape + {way}")
+    with psycopg.connect(old, autocommit=True) as c:
+        heads = c.execute(
+            """SELECT p.name, lc.head_at = s.created_at, lc.head_at IS NULL
+                 FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+                 JOIN queen.log_segments s ON s.partition_id = p.id ORDER BY p.name"""
+        ).fetchall()
+        assert heads == [("a", True, False), ("b", None, True), ("c", True, False)]
+        assert c.execute(POP_1, (None,)).fetchall() == [("a",)]
+        assert c.execute(POP_1, (None,)).fetchall() == [("c",)]
+        assert c.execute(POP_1, (None,)).fetchall() == []

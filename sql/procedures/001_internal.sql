@@ -14,6 +14,26 @@
 --   Locks: the queue row FOR UPDATE (docs/locks.md #1). `now` NULL = the clock, read after that lock
 --   wait ('new' mode starts at the time the group really came to be).
 --
+-- queen._cursor_head(partition_id, cursor) -> timestamptz: what log_consumers.head_at must say for a
+--   cursor (schema.sql): the created_at of the segment holding it while the partition has a message at
+--   or above it, NULL when it is caught up. Called by the triggers log_consumers_head_ins/_upd (every
+--   insert of a cursor row and every move of cursor_offset) and by pop_v1 for a row it found caught up.
+--   Locks: the caller holds the cursor row (level 3). "Caught up" is only decided while no writer
+--   holds the partition: a try-lock FOR SHARE SKIP LOCKED on the partition row (level 2; it never
+--   waits, docs/locks.md), which conflicts with the push's FOR NO KEY UPDATE. If a writer holds it,
+--   the cursor is marked pending at the clock (its append may be for us and its queen._wake_cursors
+--   cannot see our uncommitted NULL); a pop that finds such a row with nothing to read recomputes it.
+--
+-- queen._head_of(partition_id, cursor) -> timestamptz: head_at of a cursor known to be below its
+--   partition's next_offset (committed data only, no lock): _cursor_head, _create_group (which sets the
+--   pending cursors' heads itself; the insert trigger runs only for a row inserted with head_at NULL)
+--   and the one-time fill below.
+--
+-- queen._wake_cursors(partition_ids[], times[]) -> void: a partition got messages written at times[i]:
+--   its caught-up cursors (head_at NULL) become pending at that time. Called by push_v1 and
+--   dlq_requeue_v1 after the append, while they hold the partition rows (level 2); locks the cursor
+--   rows it changes FOR NO KEY UPDATE, ascending (partition_id, group) (level 3).
+--
 -- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
 -- queen._frame(message_id, transaction_id, payload bytes, producer_sub) -> bytea: one QPF1 frame (WIRE.md
 --   §3.3), byte for byte what queen_pg/engine/codec.py encode_frame() writes: flag 2 with a producerSub,
@@ -71,18 +91,109 @@ BEGIN
     INSERT INTO queen.log_groups (queue_id, name, tenant, subscription_mode, subscribed_from, created_at)
     VALUES (p_queue_id, p_group, p_tenant, coalesce(p_mode, 'all'), v_from, v_now);
 
-    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
-    SELECT p.id, p_group, p_queue_id, p_tenant,
-           CASE WHEN v_from IS NULL THEN
-                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
-                               WHERE s.partition_id = p.id), p.next_offset)
-                ELSE
-                    coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
-                               WHERE s.partition_id = p.id AND s.created_at >= v_from), p.next_offset)
-           END
-      FROM queen.log_partitions p
-     WHERE p.queue_id = p_queue_id
+    -- head_at of the pending cursors in the same pass (committed segments: a pending one stays so);
+    -- the caught-up ones (NULL) go through the insert trigger, which decides it under its try-lock
+    INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset, head_at)
+    SELECT x.id, p_group, p_queue_id, p_tenant, x.cursor,
+           CASE WHEN x.cursor < x.next_offset THEN queen._head_of(x.id, x.cursor) END
+      FROM (SELECT p.id, p.next_offset,
+                   CASE WHEN v_from IS NULL THEN
+                            coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                                       WHERE s.partition_id = p.id), p.next_offset)
+                        ELSE
+                            coalesce((SELECT min(s.base_offset) FROM queen.log_segments s
+                                       WHERE s.partition_id = p.id AND s.created_at >= v_from), p.next_offset)
+                   END AS cursor
+              FROM queen.log_partitions p
+             WHERE p.queue_id = p_queue_id) AS x
     ON CONFLICT DO NOTHING;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._head_of(p_pid bigint, p_cursor bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    -- for a cursor below its partition's next_offset (committed): the time of the segment holding it,
+    -- else of the first segment above it (the one holding it is gone), else -infinity
+    SELECT coalesce(
+        (SELECT CASE WHEN h.end_offset > p_cursor THEN h.created_at END
+           FROM (SELECT s.created_at, s.end_offset FROM queen.log_segments s
+                  WHERE s.partition_id = p_pid AND s.base_offset <= p_cursor
+                  ORDER BY s.base_offset DESC LIMIT 1) h),
+        (SELECT min(s.created_at) FROM queen.log_segments s
+          WHERE s.partition_id = p_pid AND s.base_offset > p_cursor),
+        '-infinity');
+$$;
+
+CREATE OR REPLACE FUNCTION queen._cursor_head(p_pid bigint, p_cursor bigint)
+RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_at   timestamptz;
+    v_end  bigint;
+    v_next bigint;
+BEGIN
+    SELECT s.created_at, s.end_offset INTO v_at, v_end FROM queen.log_segments s
+     WHERE s.partition_id = p_pid AND s.base_offset <= p_cursor
+     ORDER BY s.base_offset DESC LIMIT 1;
+    IF v_end > p_cursor THEN
+        RETURN v_at;                         -- a committed message at the cursor
+    END IF;
+    SELECT p.next_offset INTO v_next FROM queen.log_partitions p WHERE p.id = p_pid FOR SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN clock_timestamp();            -- a writer holds the partition: maybe pending
+    END IF;
+    IF v_next <= p_cursor THEN
+        RETURN NULL;                         -- caught up; the next append wakes it (_wake_cursors)
+    END IF;
+    RETURN queen._head_of(p_pid, p_cursor);  -- appended since the first look, or its segment is gone
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._cursor_head_trg()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.head_at := queen._cursor_head(NEW.partition_id, NEW.cursor_offset);
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._wake_cursors(p_pids bigint[], p_times timestamptz[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queen.log_consumers lc
+     WHERE lc.partition_id = ANY (p_pids) AND lc.head_at IS NULL
+     ORDER BY lc.partition_id, lc.consumer_group
+       FOR NO KEY UPDATE;
+    IF FOUND THEN  -- a new statement: it sees the rows as they are now that we hold them
+        UPDATE queen.log_consumers lc SET head_at = w.at
+          FROM unnest(p_pids, p_times) AS w(pid, at)
+         WHERE lc.partition_id = w.pid AND lc.head_at IS NULL;
+    END IF;
+END;
+$$;
+
+-- The triggers that keep head_at, created once (CREATE TRIGGER locks the table against writes: not
+-- at every boot). The first creation fills head_at for the rows that exist, under a SHARE lock on
+-- log_partitions so that no push is halfway meanwhile (from its commit on, every writer keeps it).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'log_consumers_head_upd'
+                    AND tgrelid = 'queen.log_consumers'::regclass) THEN
+        LOCK TABLE queen.log_partitions IN SHARE MODE;
+        CREATE TRIGGER log_consumers_head_ins BEFORE INSERT ON queen.log_consumers
+            FOR EACH ROW WHEN (NEW.head_at IS NULL) EXECUTE FUNCTION queen._cursor_head_trg();
+        CREATE TRIGGER log_consumers_head_upd BEFORE UPDATE OF cursor_offset ON queen.log_consumers
+            FOR EACH ROW WHEN (OLD.cursor_offset IS DISTINCT FROM NEW.cursor_offset)
+            EXECUTE FUNCTION queen._cursor_head_trg();
+        UPDATE queen.log_consumers lc
+           SET head_at = CASE WHEN lc.cursor_offset < p.next_offset
+                              THEN queen._head_of(lc.partition_id, lc.cursor_offset) END
+          FROM queen.log_partitions p
+         WHERE p.id = lc.partition_id;
+    END IF;
 END;
 $$;
 

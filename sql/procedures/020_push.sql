@@ -13,7 +13,9 @@
 -- Result:  one row per item, in request order: (idx 1-based, status 'queued'|'duplicate', message_id,
 --          partition_id, msg_offset). A duplicate carries the ORIGINAL message id and offset.
 -- Locks:   (docs/locks.md) queues FOR UPDATE only when a partition is created (via
---          queen._create_partitions); then log_partitions FOR NO KEY UPDATE in ascending id order.
+--          queen._create_partitions); then log_partitions FOR NO KEY UPDATE in ascending id order;
+--          then, after the append, the caught-up log_consumers rows of those partitions FOR NO KEY
+--          UPDATE ascending (partition_id, group) to mark them pending (queen._wake_cursors).
 -- Guarantees: a missing queue or partition is created in the same transaction as its first message;
 --          offsets per partition are gapless; an item whose hash is already in its partition inside the
 --          queue's dedup window, or repeats an earlier item of this call, is a duplicate and adds
@@ -159,6 +161,11 @@ BEGIN
               FROM unnest(p_item_group) WITH ORDINALITY AS u(grp, ord)
              GROUP BY u.grp) AS c
      WHERE p.id = v_gp[c.grp];
+
+    -- 6. caught-up cursors of the partitions that got messages become pending (pop discovery)
+    PERFORM queen._wake_cursors(array_agg(v_gp[w.grp]), array_agg(v_ts[w.grp]))
+       FROM (SELECT DISTINCT u.grp FROM unnest(p_item_group) WITH ORDINALITY AS u(grp, ord)
+              WHERE r_live[u.ord]) AS w;
 
     RETURN QUERY
     SELECT u.ord::integer, r_status[u.ord], r_msgid[u.ord], v_gp[u.grp], r_off[u.ord]

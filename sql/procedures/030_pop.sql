@@ -18,10 +18,16 @@
 -- Claimable: cursor below next_offset; no live lease; the message at the cursor is older than the
 --          queue's delayedProcessing; the partition has been quiet for the queue's windowBuffer. A
 --          claim never includes messages younger than delayedProcessing.
--- Claim order: oldest pending message first (time of the segment holding the cursor).
+-- Claim order: oldest pending message first (time of the segment holding the cursor: the cursor row's
+--          head_at, kept by queen._cursor_head and queen._wake_cursors, 001_internal.sql).
+-- Cost:    discovery reads log_consumers_ready_idx from the group's oldest head on: it visits the rows
+--          it claims, rows other pops hold, and rows under a live lease or a windowBuffer, never the
+--          caught-up ones nor the rest of the pending ones (tests/test_pop_discovery.py guards it).
 -- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new on it
 --          (queen._create_group); log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never
---          wait on each other. The clock is read after the last lock wait (the group creation).
+--          wait on each other; a cursor that moves tries its partition row FOR SHARE SKIP LOCKED
+--          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group
+--          creation).
 --          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
 -- Guarantees: a partition is leased to at most one holder at a time per group; an expired lease is
 --          claimable again and its range counts one more delivery attempt.
@@ -64,6 +70,13 @@ DECLARE
     v_expires timestamptz;
     q         record;
     c         record;
+    v_cur     refcursor;
+    v_cands   bigint[];
+    v_want    integer;
+    v_delay   integer;
+    v_stale   integer;
+    v_claimed integer := 0;
+    v_pass    integer := 0;
 BEGIN
     SELECT array_agg(qq.id ORDER BY qq.id) INTO v_qids
       FROM queen.queues qq
@@ -81,34 +94,86 @@ BEGIN
         PERFORM queen._create_group(q.id, p_tenant, p_group, p_sub_mode, p_sub_from, p_now);
     END LOOP;
     v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait (_create_group)
+    v_want := greatest(p_max_partitions, 1);
 
-    FOR c IN
-        SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
-               p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing
-          FROM queen.log_consumers lc
-          JOIN queen.log_partitions p ON p.id = lc.partition_id
-          JOIN queen.queues qq ON qq.id = lc.queue_id
-          LEFT JOIN LATERAL (
-                SELECT s.created_at AS head_at FROM queen.log_segments s
-                 WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                 ORDER BY s.base_offset DESC LIMIT 1) h ON true
-         WHERE lc.queue_id = ANY (v_qids)
-           AND lc.consumer_group = p_group
-           AND (p_partition IS NULL OR p.name = p_partition)
-           AND lc.cursor_offset < p.next_offset
-           AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
-           AND (qq.delayed_processing = 0
-                OR h.head_at <= v_now - make_interval(secs => qq.delayed_processing))
-           AND (qq.window_buffer = 0
-                OR p.last_write_at <= v_now - make_interval(secs => qq.window_buffer))
-         ORDER BY h.head_at NULLS FIRST, lc.partition_id
-         LIMIT greatest(p_max_partitions, 1)
-           FOR UPDATE OF lc SKIP LOCKED
+    -- Discovery (log_consumers_ready_idx): the group's rows with a pending head, oldest head first,
+    -- never visiting caught-up rows. One queue: an ordered scan of the index, the rows locked SKIP
+    -- LOCKED under the LIMIT (so rows other pops hold are passed, not counted). A named partition or
+    -- several queues: the candidates first (the partition by its key; per queue, the oldest few by the
+    -- index), then the same lock over them.
+    <<discover>>
     LOOP
+        v_cands := NULL;
+        IF p_partition IS NOT NULL THEN
+            v_cands := ARRAY(SELECT lp.id FROM queen.log_partitions lp
+                              WHERE lp.queue_id = ANY (v_qids) AND lp.name = p_partition);
+        ELSIF cardinality(v_qids) > 1 THEN
+            v_cands := ARRAY(
+                SELECT x.partition_id
+                  FROM queen.queues qq
+                 CROSS JOIN LATERAL (
+                        SELECT lc.partition_id, lc.head_at FROM queen.log_consumers lc
+                         WHERE lc.queue_id = qq.id AND lc.consumer_group = p_group
+                           AND lc.head_at <= CASE WHEN qq.delayed_processing = 0 THEN 'infinity'::timestamptz
+                                                  ELSE v_now - make_interval(secs => qq.delayed_processing) END
+                           AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
+                         ORDER BY lc.head_at, lc.partition_id
+                         LIMIT v_want + 32) x
+                 WHERE qq.id = ANY (v_qids)
+                 ORDER BY x.head_at, x.partition_id
+                 LIMIT v_want + 32);
+        END IF;
+        IF v_cands IS NULL THEN
+            SELECT qq.delayed_processing INTO v_delay FROM queen.queues qq WHERE qq.id = v_qids[1];
+            -- discovery:one-queue (tests/test_pop_discovery.py EXPLAINs this statement)
+            OPEN v_cur FOR
+                SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
+                       p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing
+                  FROM queen.log_consumers lc
+                  JOIN queen.log_partitions p ON p.id = lc.partition_id
+                  JOIN queen.queues qq ON qq.id = lc.queue_id
+                 WHERE lc.queue_id = v_qids[1]
+                   AND lc.consumer_group = p_group
+                   AND lc.head_at <= CASE WHEN v_delay = 0 THEN 'infinity'::timestamptz
+                                          ELSE v_now - make_interval(secs => v_delay) END
+                   AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
+                   AND (qq.window_buffer = 0
+                        OR p.last_write_at <= v_now - make_interval(secs => qq.window_buffer))
+                 ORDER BY lc.head_at, lc.partition_id
+                 LIMIT v_want
+                   FOR UPDATE OF lc SKIP LOCKED;
+        ELSE
+            -- discovery:candidates
+            OPEN v_cur FOR
+                SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
+                       p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing
+                  FROM queen.log_consumers lc
+                  JOIN queen.log_partitions p ON p.id = lc.partition_id
+                  JOIN queen.queues qq ON qq.id = lc.queue_id
+                 WHERE lc.partition_id = ANY (v_cands)
+                   AND lc.consumer_group = p_group
+                   AND lc.head_at <= CASE WHEN qq.delayed_processing = 0 THEN 'infinity'::timestamptz
+                                          ELSE v_now - make_interval(secs => qq.delayed_processing) END
+                   AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
+                   AND (qq.window_buffer = 0
+                        OR p.last_write_at <= v_now - make_interval(secs => qq.window_buffer))
+                 ORDER BY lc.head_at, lc.partition_id
+                 LIMIT v_want
+                   FOR UPDATE OF lc SKIP LOCKED;
+        END IF;
+        v_stale := 0;
+        LOOP
+        FETCH v_cur INTO c;
+        EXIT WHEN NOT FOUND;
         c.cursor_offset := queen._pass_over(c.partition_id, p_group, c.cursor_offset);
-        IF c.cursor_offset >= c.next_offset THEN  -- nothing left for this group but passed-over offsets
-            UPDATE queen.log_consumers lc SET cursor_offset = c.cursor_offset
+        IF c.cursor_offset >= c.next_offset THEN
+            -- nothing left for this group but passed-over offsets, or a head marked pending while a
+            -- push was in flight that wrote nothing for it: caught up (or pending again)
+            UPDATE queen.log_consumers lc
+               SET cursor_offset = c.cursor_offset,
+                   head_at = queen._cursor_head(c.partition_id, c.cursor_offset)
              WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group;
+            v_stale := v_stale + 1;
             CONTINUE;
         END IF;
         v_end := c.cursor_offset + least(v_budget, c.next_offset - c.cursor_offset);
@@ -159,7 +224,17 @@ BEGIN
          ORDER BY s.base_offset;
 
         v_budget := v_budget - v_take::integer;
-        EXIT WHEN v_budget <= 0;
+        v_claimed := v_claimed + 1;
+        IF v_budget <= 0 THEN
+            CLOSE v_cur;
+            EXIT discover;
+        END IF;
+        END LOOP;
+        CLOSE v_cur;
+        -- only stale rows found (now fixed): look once more, a few times at most (a row a push holds
+        -- is marked pending again)
+        v_pass := v_pass + 1;
+        EXIT discover WHEN v_stale = 0 OR v_claimed > 0 OR v_pass >= 3;
     END LOOP;
 END;
 $$;

@@ -12,7 +12,8 @@
 --          a refused item.
 -- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
 --          them it inserts log_dlq rows (no foreign keys: no lock on a partition or queue row) and
---          deletes the cursor's log_passes rows. Nothing else.
+--          deletes the cursor's log_passes rows. A cursor it moves to the partition's end tries the
+--          partition row FOR SHARE SKIP LOCKED (queen._cursor_head, by trigger: never waits). Nothing else.
 -- Resolve: an item's transactionId names the oldest of its messages at or above the cursor (the one
 --          the group has not settled), else the newest below it. None in that partition: the item is
 --          `unresolvable` (success=false; it changes nothing, and the rest of the call, the real

@@ -25,9 +25,10 @@
 --   "partition", "partitionId", "transactionId", "consumerGroups"} or {"status": "not_found"} or
 --   {"status": "not_ready"} (payload not copied out and its segment gone: the fill job will write
 --   JSON null shortly).
---   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2); then KEY SHARE on the
---   partition's other cursor rows (#3, the log_passes foreign key); log_dlq rows by DELETE. The clock
---   is read after the partition lock.
+--   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2); then the partition's cursor
+--   rows FOR NO KEY UPDATE ascending (#3: the caught-up ones become pending, queen._wake_cursors; the
+--   log_passes foreign key needs KEY SHARE on the others); log_dlq rows by DELETE. The clock is read
+--   after the partition lock.
 
 -- The result gained producer_sub and sealed (revision 0004) at its end: the arguments are the same, and a
 -- broker of the previous release reads its columns by name, so the name stays (the old shape is dropped).
@@ -139,6 +140,11 @@ BEGIN
     UPDATE queen.log_partitions SET next_offset = v_off + 1, segments_total = segments_total + 1,
            last_write_at = v_now
      WHERE id = p.id;
+    -- every cursor row of the partition at once, ascending: the wake below changes the caught-up ones
+    -- and the log_passes insert takes KEY SHARE on the others (two passes would not be one order)
+    PERFORM 1 FROM queen.log_consumers lc WHERE lc.partition_id = p.id
+     ORDER BY lc.partition_id, lc.consumer_group FOR NO KEY UPDATE;
+    PERFORM queen._wake_cursors(ARRAY[p.id], ARRAY[v_now]);
     -- only the groups that dead-lettered it receive it again
     INSERT INTO queen.log_passes (partition_id, consumer_group, msg_offset)
     SELECT lc.partition_id, lc.consumer_group, v_off

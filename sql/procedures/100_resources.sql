@@ -129,7 +129,7 @@ LANGUAGE sql STABLE AS $$
                CASE WHEN lc.cursor_offset < p.next_offset THEN
                     (SELECT s.created_at FROM queen.log_segments s
                       WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                      ORDER BY s.base_offset DESC LIMIT 1) END AS head_at
+                      ORDER BY s.base_offset DESC LIMIT 1) END AS pending_at  -- (lc.* has head_at: schema.sql)
           FROM queen.log_consumers lc
           JOIN queen.log_partitions p ON p.id = lc.partition_id
          WHERE lc.queue_id = (SELECT q.id FROM q)
@@ -141,8 +141,8 @@ LANGUAGE sql STABLE AS $$
                    'createdAt', queen._iso_utc(g.created_at),
                    'lag', coalesce(sum(cons.next_offset - cons.cursor_offset), 0),
                    'leasedPartitions', count(*) FILTER (WHERE cons.live),
-                   'oldestPendingAt', queen._iso_utc(min(cons.head_at)),
-                   'lagSeconds', extract(epoch FROM coalesce(p_now, now()) - min(cons.head_at))) AS doc
+                   'oldestPendingAt', queen._iso_utc(min(cons.pending_at)),
+                   'lagSeconds', extract(epoch FROM coalesce(p_now, now()) - min(cons.pending_at))) AS doc
           FROM queen.log_groups g
           LEFT JOIN cons ON cons.consumer_group = g.name
          WHERE g.queue_id = (SELECT q.id FROM q)
@@ -164,7 +164,7 @@ LANGUAGE sql STABLE AS $$
                                   'cursor', c.cursor_offset, 'lag', c.next_offset - c.cursor_offset,
                                   'leased', c.live,
                                   'leaseExpiresAt', CASE WHEN c.live THEN queen._iso_utc(c.lease_expires_at) END,
-                                  'oldestPendingAt', queen._iso_utc(c.head_at)) ORDER BY c.consumer_group)
+                                  'oldestPendingAt', queen._iso_utc(c.pending_at)) ORDER BY c.consumer_group)
                          FROM cons c WHERE c.partition_id = page.id), '[]'::jsonb)) AS doc
           FROM page
          CROSS JOIN LATERAL (

@@ -1,0 +1,59 @@
+"""log_consumers.head_at and the ready index: pop discovery without a scan (issue 14 §3)
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-02
+
+``head_at`` is the time of the segment holding a cursor while its group has a message at or above it in
+the partition, NULL when the cursor is caught up. ``log_consumers_ready_idx`` on ``(queue_id,
+consumer_group, head_at, partition_id)`` lets a pop take its group's oldest pending partitions without
+visiting the others; it replaces ``log_consumers_queue_group_idx`` (the same prefix). The same changes
+are in ``sql/schema.sql``.
+
+The column is filled, and kept from then on, by the triggers that boot creates from
+``sql/procedures/001_internal.sql`` (created once, with the fill, under a SHARE lock on log_partitions so
+no push is halfway): a revision never touches functions or triggers (see 0001_baseline.py). Until the
+release's procedures are applied the column is unused (the previous release's pop does not read it).
+
+downgrade() drops the index and the column (and the triggers and their functions, which read it),
+and makes the previous index again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0005"
+down_revision: str | Sequence[str] | None = "0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql(
+        """
+        ALTER TABLE queen.log_consumers ADD COLUMN IF NOT EXISTS head_at timestamptz;
+        CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
+            ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
+        DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
+        """
+    )
+
+
+def downgrade() -> None:
+    execute_sql(
+        """
+        DROP TRIGGER IF EXISTS log_consumers_head_ins ON queen.log_consumers;
+        DROP TRIGGER IF EXISTS log_consumers_head_upd ON queen.log_consumers;
+        DROP FUNCTION IF EXISTS queen._cursor_head_trg();
+        DROP FUNCTION IF EXISTS queen._wake_cursors(bigint[], timestamptz[]);
+        DROP FUNCTION IF EXISTS queen._cursor_head(bigint, bigint);
+        CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx
+            ON queen.log_consumers (queue_id, consumer_group);
+        DROP INDEX IF EXISTS queen.log_consumers_ready_idx;
+        ALTER TABLE queen.log_consumers DROP COLUMN IF EXISTS head_at;
+        """
+    )
