@@ -132,7 +132,7 @@ CREATE TABLE IF NOT EXISTS queen.log_consumers (
     claimed_at          timestamptz,
     CONSTRAINT log_consumers_pkey PRIMARY KEY (partition_id, consumer_group)
 ) WITH (fillfactor = 70);
--- Pop discovery (revision 0005): `head_at` is the time of the segment holding the cursor while the
+-- Pop discovery (revision 0006): `head_at` is the time of the segment holding the cursor while the
 -- group has something at or above it in the partition (its oldest pending message), NULL when it is
 -- caught up. Kept by queen._cursor_head (sql/procedures/001_internal.sql) through the triggers
 -- log_consumers_head_ins/_upd whenever a cursor is created or moves, and by the writers that append

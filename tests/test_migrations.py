@@ -21,7 +21,7 @@ from queen_pg.migrate import sqlalchemy_url, upgrade
 from tests.conftest import ROOT, PgServer, empty_database
 
 SCHEMA = "queen"
-HEAD = "0005"  # the newest revision under migrations/versions/
+HEAD = "0006"  # the newest revision under migrations/versions/
 IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]
@@ -408,9 +408,9 @@ def test_migrate_retries_only_deadlocks() -> None:
     assert not _deadlock(RuntimeError("not a database error"))
 
 
-# What a database of the release before revision 0005 held: no head_at, its index and triggers, the
+# What a database of the release before revision 0006 held: no head_at, its index and triggers, the
 # (queue_id, consumer_group) index instead.
-OLD_SHAPE_0004 = """
+OLD_SHAPE_0005 = """
     DROP TRIGGER log_consumers_head_ins ON queen.log_consumers;
     DROP TRIGGER log_consumers_head_upd ON queen.log_consumers;
     DROP FUNCTION queen._cursor_head_trg();
@@ -435,8 +435,8 @@ POP_1 = """
 
 
 @pytest.mark.parametrize("way", ["alembic", "boot"])
-async def test_a_0004_database_gets_pop_discovery_heads(pg_server: PgServer, way: str) -> None:
-    """Revision 0005 on a database with cursors in every state: boot's first creation of the triggers
+async def test_a_0005_database_gets_pop_discovery_heads(pg_server: PgServer, way: str) -> None:
+    """Revision 0006 on a database with cursors in every state: boot's first creation of the triggers
     fills head_at (pending ones at their head segment's time, caught-up ones NULL), the catalog is a new
     database's, and pops find what was pending, oldest first."""
     fresh = empty_database(pg_server)
@@ -446,14 +446,14 @@ async def test_a_0004_database_gets_pop_discovery_heads(pg_server: PgServer, way
     with psycopg.connect(old, autocommit=True) as c:
         c.execute(PUSH_3)
         assert c.execute(POP_1, ("b",)).fetchall() == [("b",)]  # b caught up; a and c pending
-        c.execute(OLD_SHAPE_0004)
+        c.execute(OLD_SHAPE_0005)
         c.execute("CREATE TABLE public.alembic_version (version_num varchar(32) PRIMARY KEY)")
-        c.execute("INSERT INTO public.alembic_version VALUES ('0004')")
+        c.execute("INSERT INTO public.alembic_version VALUES ('0005')")
     if way == "alembic":
         upgrade(old, out=lambda *_: None)
         assert scalar(old, "SELECT version_num FROM public.alembic_version") == HEAD
     await boot_apply(old)
-    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0004 shape + {way}")
+    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0005 shape + {way}")
     with psycopg.connect(old, autocommit=True) as c:
         heads = c.execute(
             """SELECT p.name, lc.head_at = s.created_at, lc.head_at IS NULL

@@ -1,7 +1,7 @@
 """log_consumers.head_at and the ready index: pop discovery without a scan (issue 14 §3)
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-02
 
 ``head_at`` is the time of the segment holding a cursor while its group has a message at or above it in
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from queen_pg.migrate import execute_sql
 
 # revision identifiers, used by Alembic.
-revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0004"
+revision: str = "0006"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
