@@ -42,6 +42,7 @@ from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
 from queen_pg.db.pool import Database
+from queen_pg.engine import pop_render
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError, Verdict
@@ -98,6 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
             storage=storage,
         )
         crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))
+        pop_render.bind(db, pop_render.SegmentCache(settings.pop_cache_mb * 1024 * 1024))
         fuser = app.state.queen.fuser = Fuser(
             db, FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight)
         )

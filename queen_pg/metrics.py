@@ -260,23 +260,8 @@ class Metrics:
         for queue, n in dups.items():
             self._child(self.duplicates, (tenant, queue)).inc(n)
 
-    def count_pop(self, tenant: str, answer: Mapping[str, Any] | None) -> None:
-        if not answer:
-            return
-        per_queue: dict[str, int] = {}
-        last_pid: object = None
-        for m in answer.get("messages", ()):
-            queue = m["queue"]
-            per_queue[queue] = per_queue.get(queue, 0) + 1
-            pid = m["partitionId"]
-            if pid != last_pid:
-                self._learn(str(pid), tenant, queue)
-                last_pid = pid
-        for queue, n in per_queue.items():
-            self._child(self.popped, (tenant, queue)).inc(n)
-
     def count_pop_claims(self, tenant: str, claimed: Iterable[tuple[str, str, int]]) -> None:
-        """A framed pop's count: (queue, partitionId, messages) per claimed partition."""
+        """A pop's count (JSON or framed): (queue, partitionId, messages) per claimed partition."""
         for queue, pid, n in claimed:
             self._learn(pid, tenant, queue)
             self._child(self.popped, (tenant, queue)).inc(n)

@@ -260,7 +260,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
         return Response(status_code=204)
     if isinstance(answer, FramedPop):
         return binary.pop_response(answer)
-    return json_response(answer)
+    return Response(answer.body, media_type="application/json")
 
 
 @router.get(
