@@ -266,14 +266,14 @@ class Metrics:
             self._learn(pid, tenant, queue)
             self._child(self.popped, (tenant, queue)).inc(n)
 
-    def count_ack(self, items: Sequence[ack_engine.AckItem], results: Iterable[Mapping[str, Any]]) -> None:
+    def count_ack(self, items: Sequence[ack_engine.AckLike], results: Iterable[Mapping[str, Any]]) -> None:
         """Acks that applied (not refused, not a resend answered as ``noop``); results carry ``index``."""
         known = self._partition_queue
         for r in results:
             if not r.get("success") or r.get("noop"):
                 continue
             item = items[r["index"]]
-            pid, status = item.partition_id, ack_engine.STATUSES.get(item.status, item.status)
+            pid, status = str(item.partition_id), ack_engine.STATUSES.get(item.status, item.status)
             where = known.get(pid)
             if where is not None:
                 self._child(self.acked, (*where, status)).inc()

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queen_pg.api.common import tenant
-from queen_pg.engine.ack import AckItem
+from queen_pg.engine.ack import AckLike
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.pop_render import JsonPop
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
@@ -73,7 +73,7 @@ def count_pop(request: Request, answer: JsonPop | FramedPop | None) -> None:
         m.count_pop_claims(tenant(request), answer.claimed)
 
 
-def count_ack(request: Request, items: Sequence[AckItem], results: Sequence[dict[str, Any]]) -> None:
+def count_ack(request: Request, items: Sequence[AckLike], results: Sequence[dict[str, Any]]) -> None:
     """After an ack: messages settled per queue and status."""
     m = _metrics(request)
     if m is not None:
