@@ -86,7 +86,6 @@ class PushBody(msgspec.Struct):
 # names) and settled as it is: the route only normalizes it in place (status case, the batch's group, a
 # numeric partitionId as text), never copies it into a second object.
 class AckItem(msgspec.Struct):
-
     transaction_id: TxnId = msgspec.field(name="transactionId")
     partition_id: AckPartitionId = msgspec.field(name="partitionId")
     status: AckStatus = "completed"
