@@ -41,6 +41,7 @@ from queen_pg import __version__
 from queen_pg.db.pool import Database
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import metrics as metrics_engine
+from queen_pg.engine import pop_render
 from queen_pg.errors import QueenError
 
 log = logging.getLogger("queen_pg.metrics")
@@ -138,6 +139,16 @@ class Metrics:
             registry=reg,
         )
         self.popped = Counter("queen_messages_popped", "Messages delivered by pops", q, registry=reg)
+        self.pop_cache_bytes = Gauge(
+            "queen_pop_cache_bytes",
+            "Decoded segments held for pops (estimated bytes; QUEEN_POP_CACHE_MB)",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.pop_cache = Counter(
+            "queen_pop_cache_lookups", "Pop segment-cache lookups by result (hit, miss, eviction)", ["result"],
+            registry=reg,
+        )  # fmt: skip
         self.acked = Counter(
             "queen_messages_acked", "Messages settled by acks, by status", [*q, "status"], registry=reg
         )
@@ -321,6 +332,11 @@ class Metrics:
                 self.pool_size.set(pool.get_size())
                 self.pool_idle.set(pool.get_idle_size())
             self.pool_max.set(db.size)
+            cache = pop_render.cache_of(db)
+            self.pop_cache_bytes.set(cache.bytes)
+            stats = cache.stats
+            for result, n in (("hit", stats.hits), ("miss", stats.misses), ("eviction", stats.evictions)):
+                self._feed2(self.pop_cache, (result,), n)
         if waiters is not None:
             self.waiters.set(waiters.parked)
             self.waiters_limit.set(waiters.limit)

@@ -284,3 +284,8 @@ async def test_a_broker_pop_answers_the_rendered_bytes(broker: Broker, http: htt
     cache = pop_render.cache_of(broker.app.state.queen.db)
     assert cache.max_bytes == broker_settings("x").pop_cache_mb * 1024 * 1024
     assert cache.stats.hits >= 1  # the second group read the first one's decode
+    text = (await http.get("/metrics")).text
+    assert 'queen_pop_cache_lookups_total{result="hit"}' in text and "queen_pop_cache_bytes " in text
+    hits = next(ln for ln in text.splitlines() if ln.startswith('queen_pop_cache_lookups_total{result="hit"}'))
+    assert float(hits.split()[-1]) == cache.stats.hits
+    assert cache.bytes > 0
