@@ -37,11 +37,13 @@ from queen_pg.api.admission import Admission, ByteBudget
 from queen_pg.api.common import AppState, json_response
 from queen_pg.api.docs import install as install_docs
 from queen_pg.api.forwarded import Forwarded
+from queen_pg.api.hot import HotRoutes, hot_routes
 from queen_pg.api.internal import InternalErrors
 from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
 from queen_pg.db.pool import Database
+from queen_pg.engine import pop_render
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError, Verdict
@@ -98,6 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
             storage=storage,
         )
         crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))
+        pop_render.bind(db, pop_render.SegmentCache(settings.pop_cache_mb * 1024 * 1024))
         fuser = app.state.queen.fuser = Fuser(
             db, FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight)
         )
@@ -154,6 +157,7 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,  # /docs and /redoc with their assets served here, not from a CDN: api/docs.py
         redoc_url=None,
     )
+    app.add_middleware(HotRoutes, routes=hot_routes())  # innermost: the data routes without FastAPI's per-request work
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read

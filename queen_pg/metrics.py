@@ -42,6 +42,7 @@ from queen_pg import __version__
 from queen_pg.db.pool import Database
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import metrics as metrics_engine
+from queen_pg.engine import pop_render
 from queen_pg.errors import QueenError
 
 log = logging.getLogger("queen_pg.metrics")
@@ -222,6 +223,16 @@ class Metrics:
             registry=reg,
         )
         self.popped = Counter("queen_messages_popped", "Messages delivered by pops", t, registry=reg)
+        self.pop_cache_bytes = Gauge(
+            "queen_pop_cache_bytes",
+            "Decoded segments held for pops (estimated bytes; QUEEN_POP_CACHE_MB)",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.pop_cache = Counter(
+            "queen_pop_cache_lookups", "Pop segment-cache lookups by result (hit, miss, eviction)", ["result"],
+            registry=reg,
+        )  # fmt: skip
         self.acked = Counter(
             "queen_messages_acked", "Messages settled by acks, by status", [*t, "status"], registry=reg
         )
@@ -328,19 +339,13 @@ class Metrics:
         if dups:
             self._child(self.duplicates, (tenant,)).inc(dups)
 
-    def count_pop(self, tenant: str, answer: Mapping[str, Any] | None) -> None:
-        if answer:
-            n = len(answer.get("messages", ()))
-            if n:
-                self._child(self.popped, (tenant,)).inc(n)
-
     def count_pop_claims(self, tenant: str, claimed: Iterable[tuple[str, str, int]]) -> None:
-        """A framed pop's count: (queue, partitionId, messages) per claimed partition."""
+        """A pop's count (JSON or framed): (queue, partitionId, messages) per claimed partition."""
         n = sum(c[2] for c in claimed)
         if n:
             self._child(self.popped, (tenant,)).inc(n)
 
-    def count_ack(self, tenant: str, items: Sequence[ack_engine.AckItem], results: Iterable[Mapping[str, Any]]) -> None:
+    def count_ack(self, tenant: str, items: Sequence[ack_engine.AckLike], results: Iterable[Mapping[str, Any]]) -> None:
         """Acks that applied (not refused, not a resend answered as ``noop``); results carry ``index``."""
         per_status: dict[str, int] = {}
         for r in results:
@@ -391,6 +396,11 @@ class Metrics:
                 self.pool_size.set(pool.get_size())
                 self.pool_idle.set(pool.get_idle_size())
             self.pool_max.set(db.size)
+            cache = pop_render.cache_of(db)
+            self.pop_cache_bytes.set(cache.bytes)
+            stats = cache.stats
+            for result, n in (("hit", stats.hits), ("miss", stats.misses), ("eviction", stats.evictions)):
+                self._feed2(self.pop_cache, (result,), n)
         if waiters is not None:
             self.waiters.set(waiters.parked)
             self.waiters_limit.set(waiters.limit)

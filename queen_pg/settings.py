@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DB_POOL_SIZE", "QUEEN_DB_POOL_SIZE"),
         description="Connections in the asyncpg pool of each worker.",
     )
+    pop_cache_mb: int = Field(
+        32,
+        ge=0,
+        le=4096,
+        description="Decoded segments kept per worker (MiB, LRU) so consumer groups reading the same messages "
+        "decode them once (fan-out); 0 = off. Encrypted payloads stay sealed in it.",
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
     max_batch: int = Field(10_000, ge=1, description="Largest pop batch a request may ask for.")
     pop_poll_interval_ms: int = Field(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
+from queen_pg.engine.pop_render import JsonPop
 from queen_pg.engine.waiters import Waiters
 from tests.helpers import eventually
 
@@ -64,5 +66,6 @@ async def test_wake_inside_the_margin_claims_nothing(db: Database, conn: asyncpg
 
 async def test_wake_before_the_margin_claims(db: Database, conn: asyncpg.Connection) -> None:
     answer, lease = await _wake_at(db, conn, 0.74)
-    assert answer is not None and [m["transactionId"] for m in answer["messages"]] == ["late"]
+    assert isinstance(answer, JsonPop)  # rendered to bytes (queen_pg/engine/pop_render.py)
+    assert [m["transactionId"] for m in orjson.loads(answer.body)["messages"]] == ["late"]
     assert lease is not None

@@ -82,13 +82,16 @@ class PushBody(msgspec.Struct):
     items: Annotated[list[PushItem], msgspec.Meta(min_length=1)]
 
 
+# Decoded under the engine's attribute names (``ack_engine.AckLike``, the wire names as msgspec field
+# names) and settled as it is: the route only normalizes it in place (status case, the batch's group, a
+# numeric partitionId as text), never copies it into a second object.
 class AckItem(msgspec.Struct):
-    transactionId: TxnId
-    partitionId: AckPartitionId
+    transaction_id: TxnId = msgspec.field(name="transactionId")
+    partition_id: AckPartitionId = msgspec.field(name="partitionId")
     status: AckStatus = "completed"
     error: Text | None = None
-    consumerGroup: Name | None = None
-    leaseId: Text | None = None
+    group: Name | None = msgspec.field(default=None, name="consumerGroup")
+    lease_id: Text | None = msgspec.field(default=None, name="leaseId")
 
 
 class AckBatchBody(msgspec.Struct):
@@ -260,7 +263,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
         return Response(status_code=204)
     if isinstance(answer, FramedPop):
         return binary.pop_response(answer)
-    return json_response(answer)
+    return Response(answer.body, media_type="application/json")
 
 
 @router.get(
@@ -296,20 +299,21 @@ async def pop_partition(request: Request, queue: str, partition: str) -> Respons
     return await _pop(request, queue, partition)
 
 
-def _ack_item(it: AckItem, group: str | None) -> ack_engine.AckItem:
-    if it.consumerGroup is not None:
-        check_name("consumerGroup", it.consumerGroup)
-    return ack_engine.AckItem(
-        transaction_id=it.transactionId,
-        partition_id=str(it.partitionId),
-        status=it.status.lower(),
-        error=it.error,
-        group=it.consumerGroup or group,
-        lease_id=it.leaseId,
-    )
+def _ack_item(it: AckItem, group: str | None) -> AckItem:
+    """``it`` normalized in place for the engine: lower-case status, the batch's group when it names
+    none, the partitionId as text (metrics key partitions by it)."""
+    if it.group is not None:
+        check_name("consumerGroup", it.group)
+    else:
+        it.group = group
+    if it.status not in ack_engine.STATUSES:
+        it.status = it.status.lower()
+    if type(it.partition_id) is int:
+        it.partition_id = str(it.partition_id)
+    return it
 
 
-async def _settle(request: Request, items: list[ack_engine.AckItem], route: str) -> Response:
+async def _settle(request: Request, items: list[ack_engine.AckLike], route: str) -> Response:
     st = state(request)
     ten = tenant(request)
     once = await request_once(request, route)  # a keyed ack is applied once, and never fused
@@ -343,7 +347,7 @@ async def ack_batch(request: Request) -> Response:
     body = await read(request, AckBatchBody)
     if body.consumerGroup is not None:
         check_name("consumerGroup", body.consumerGroup)
-    items = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
+    items: list[ack_engine.AckLike] = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]
     if not items:
         return json_response([])
     return await _settle(request, items, "ack/batch")

@@ -27,8 +27,9 @@ from queen_pg.api.common import state, tenant
 from queen_pg.api.docs import answers, params
 from queen_pg.api.params import page, read_page
 from queen_pg.engine import metrics as metrics_engine
-from queen_pg.engine.ack import AckItem
+from queen_pg.engine.ack import AckLike
 from queen_pg.engine.pop_frames import FramedPop
+from queen_pg.engine.pop_render import JsonPop
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
 from queen_pg.security import tenancy
 
@@ -75,17 +76,14 @@ def count_push(request: Request, results: Sequence[dict[str, Any]]) -> None:
         m.count_push(tenant(request), results)
 
 
-def count_pop(request: Request, answer: dict[str, Any] | FramedPop | None) -> None:
+def count_pop(request: Request, answer: JsonPop | FramedPop | None) -> None:
     """After a pop: messages delivered per tenant."""
     m = _metrics(request)
-    if m is not None:
-        if isinstance(answer, FramedPop):
-            m.count_pop_claims(tenant(request), answer.claimed)
-        else:
-            m.count_pop(tenant(request), answer)
+    if m is not None and answer is not None:
+        m.count_pop_claims(tenant(request), answer.claimed)
 
 
-def count_ack(request: Request, items: Sequence[AckItem], results: Sequence[dict[str, Any]]) -> None:
+def count_ack(request: Request, items: Sequence[AckLike], results: Sequence[dict[str, Any]]) -> None:
     """After an ack: messages settled per tenant and status."""
     m = _metrics(request)
     if m is not None:

@@ -6,9 +6,10 @@ cursor through N, a nack clamps it, and each item's answer says whether it moved
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import codec
@@ -22,6 +23,24 @@ EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
 
 
+class AckLike(Protocol):
+    """An item to settle, as the engine reads it: the ack route's decoded body item (settled as
+    decoded, no copy) or an :class:`AckItem`."""
+
+    @property
+    def transaction_id(self) -> str: ...
+    @property
+    def partition_id(self) -> str | int: ...  # as a pop returned it
+    @property
+    def status(self) -> str: ...  # a key of STATUSES
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def lease_id(self) -> str | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class AckItem:
     transaction_id: str
@@ -32,7 +51,7 @@ class AckItem:
     lease_id: str | None
 
 
-def _refused(index: int, item: AckItem, error: str) -> dict[str, Any]:
+def _refused(index: int, item: AckLike, error: str) -> dict[str, Any]:
     return {
         "index": index,
         "transactionId": item.transaction_id,
@@ -45,23 +64,24 @@ def _refused(index: int, item: AckItem, error: str) -> dict[str, Any]:
 
 
 BIGINT_MAX = 2**63 - 1  # a partitionId beyond it is unknown (the driver would refuse the whole call)
+_UNPARSED = uuid.UUID(int=0)  # a sentinel: never a lease id (the broker mints version 4)
 
 
-def cursor_keys(items: list[AckItem]) -> frozenset[tuple[str, str]]:
+def cursor_keys(items: Sequence[AckLike]) -> frozenset[tuple[str, str]]:
     """The (partition, group) cursor rows a request settles: two requests that share one are never
     fused (queen_pg/engine/fusion.py), because ack_v1 charges the retry budget and reports
     leaseReleased once per call and cursor row."""
     return frozenset((_pid_key(it.partition_id), it.group or QUEUE_MODE) for it in items)
 
 
-def _pid_key(partition_id: str) -> str:
+def _pid_key(partition_id: str | int) -> str:
     try:
         return str(int(partition_id))
     except ValueError:
-        return partition_id
+        return str(partition_id)
 
 
-async def ack(db: Database, tenant: str, items: list[AckItem], once: Once | None = None) -> list[dict[str, Any]]:
+async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> list[dict[str, Any]]:
     """One result per item, in order; a refused item is ``success: false`` with its reason. Under a
     request key (``once``) through ``queen.ack_v2``: a retry within the window answers the recorded
     results and settles nothing again."""
@@ -69,7 +89,7 @@ async def ack(db: Database, tenant: str, items: list[AckItem], once: Once | None
 
 
 async def ack_many(
-    db: Database, tenant: str, requests: list[list[AckItem]], once: Once | None = None
+    db: Database, tenant: str, requests: Sequence[Sequence[AckLike]], once: Once | None = None
 ) -> list[list[dict[str, Any]]]:
     """Settle several requests' items in ONE ``queen.ack_v1`` call (request fusion); each request
     gets its own results, in its order, indexed from 0. The fuser only combines requests whose
@@ -85,6 +105,7 @@ async def ack_many(
     groups: list[str] = []
     statuses: list[str] = []
     errors: list[str | None] = []
+    parsed: dict[str, uuid.UUID | None] = {}
     for i, item in enumerate(items):
         try:
             pid = int(item.partition_id)
@@ -95,9 +116,13 @@ async def ack_many(
             continue
         lease: uuid.UUID | None = None
         if item.lease_id:
-            try:
-                lease = uuid.UUID(item.lease_id)
-            except ValueError:
+            lease = parsed.get(item.lease_id, _UNPARSED)  # a batch's items share one lease: parsed once
+            if lease is _UNPARSED:
+                try:
+                    lease = parsed[item.lease_id] = uuid.UUID(item.lease_id)
+                except ValueError:
+                    lease = parsed[item.lease_id] = None
+            if lease is None:
                 results[i] = _refused(i, item, "lease is not held (unknown leaseId)")
                 continue
         sent.append(i)

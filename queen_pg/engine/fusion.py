@@ -218,7 +218,7 @@ class Fuser:
         self.config = config
         self.clock = clock
         self._push: dict[str, Lane[push_engine.NewMessage]] = {}
-        self._ack: dict[str, Lane[ack_engine.AckItem]] = {}
+        self._ack: dict[str, Lane[ack_engine.AckLike]] = {}
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
@@ -244,12 +244,12 @@ class Fuser:
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
 
-    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckItem]:
+    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike]:
         lane = self._ack.get(tenant)
         if lane is None:
             self.sweep()
 
-            async def call(requests: list[list[ack_engine.AckItem]]) -> list[Result]:
+            async def call(requests: list[list[ack_engine.AckLike]]) -> list[Result]:
                 return await ack_engine.ack_many(self.db, tenant, requests)
 
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
@@ -262,7 +262,7 @@ class Fuser:
             return await push_engine.push(self.db, tenant, items, once)
         return await self.push_lane(tenant).submit(items)
 
-    async def ack(self, tenant: str, items: list[ack_engine.AckItem], once: Once | None = None) -> Result:
+    async def ack(self, tenant: str, items: list[ack_engine.AckLike], once: Once | None = None) -> Result:
         """``ack_engine.ack``, fused with concurrent acks of the tenant on other cursor rows; a keyed
         request (``once``) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:

@@ -22,13 +22,12 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-import orjson
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import codec
+from queen_pg.engine import pop_render
 from queen_pg.engine.pop_frames import FramedPop, render_frames
+from queen_pg.engine.pop_render import JsonPop
+from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError
 from queen_pg.security import crypto
@@ -59,71 +58,17 @@ class PopRequest:
     frames: bool = False  # answer QPF1 (WIRE.md §3.3, queen_pg/engine/pop_frames.py) instead of JSON
 
 
-Answer = dict[str, Any] | FramedPop  # the JSON answer, or the framed one (``frames``)
-
-
-def iso_ms(ts: datetime) -> str:
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
+Answer = JsonPop | FramedPop  # the JSON answer, or the framed one (``frames``)
 
 
 def render(
-    req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None
-) -> dict[str, Any] | None:
-    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2); None when empty. Sealed
-    payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
-    messages: list[dict[str, Any]] = []
-    claims: list[tuple[str, str, str]] = []
+    req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None, db: object = None
+) -> JsonPop | None:
+    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2, rendered to bytes by
+    ``pop_render.py``, decoded segments shared through ``db``'s segment cache); None when empty.
+    Sealed payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
     lease = None if req.auto_ack else str(lease_id)
-    group = req.group
-    for row in rows:
-        pid = str(row["partition_id"])
-        queue = row["queue_name"]
-        if not claims or claims[-1][0] != pid:
-            claims.append((pid, row["partition_name"], queue))
-        start, end = row["lease_start"], row["lease_end"]
-        acked = set(row["acked"] or ())
-        dropped = set(row["dropped"] or ())
-        created = iso_ms(row["created_at"])
-        off = row["base_offset"]
-        for i, frame in enumerate(codec.unpack(row["payload"], row["codec"])):
-            if i in dropped:
-                continue
-            if start <= off < end and off not in acked:
-                attempt = row["attempts"] if off < row["redelivered_end"] else 1
-                messages.append(
-                    {
-                        "id": str(frame.message_id),
-                        "transactionId": frame.transaction_id,
-                        "partitionId": pid,
-                        "partition": row["partition_name"],
-                        "queue": queue,
-                        "leaseId": lease,
-                        "consumerGroup": group,
-                        "data": orjson.Fragment(crypto.opened(vault, frame)),
-                        "createdAt": created,
-                        "traceId": str(frame.trace_id) if frame.trace_id else None,
-                        "producerSub": frame.producer_sub,
-                        "deliveryAttempt": attempt,
-                        "retryCount": attempt - 1,
-                        "offset": off,
-                    }
-                )
-            off += 1
-    if not messages:
-        return None
-    answer: dict[str, Any] = {
-        "success": True,
-        "queue": claims[0][2],
-        "partition": claims[0][1],
-        "partitionId": claims[0][0],
-        "leaseId": lease or "",
-        "consumerGroup": group,
-        "partitionsClaimed": len(claims),
-        "messages": messages,
-    }
-    if req.autopilot:
-        answer["autopilot"] = {"partitions": len(claims), "batch": len(messages), "waitMs": 0}
-    return answer
+    return pop_render.render(rows, lease, req.group, req.autopilot, pop_render.cache_of(db), vault)
 
 
 def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> None:
@@ -204,7 +149,7 @@ async def _claim(
             shown = [crypto.opened_row(v, r) for r in rows] if v.can_open else rows
             answer: Answer | None = render_frames(req.group is None, lease, req.group or "", req.autopilot, shown)
         else:
-            answer = render(req, lease_id, rows, v)
+            answer = render(req, lease_id, rows, v, db)
     except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
         if got is not None:
             await release(db, tenant, req, got)

@@ -1,0 +1,127 @@
+"""The decoding fast path (queen_pg/api/body.py): a body that cannot hold a control character is
+decoded without the character-class regexes, and decides exactly as the declared type does: same
+value, same class, same refusal with the same text. Bodies are the hot routes' (ack, ack/batch, push,
+transaction), hostile ones included; then the same through real HTTP."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from queen_pg.api import body
+from queen_pg.api.routes_data import AckBatchBody, AckItem, PushBody
+from queen_pg.api.routes_tx import TransactionRequest, TxAckOp, TxPushOp
+from queen_pg.errors import QueenError
+
+BODIES: list[tuple[type[Any], bytes]] = [
+    (AckItem, b'{"transactionId":"t","partitionId":"12","leaseId":"L"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":12,"status":"RETRY","consumerGroup":"g"}'),
+    (AckItem, b'{"transactionId":"","partitionId":"1"}'),  # too short: refused either way
+    (AckItem, b'{"transactionId":"t\\u0000","partitionId":"1"}'),  # NUL
+    (AckItem, b'{"transactionId":"t","partitionId":"1\\u0000"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","leaseId":"\\u0000"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","consumerGroup":"g\\n"}'),  # a control char in a name
+    (AckItem, b'{"transactionId":"t","partitionId":"1","consumerGroup":"g\\u001f"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":"nope"}'),
+    (AckItem, b'{"partitionId":"1"}'),
+    (
+        AckBatchBody,
+        b'{"consumerGroup":"g","acknowledgments":[{"transactionId":"a","partitionId":"1"},'
+        b'{"transactionId":"b","partitionId":2,"leaseId":"x"}]}',
+    ),
+    (AckBatchBody, b'{"consumerGroup":"g\\t","acknowledgments":[]}'),
+    (AckBatchBody, b'{"acknowledgments":[{"transactionId":"a\\\\n","partitionId":"1"}]}'),  # "\\n": no control
+    (PushBody, b'{"items":[{"queue":"q","payload":{"a":"x\\ny"}}]}'),  # a control char in a payload is fine
+    (PushBody, b'{"items":[{"queue":"q\\n","payload":1}]}'),
+    (PushBody, b'{"items":[{"queue":"q","partition":"p\\u0001","payload":1}]}'),
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"del\x7f","payload":1}]}'),  # raw DEL in a new id
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"del\\u007F","payload":1}]}'),
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"ok","traceId":"not-a-uuid","payload":1}]}'),
+    (PushBody, b'{"items":[{"queue":"","payload":1}]}'),
+    (PushBody, b'{"items":[]}'),
+    (PushBody, b'{"items":[{"queue":"q","payload":5.0}]}'),
+    (
+        TransactionRequest,
+        b'{"operations":[{"type":"ack","transactionId":"t","partitionId":"1"},'
+        b'{"type":"push","items":[{"queue":"q","payload":1}]}]}',
+    ),
+    (TransactionRequest, b'{"operations":[{"type":"ack","transactionId":"t\\u0000","partitionId":"1"}]}'),
+    (TransactionRequest, b'{"operations":[{"type":"nope"}]}'),
+    (TransactionRequest, b'{"operations":[{"type":"ack","transactionId":"t","partitionId":1.0}]}'),
+    (AckItem, b'{"transactionId":"t",'),  # malformed
+]
+
+
+def outcome(raw: bytes, t: type[Any]) -> Any:
+    try:
+        value = body.decode(raw, t)
+    except QueenError as err:
+        return ("refused", err.kind.code, str(err), err.fields)
+    return ("ok", _plain(value))
+
+
+def _plain(value: Any) -> Any:
+    """A decoded value as builtins, each Struct as (class name, fields)."""
+    if isinstance(value, msgspec.Struct):
+        return (type(value).__name__, {f: _plain(getattr(value, f)) for f in value.__struct_fields__})
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize(("t", "raw"), BODIES)
+def test_the_fast_path_decides_as_the_declared_type(t: type[Any], raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = outcome(raw, t)
+    monkeypatch.setattr(body, "_MAYBE_CONTROL", re.compile(rb""))  # every body looks suspicious: declared only
+    assert outcome(raw, t) == fast
+
+
+def test_the_twin_keeps_classes_tags_and_wire_names() -> None:
+    raw = BODIES[22][1]
+    value = body.decode(raw, TransactionRequest)
+    assert isinstance(value, TransactionRequest)
+    ack, push = value.operations
+    assert isinstance(ack, TxAckOp) and isinstance(push, TxPushOp)
+    item = body.decode(BODIES[1][1], AckItem)
+    assert isinstance(item, AckItem) and (item.partition_id, item.status, item.group) == (12, "RETRY", "g")
+    assert body._twin(AckItem) is not AckItem and issubclass(body._twin(AckItem), AckItem)
+
+
+def test_the_scan_finds_every_escape_the_patterns_refuse() -> None:
+    for c in [*range(0x20), 0x7F]:
+        escaped = ('"' + chr(c) + '"').encode() if c == 0x7F else msgspec.json.encode(chr(c))
+        assert body._MAYBE_CONTROL.search(escaped) is not None, hex(c)
+    assert body._MAYBE_CONTROL.search(b'{"a":"plain \\u00e9 \\" \\\\ \\/"}') is None
+
+
+async def test_hostile_names_and_ids_are_still_refused_over_http(http: httpx.AsyncClient) -> None:
+    r = await http.post("/api/v1/push", json={"items": [{"queue": "a\nb", "payload": 1}]})
+    assert r.status_code == 400 and "items[0].queue" in r.json()["error"]
+    r = await http.post("/api/v1/ack", json={"transactionId": "t\x00", "partitionId": "1"})
+    assert r.status_code == 400 and "transactionId" in r.json()["error"]
+    r = await http.post("/api/v1/push", content=b'{"items":[{"queue":"q","transactionId":"a\x7f","payload":1}]}',
+                        headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "transactionId" in r.json()["error"]
+    r = await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": {"text": "line\nbreak"}}]})
+    assert r.status_code == 201
+
+
+def test_a_clean_body_takes_the_fast_path_and_a_suspicious_one_the_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[Any] = []
+    real = body.decoder
+
+    def spy(t: Any, strict: bool = True) -> Any:
+        asked.append(t)
+        return real(t, strict)
+
+    monkeypatch.setattr(body, "decoder", spy)
+    body.decode(BODIES[10][1], AckBatchBody)
+    assert asked == [body._twin(AckBatchBody)]
+    asked.clear()
+    with pytest.raises(QueenError):
+        body.decode(BODIES[11][1], AckBatchBody)  # "\t" in the group: only the declared type decides
+    assert asked == [AckBatchBody]
