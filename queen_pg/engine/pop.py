@@ -255,7 +255,7 @@ async def pop(
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
     ev = waiters.subscribe(tenant, wake_key, wake) if req.wait else None
     scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
-    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval) if req.wait else None
+    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval, member=ev) if req.wait else None
     woken = False  # the last park ended with a wake (not the shared re-check's timer)
     try:
         while True:
@@ -264,7 +264,7 @@ async def pop(
             if ev is not None:
                 ev.clear()  # set again by a push that commits from now on
             answer, got, probing = None, None, False
-            action = probe.begin(clock()) if probe is not None else "claim"
+            action = probe.begin(clock(), ev) if probe is not None else "claim"
             if action is None:  # known empty and the group's re-check is not due: no database call
                 waiters.skipped += 1
             else:
@@ -298,11 +298,11 @@ async def pop(
             if left <= 0 or waiters.draining:
                 return None
             assert probe is not None
-            woken = await waiters.park(ev, min(left, probe.park_for(clock())))
+            woken = await waiters.park(ev, min(left, probe.park_for(clock(), ev)))
             if clock() >= stop_claiming or waiters.draining:
                 return None
     finally:
         if ev is not None:
             waiters.release(tenant, wake_key, ev)
         if probe is not None:
-            waiters.leave(probe)
+            waiters.leave(probe, ev)

@@ -59,9 +59,12 @@ class Waiters:
         """``sink(tenant, queue)`` hears every :meth:`notify` (the mesh)."""
         self._sinks.append(sink)
 
-    def probe(self, tenant: str, queue: str, *scope: object, poll_min: float | None = None) -> Probe:
+    def probe(
+        self, tenant: str, queue: str, *scope: object, poll_min: float | None = None, member: asyncio.Event | None = None
+    ) -> Probe:
         """The shared re-check of the pops parked on (tenant, queue, *scope); :meth:`leave` when done.
-        Its first re-check comes ``poll_min`` (default: the waiters') after an empty look."""
+        Its first re-check comes ``poll_min`` (default: the waiters') after an empty look. ``member``:
+        the pop's event, which the group may set to hand it the re-check (``Probe.leave``)."""
         key = (tenant, queue, *scope)
         g = self._groups.get(key)
         if g is None:
@@ -77,10 +80,14 @@ class Waiters:
             g = self._groups[key] = Probe(first, max(self.poll_max, first), self._rng)
             self._by_queue.setdefault((tenant, queue), {})[key] = g
         g.users += 1
+        if member is not None:
+            g.join(member)
         return g
 
-    def leave(self, probe: Probe) -> None:
+    def leave(self, probe: Probe, member: asyncio.Event | None = None) -> None:
         probe.users -= 1
+        if member is not None:
+            probe.leave(member)
 
     def subscribe(self, tenant: str, queue: str, ev: asyncio.Event | None = None) -> asyncio.Event:
         """Register ``ev`` (a new event when None) to be set by the next push to (tenant, queue); call
