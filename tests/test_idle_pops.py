@@ -139,3 +139,81 @@ def test_probe_state_machine() -> None:
     assert p.begin(40.0) == "probe"
     p.end(p.epoch, found=True, probing=True, now=40.0)
     assert not p.known_empty() and p.delay == 1.0
+
+
+async def _configure(http: httpx.AsyncClient, queue: str, **options: Any) -> None:
+    r = await http.post("/api/v1/configure", json={"queue": queue, "options": options})
+    assert r.status_code == 200, r.text
+
+
+async def test_a_delayed_message_wakes_the_parked_pop_when_it_becomes_visible(start_broker: Any) -> None:
+    """The re-check is a minute away and no job runs: a 200 within the pop's 10 s can only come from
+    the wake scheduled for the moment the delayed message becomes visible."""
+    b: Broker = await start_broker(pop_poll_interval_ms=60_000, pop_poll_max_ms=60_000, jobs_enabled=False)
+    w = _waiters(b)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await _configure(http, "later", delayedProcessing=1)
+        (parked,) = await _pops(http, "later", 1, 10_000, autoAck="true")
+        await eventually(lambda: w.parked == 1, "the pop parked")
+        await push(http, "later", [{"payload": "soon"}])
+        answer = await parked
+        # pushed first, popped after: the pop's own empty look schedules the wake
+        await push(http, "later", [{"payload": "second"}])
+        again = await http.get("/api/v1/pop/queue/later", params={"wait": "true", "timeout": 10_000, "autoAck": "true"})
+    assert answer.status_code == 200 and answer.json()["messages"][0]["data"] == "soon"
+    assert again.status_code == 200 and again.json()["messages"][0]["data"] == "second"
+
+
+async def test_a_window_buffer_wakes_the_parked_pop_when_the_partition_goes_quiet(start_broker: Any) -> None:
+    b: Broker = await start_broker(pop_poll_interval_ms=60_000, pop_poll_max_ms=60_000, jobs_enabled=False)
+    w = _waiters(b)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await _configure(http, "quiet", windowBuffer=1)
+        (parked,) = await _pops(http, "quiet", 1, 10_000)
+        await eventually(lambda: w.parked == 1, "the pop parked")
+        await push(http, "quiet", [{"payload": 1}, {"payload": 2}])
+        answer = await parked
+    assert answer.status_code == 200
+    assert [m["data"] for m in answer.json()["messages"]] == [1]  # batch 1: the first, after the quiet second
+
+
+async def test_the_scheduled_wake_never_delivers_a_message_before_it_is_visible(start_broker: Any) -> None:
+    b: Broker = await start_broker(pop_poll_interval_ms=60_000, pop_poll_max_ms=60_000, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await _configure(http, "far", delayedProcessing=30)
+        await push(http, "far", [{"payload": "x"}])
+        early = await http.get("/api/v1/pop/queue/far", params={"wait": "true", "timeout": 1_500})
+        r = await http.get("/api/v1/resources/queues/far")
+    assert early.status_code == 204  # the wake is 30 s away; nothing is visible before
+    assert r.status_code == 200
+
+
+def test_next_at_marks_the_first_empty_look_of_an_epoch() -> None:
+    import random
+
+    from queen_pg.engine.probes import Probe
+
+    p = Probe(1.0, 4.0, random.Random(1))
+    assert p.end(0, found=False, probing=False, now=0.0) is True  # ask when the queue's messages show
+    assert p.end(0, found=False, probing=False, now=0.1) is False  # the others woken with it: no
+    assert p.end(0, found=False, probing=True, now=2.0) is False  # the re-check: no
+    p.epoch += 1  # a push woke the queue
+    assert p.end(1, found=False, probing=False, now=3.0) is True
+    assert p.end(1, found=True, probing=False, now=3.0) is False
+
+
+async def test_a_lease_taken_elsewhere_wakes_the_parked_pop_when_it_expires(start_broker: Any) -> None:
+    """A lease this process did not hand out (another replica's: here a claim made without this
+    process's waiters) is found by the parked pop's empty look, which schedules its wake."""
+    from queen_pg.engine import pop as pop_engine
+
+    b: Broker = await start_broker(pop_poll_interval_ms=60_000, pop_poll_max_ms=60_000, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await _configure(http, "elsewhere", leaseTime=1)
+        await push(http, "elsewhere", [{"payload": "x"}])
+        req = pop_engine.PopRequest("elsewhere", None, None, None, None, 1, 1, False, 0, False, None, None, False)
+        taken = await pop_engine.claim(b.app.state.queen.db, b.settings.default_tenant, req)  # no waiters
+        assert isinstance(taken, dict) and len(taken["messages"]) == 1
+        again = await http.get("/api/v1/pop/queue/elsewhere", params={"wait": "true", "timeout": 10_000})
+    assert again.status_code == 200
+    assert again.json()["messages"][0]["deliveryAttempt"] == 2

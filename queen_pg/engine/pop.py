@@ -35,6 +35,7 @@ from queen_pg.security import crypto
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+NEXT_AT_SQL = "SELECT queen.pop_next_at_v1($1, $2, $3, $4)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -141,6 +142,19 @@ def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> N
         seconds = (at - now).total_seconds()
         waiters.wake_after(tenant, queue, seconds)
         waiters.wake_after(tenant, ANY_QUEUE, seconds)
+
+
+async def schedule_visible_wake(db: Database, waiters: Waiters, tenant: str, req: PopRequest) -> None:
+    """The queue looked empty to a pop: if pending messages are only held back by time (delayed,
+    in a window buffer, leased by anyone), wake this process's pops parked on it at that moment
+    (``queen.pop_next_at_v1``). A hint: a failed look costs latency up to the re-check."""
+    assert req.queue is not None
+    try:
+        at = await db.fetchval(NEXT_AT_SQL, tenant, req.queue, req.group or QUEUE_MODE, req.partition)
+    except QueenError:
+        return
+    if at is not None:
+        waiters.wake_after(tenant, req.queue, (at - datetime.now(UTC)).total_seconds())
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +294,15 @@ async def pop(
                         waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
                     elif not gone():
                         token = probe.epoch if probe is not None else 0
+                        first_empty = False
                         try:
                             async with permit():
                                 answer, got = await _claim(db, tenant, req, waiters)
                         finally:
                             if probe is not None:
-                                probe.end(token, answer is not None, probing, clock())
+                                first_empty = probe.end(token, answer is not None, probing, clock())
+                        if first_empty and req.queue is not None:
+                            await schedule_visible_wake(db, waiters, tenant, req)
             if gone():  # nobody to answer: the lease goes back at once instead of expiring
                 if got is not None:
                     await release(db, tenant, req, got)

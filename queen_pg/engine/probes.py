@@ -90,24 +90,28 @@ class Probe:
             self.watcher = member  # the prober waits for the next ``due`` itself
         return "probe"
 
-    def end(self, token: int, found: bool, probing: bool, now: float) -> None:
-        """A claim that started in epoch ``token`` found something or not."""
+    def end(self, token: int, found: bool, probing: bool, now: float) -> bool:
+        """A claim that started in epoch ``token`` found something or not. True when it was the first
+        empty look since the group last learned anything (the caller asks when the queue's held-back
+        messages become visible, once per wake)."""
         if probing:
             self.busy = False
         if found:  # messages came without a wake (lost frame, expired lease): look often again
             self.empty_epoch = -1
             self.delay = self.poll_min
-            return
+            return False
         if token != self.epoch:  # woken while claiming: what it saw is already stale
-            return
-        if self.empty_epoch != token:  # the first empty look in this epoch
+            return False
+        first = self.empty_epoch != token
+        if first:  # the first empty look in this epoch
             self.empty_epoch = token
             self.delay = self.poll_min
         elif probing:
             self.delay = min(self.delay * 2, self.poll_max)
         else:
-            return
+            return False
         self.due = now + self._jittered(self.delay)
+        return first
 
     def park_for(self, now: float, member: asyncio.Event | None = None) -> float:
         """How long ``member`` may wait before it must look at the group again: until ``due`` for the

@@ -60,7 +60,12 @@ class Waiters:
         self._sinks.append(sink)
 
     def probe(
-        self, tenant: str, queue: str, *scope: object, poll_min: float | None = None, member: asyncio.Event | None = None
+        self,
+        tenant: str,
+        queue: str,
+        *scope: object,
+        poll_min: float | None = None,
+        member: asyncio.Event | None = None,
     ) -> Probe:
         """The shared re-check of the pops parked on (tenant, queue, *scope); :meth:`leave` when done.
         Its first re-check comes ``poll_min`` (default: the waiters') after an empty look. ``member``:
