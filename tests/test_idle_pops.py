@@ -160,6 +160,9 @@ async def test_a_delayed_message_wakes_the_parked_pop_when_it_becomes_visible(st
         # pushed first, popped after: the pop's own empty look schedules the wake
         await push(http, "later", [{"payload": "second"}])
         again = await http.get("/api/v1/pop/queue/later", params={"wait": "true", "timeout": 10_000, "autoAck": "true"})
+        metrics = (await http.get("/metrics")).text
+    assert f"queen_longpoll_visibility_lookups_total {float(w.lookups)}" in metrics and w.lookups >= 2
+    assert "queen_longpoll_scheduled_wakes " in metrics and "queen_longpoll_waiters " in metrics
     assert answer.status_code == 200 and answer.json()["messages"][0]["data"] == "soon"
     assert again.status_code == 200 and again.json()["messages"][0]["data"] == "second"
 

@@ -149,6 +149,7 @@ async def schedule_visible_wake(db: Database, waiters: Waiters, tenant: str, req
     in a window buffer, leased by anyone), wake this process's pops parked on it at that moment
     (``queen.pop_next_at_v1``). A hint: a failed look costs latency up to the re-check."""
     assert req.queue is not None
+    waiters.lookups += 1
     try:
         at = await db.fetchval(NEXT_AT_SQL, tenant, req.queue, req.group or QUEUE_MODE, req.partition)
     except QueenError:

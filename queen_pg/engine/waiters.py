@@ -48,6 +48,7 @@ class Waiters:
         self.poll_max = max(poll_max, poll_min)
         self.probes = 0  # database re-checks made by parked pops (safety net), for metrics
         self.skipped = 0  # claims skipped because the queue was known empty, for metrics
+        self.lookups = 0  # look-ups of when held-back messages become visible (pop.schedule_visible_wake)
         self._groups: dict[tuple[object, ...], Probe] = {}
         self._by_queue: dict[tuple[str, str], dict[tuple[object, ...], Probe]] = {}  # wake -> groups
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
@@ -146,6 +147,11 @@ class Waiters:
         if tkey in self._timers or len(self._timers) >= self._keep:
             return
         self._timers[tkey] = loop.call_at(slot / 10, self._fire, tkey)
+
+    @property
+    def scheduled(self) -> int:
+        """Wakes scheduled and not fired yet (bounded like the probe groups), for metrics."""
+        return len(self._timers)
 
     def _fire(self, tkey: tuple[str, str, int]) -> None:
         self._timers.pop(tkey, None)
