@@ -7,7 +7,11 @@ Two replicas on one embedded PostgreSQL, meshed: A (``BrokerProcess``, owns the 
    per queue, queue mode); over a window: B's and A's CPU (share of one core) and PostgreSQL
    transactions per second (pg_stat_database xact_commit + xact_rollback delta of the database).
 2. local delivery: a push through B to one of those queues; the time from sending the push to the
-   first pop answer (20 trials).
+   first pop answer (50 trials), and as a control the same push to a queue nobody is parked on.
+   Consumers and pushes use the raw HTTP/1.1 client (``benchmarks/httpclient.py``), one connection
+   per consumer: httpx's pool scans every connection per request, and with 2,000 of them it kept this
+   process busy for minutes whenever the pops timed out together (they were then not parked on B).
+   ``--profile DIR`` records B with py-spy during the idle window and a second round of pushes.
 3. cross-replica wake: one pop parked on B, a push through A (1,000 trials): push sent -> pop answered
    ("delivery"), push sent -> push answered, and push answered -> pop answered ("wake", what the mesh
    adds after the push committed; negative when the woken pop's answer beat the push's own).
@@ -39,7 +43,7 @@ import httpx
 from benchmarks.broker import BrokerProcess, free_port, wait_healthy
 from benchmarks.httpclient import Conn, HttpError, raw_request
 from benchmarks.machine import ROOT
-from benchmarks.procstat import TICK, _all_stats
+from benchmarks.procstat import TICK, _all_stats, machine_cpu, tree_cpu
 from benchmarks.profiling import Profiler
 
 SECRET = "bench-mesh"
@@ -80,6 +84,10 @@ class Got:
     def add(self) -> None:
         self.times.append(time.perf_counter())
         self.arrived.set()
+
+
+def push_request(queue: str, payload: int) -> bytes:
+    return raw_request("POST", "/api/v1/push", json.dumps({"items": [{"queue": queue, "payload": payload}]}).encode())
 
 
 async def consumer(host: str, port: int, queue: str, stop: asyncio.Event, got: Got) -> None:
@@ -128,8 +136,10 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
         prof = Profiler(b_pid, args.profile) if args.profile is not None else None
         with prof.record("idle") if prof is not None else contextlib.nullcontext():
             x0, ca0, cb0, t0 = await xacts(dsn), cpu_seconds(a_pid), cpu_seconds(b_pid), time.monotonic()
+            pg0, m0 = tree_cpu(a_pid)["postgres"], machine_cpu()["procs"]
             await asyncio.sleep(args.window)
             x1, ca1, cb1, t1 = await xacts(dsn), cpu_seconds(a_pid), cpu_seconds(b_pid), time.monotonic()
+            pg1, m1 = tree_cpu(a_pid)["postgres"], machine_cpu()["procs"]
         wall = t1 - t0
         out["idle"] = {
             "parked": args.pops,
@@ -137,6 +147,9 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
             "window_s": round(wall, 1),
             "broker_b_cpu_pct": round(100 * (cb1 - cb0) / wall, 2),
             "broker_a_cpu_pct": round(100 * (ca1 - ca0) / wall, 2),
+            "broker_b_cpu_s_per_s": round((cb1 - cb0) / wall, 4),  # from /proc: what the target is about
+            "postgres_cpu_pct": round(100 * (pg1 - pg0) / wall, 2),  # the whole database (A's jobs too)
+            "machine_busy_cores": round((m1 - m0) / wall, 2),  # everything on the machine: how loaded it was
             "db_xact_s": round((x1 - x0) / wall, 1),
             "consumer_answers": dict(got.answers),
         }
@@ -145,19 +158,27 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
         local: list[float] = []
         local_after: list[float] = []
         pushed_local: list[float] = []
+        pushed_control: list[float] = []
+        pusher = Conn(b.hostname, b.port)  # the raw client: what a push costs the broker, not httpx
         cb2 = cpu_seconds(b_pid)
         for i in range(args.local_trials):
             await asyncio.sleep(0.2)
             n = len(got.times)
             got.arrived.clear()
             t = time.perf_counter()
-            r = await http.post(f"{b_url}/api/v1/push", json={"items": [{"queue": f"idle{i}", "payload": i}]})
+            status, body = await pusher.request(push_request(f"idle{i}", i))
             t_pushed = time.perf_counter()
-            assert r.status_code == 201, r.text
+            assert status == 201, body
             await asyncio.wait_for(got.arrived.wait(), 30)
             local.append((got.times[n] - t) * 1000)
             local_after.append(max(0.0, (got.times[n] - t_pushed) * 1000))
             pushed_local.append((t_pushed - t) * 1000)
+            await asyncio.sleep(0.05)
+            t = time.perf_counter()  # the control: the same push to a queue nobody is parked on
+            status, body = await pusher.request(push_request("wake", i))
+            assert status == 201, body
+            pushed_control.append((time.perf_counter() - t) * 1000)
+        pusher.close()
         cb3 = cpu_seconds(b_pid)
         out["local_delivery_ms"] = {
             "trials": len(local),
@@ -166,7 +187,8 @@ async def measure(a_url: str, b_url: str, a_pid: int, b_pid: int, dsn: str, args
             "max": round(max(local), 2),
             "after_push_answered_p50": round(statistics.median(local_after), 2),
             "push_answered_p50": round(statistics.median(pushed_local), 2),
-            "broker_b_cpu_ms_per_push": round(1000 * (cb3 - cb2) / len(local), 2),  # the delivery included
+            "push_answered_no_pops_p50": round(statistics.median(pushed_control), 2),
+            "broker_b_cpu_ms_per_push": round(1000 * (cb3 - cb2) / len(local), 2),  # delivery, control push included
         }
         if prof is not None:  # the pushes again, profiled (not quoted: py-spy's sampling slows B)
             with prof.record("local"):
@@ -245,14 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     a.start()
     b_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEEN_")} | mesh
-    if "IDLE_B_PATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["IDLE_B_PATH"]
     env |= {"QUEEN_MESH_PORT": str(pb), "DATABASE_URL": a.pg_dsn(), "QUEEN_MAX_WAITERS": str(args.pops + 100)}
     b_log = open(args.b_log, "wb")
     cmd = [
         sys.executable,
         "-m",
-        os.environ.get("IDLE_B_MODULE", "queen_pg.cli"),
+        "queen_pg.cli",
         "serve",
         "--host",
         "127.0.0.1",
@@ -265,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_healthy(b_url, 60, b)
         out = asyncio.run(measure(a.url, b_url, a.pid, b.pid, a.pg_dsn(), args))
         out["setup"] = {"replicas": 2, "pops_on": "B", "pop_poll_interval_ms": 1000, "pop_poll_max_ms": 10000,
+                        "gc_thresholds": "10000,10,100", "client": "raw HTTP/1.1, one connection per consumer",
                         "cpu": os.cpu_count()}  # fmt: skip
         args.output.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.output}")
