@@ -75,6 +75,13 @@ def test_a_leaving_watcher_hands_the_recheck_on() -> None:
     p.leave(a)
     assert b.is_set() and p.park_for(0.0, b) <= 1.2  # the next member takes the role
     assert p.begin(5.0, b) == "probe" and p.watcher is b
+    d, e = asyncio.Event(), asyncio.Event()
+    p.join(d)
+    p.join(e)
+    p.leave(b)  # the watcher leaves: d is woken to take over...
+    assert d.is_set() and not e.is_set()
+    p.leave(d)  # ...but leaves before it parks: the role is still vacant, so e is woken
+    assert e.is_set() and p.park_for(6.0, e) < float("inf")
 
 
 async def test_pops_woken_together_claim_one_after_the_other(start_broker: Any) -> None:

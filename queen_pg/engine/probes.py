@@ -70,9 +70,10 @@ class Probe:
         self.members[member] = None
 
     def leave(self, member: asyncio.Event) -> None:
-        """``member`` stops waiting; a leaving watcher wakes the next member, which takes the role."""
+        """``member`` stops waiting; a leaving watcher wakes the next member, which takes the role (so
+        does any member leaving while the role is vacant: the one woken may have left before parking)."""
         self.members.pop(member, None)
-        if self.watcher is member:
+        if self.watcher is member or self.watcher is None:
             self.watcher = None
             if self.members:
                 next(iter(self.members)).set()
