@@ -57,7 +57,7 @@ from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
 from queen_pg.security import install as install_security
 from queen_pg.security.tenancy import enabled as tenancy_enabled
-from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck
+from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck, tune_gc
 from queen_pg.settings import MIB, Settings
 
 log = logging.getLogger("queen_pg.app")
@@ -216,4 +216,6 @@ def app_from_env() -> FastAPI:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
-    return create_app(settings)
+    app = create_app(settings)
+    tune_gc(settings)  # a serving worker process: its collector, as `serve` tunes it
+    return app

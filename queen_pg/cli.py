@@ -153,7 +153,7 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from queen_pg.app import create_app
-    from queen_pg.server import uvicorn_config
+    from queen_pg.server import tune_gc, uvicorn_config
 
     pg = None
     if not settings.database_url:
@@ -186,7 +186,9 @@ def serve(settings: Settings) -> int:
             from queen_pg.cli_workers import serve_workers
 
             return serve_workers(settings)
-        uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()
+        app = create_app(settings)
+        tune_gc(settings)
+        uvicorn.Server(uvicorn_config(app, settings)).run()
     finally:
         if pg is not None:
             pg.stop()

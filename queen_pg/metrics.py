@@ -264,6 +264,18 @@ class Metrics:
             "Pop claims skipped because the queue was known empty (no wake since the last empty look)",
             registry=reg,
         )
+        self.scheduled_wakes = Gauge(
+            "queen_longpoll_scheduled_wakes",
+            "Wakes scheduled for the moment a lease expires or held-back messages become visible",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.lookups = Counter(
+            "queen_longpoll_visibility_lookups",
+            "Database look-ups of when a queue's held-back messages become visible (one per wake that found "
+            "the queue empty)",
+            registry=reg,
+        )
         self.mesh_peers = Gauge(
             "queen_mesh_peers_connected",
             "Mesh peers this process is connected to",
@@ -406,6 +418,8 @@ class Metrics:
             self.waiters_limit.set(waiters.limit)
             self._feed2(self.probes, (), getattr(waiters, "probes", 0))
             self._feed2(self.skipped, (), getattr(waiters, "skipped", 0))
+            self._feed2(self.lookups, (), getattr(waiters, "lookups", 0))
+            self.scheduled_wakes.set(getattr(waiters, "scheduled", 0))
         if isinstance(limiters, Mapping):
             for family, limiter in limiters.items():
                 try:

@@ -34,6 +34,7 @@ from queen_pg.security import crypto
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+NEXT_AT_SQL = "SELECT queen.pop_next_at_v1($1, $2, $3, $4)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -86,6 +87,20 @@ def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> N
         seconds = (at - now).total_seconds()
         waiters.wake_after(tenant, queue, seconds)
         waiters.wake_after(tenant, ANY_QUEUE, seconds)
+
+
+async def schedule_visible_wake(db: Database, waiters: Waiters, tenant: str, req: PopRequest) -> None:
+    """The queue looked empty to a pop: if pending messages are only held back by time (delayed,
+    in a window buffer, leased by anyone), wake this process's pops parked on it at that moment
+    (``queen.pop_next_at_v1``). A hint: a failed look costs latency up to the re-check."""
+    assert req.queue is not None
+    waiters.lookups += 1
+    try:
+        at = await db.fetchval(NEXT_AT_SQL, tenant, req.queue, req.group or QUEUE_MODE, req.partition)
+    except QueenError:
+        return
+    if at is not None:
+        waiters.wake_after(tenant, req.queue, (at - datetime.now(UTC)).total_seconds())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +215,7 @@ async def pop(
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
     ev = waiters.subscribe(tenant, wake_key, wake) if req.wait else None
     scope = (req.group, req.partition, req.namespace, req.task) if req.queue is None else (req.group, req.partition)
-    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval) if req.wait else None
+    probe = waiters.probe(tenant, wake_key, *scope, poll_min=poll_interval, member=ev) if req.wait else None
     woken = False  # the last park ended with a wake (not the shared re-check's timer)
     try:
         while True:
@@ -209,7 +224,7 @@ async def pop(
             if ev is not None:
                 ev.clear()  # set again by a push that commits from now on
             answer, got, probing = None, None, False
-            action = probe.begin(clock()) if probe is not None else "claim"
+            action = probe.begin(clock(), ev) if probe is not None else "claim"
             if action is None:  # known empty and the group's re-check is not due: no database call
                 waiters.skipped += 1
             else:
@@ -225,12 +240,15 @@ async def pop(
                         waiters.skipped += 1  # a pop woken with us found it empty meanwhile (or too late)
                     elif not gone():
                         token = probe.epoch if probe is not None else 0
+                        first_empty = False
                         try:
                             async with permit():
                                 answer, got = await _claim(db, tenant, req, waiters)
                         finally:
                             if probe is not None:
-                                probe.end(token, answer is not None, probing, clock())
+                                first_empty = probe.end(token, answer is not None, probing, clock())
+                        if first_empty and req.queue is not None:
+                            await schedule_visible_wake(db, waiters, tenant, req)
             if gone():  # nobody to answer: the lease goes back at once instead of expiring
                 if got is not None:
                     await release(db, tenant, req, got)
@@ -243,11 +261,11 @@ async def pop(
             if left <= 0 or waiters.draining:
                 return None
             assert probe is not None
-            woken = await waiters.park(ev, min(left, probe.park_for(clock())))
+            woken = await waiters.park(ev, min(left, probe.park_for(clock(), ev)))
             if clock() >= stop_claiming or waiters.draining:
                 return None
     finally:
         if ev is not None:
             waiters.release(tenant, wake_key, ev)
         if probe is not None:
-            waiters.leave(probe)
+            waiters.leave(probe, ev)

@@ -48,6 +48,7 @@ class Waiters:
         self.poll_max = max(poll_max, poll_min)
         self.probes = 0  # database re-checks made by parked pops (safety net), for metrics
         self.skipped = 0  # claims skipped because the queue was known empty, for metrics
+        self.lookups = 0  # look-ups of when held-back messages become visible (pop.schedule_visible_wake)
         self._groups: dict[tuple[object, ...], Probe] = {}
         self._by_queue: dict[tuple[str, str], dict[tuple[object, ...], Probe]] = {}  # wake -> groups
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
@@ -59,9 +60,17 @@ class Waiters:
         """``sink(tenant, queue)`` hears every :meth:`notify` (the mesh)."""
         self._sinks.append(sink)
 
-    def probe(self, tenant: str, queue: str, *scope: object, poll_min: float | None = None) -> Probe:
+    def probe(
+        self,
+        tenant: str,
+        queue: str,
+        *scope: object,
+        poll_min: float | None = None,
+        member: asyncio.Event | None = None,
+    ) -> Probe:
         """The shared re-check of the pops parked on (tenant, queue, *scope); :meth:`leave` when done.
-        Its first re-check comes ``poll_min`` (default: the waiters') after an empty look."""
+        Its first re-check comes ``poll_min`` (default: the waiters') after an empty look. ``member``:
+        the pop's event, which the group may set to hand it the re-check (``Probe.leave``)."""
         key = (tenant, queue, *scope)
         g = self._groups.get(key)
         if g is None:
@@ -77,10 +86,14 @@ class Waiters:
             g = self._groups[key] = Probe(first, max(self.poll_max, first), self._rng)
             self._by_queue.setdefault((tenant, queue), {})[key] = g
         g.users += 1
+        if member is not None:
+            g.join(member)
         return g
 
-    def leave(self, probe: Probe) -> None:
+    def leave(self, probe: Probe, member: asyncio.Event | None = None) -> None:
         probe.users -= 1
+        if member is not None:
+            probe.leave(member)
 
     def subscribe(self, tenant: str, queue: str, ev: asyncio.Event | None = None) -> asyncio.Event:
         """Register ``ev`` (a new event when None) to be set by the next push to (tenant, queue); call
@@ -134,6 +147,11 @@ class Waiters:
         if tkey in self._timers or len(self._timers) >= self._keep:
             return
         self._timers[tkey] = loop.call_at(slot / 10, self._fire, tkey)
+
+    @property
+    def scheduled(self) -> int:
+        """Wakes scheduled and not fired yet (bounded like the probe groups), for metrics."""
+        return len(self._timers)
 
     def _fire(self, tkey: tuple[str, str, int]) -> None:
         self._timers.pop(tkey, None)
