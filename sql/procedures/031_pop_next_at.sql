@@ -11,7 +11,9 @@
 --          windowBuffer) over those partitions; NULL when nothing pending waits on time (empty, no
 --          such queue or group yet).
 -- Locks:   none (docs/locks.md): a plain read; a stale answer costs one needless wake or latency up to
---          the re-check, never a message.
+--          the re-check, never a message. Reads the group's pending cursors only (log_consumers.head_at,
+--          the time of the oldest pending message: see sql/schema.sql), so its cost follows the
+--          partitions held back, not the partitions of the queue.
 -- Errors:  none.
 
 CREATE OR REPLACE FUNCTION queen.pop_next_at_v1(
@@ -25,16 +27,15 @@ LANGUAGE sql STABLE AS $$
     SELECT min(t.at)
       FROM (SELECT greatest(CASE WHEN lc.lease_id IS NOT NULL THEN lc.lease_expires_at END,
                             CASE WHEN qq.delayed_processing > 0
-                                 THEN h.head_at + make_interval(secs => qq.delayed_processing) END,
+                                 THEN lc.head_at + make_interval(secs => qq.delayed_processing) END,
                             CASE WHEN qq.window_buffer > 0
                                  THEN p.last_write_at + make_interval(secs => qq.window_buffer) END) AS at
               FROM queen.queues qq
+              -- pending cursors only (head_at set), through log_consumers_ready_idx: the caught-up
+              -- partitions of the group are never visited
               JOIN queen.log_consumers lc ON lc.queue_id = qq.id AND lc.consumer_group = p_group
+                                         AND lc.head_at IS NOT NULL
               JOIN queen.log_partitions p ON p.id = lc.partition_id
-              LEFT JOIN LATERAL (
-                    SELECT s.created_at AS head_at FROM queen.log_segments s
-                     WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                     ORDER BY s.base_offset DESC LIMIT 1) h ON true
              WHERE qq.tenant = p_tenant AND qq.name = p_queue
                AND (p_partition IS NULL OR p.name = p_partition)
                AND lc.cursor_offset < p.next_offset) t
