@@ -40,6 +40,9 @@ async def _world(http: httpx.AsyncClient) -> dict[str, Any]:
 
 async def test_overview_and_queue_list(http: httpx.AsyncClient) -> None:
     await _world(http)
+    # the counts are the tenant's snapshot (asOf): the stats_snapshot job may have taken one midway
+    # through _world; a refresh makes them current, as an operator would
+    assert (await http.post("/api/v1/stats/refresh")).status_code == 200
     r = await http.get(f"{R}/overview")
     assert r.status_code == 200, r.text
     ov = r.json()

@@ -129,6 +129,7 @@ async def test_status_and_analytics_routes(qhttp: httpx.AsyncClient, conn: async
     empty = (await qhttp.get("/api/v1/status/analytics", params={"to": iso(m0 - timedelta(hours=2))})).json()
     assert len(empty["series"]) == 60 and all(s["pushed"] == 0 and s["backlog"] is None for s in empty["series"])
 
+    assert (await qhttp.post("/api/v1/stats/refresh")).status_code == 200  # the counts are a snapshot
     st = (await qhttp.get("/api/v1/status")).json()
     assert st["status"] == "ok" and st["database"] == "up" and st["queues"] == 2 and st["messages"] == 5
     assert st["throughput"]["lastHour"] == {"pushed": 5, "acked": 3}
