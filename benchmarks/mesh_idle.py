@@ -42,7 +42,7 @@ import httpx
 
 from benchmarks.broker import BrokerProcess, free_port, wait_healthy
 from benchmarks.httpclient import Conn, HttpError, raw_request
-from benchmarks.machine import ROOT
+from benchmarks.machine import ROOT, machine_info
 from benchmarks.procstat import TICK, _all_stats, machine_cpu, tree_cpu
 from benchmarks.profiling import Profiler
 
@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         out["setup"] = {"replicas": 2, "pops_on": "B", "pop_poll_interval_ms": 1000, "pop_poll_max_ms": 10000,
                         "gc_thresholds": "10000,10,100", "client": "raw HTTP/1.1, one connection per consumer",
                         "cpu": os.cpu_count()}  # fmt: skip
+        out["machine"] = machine_info()  # the commit and the machine this run measured
         args.output.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.output}")
     finally:
