@@ -14,7 +14,8 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   ``Connection: close``; the listening socket stays open for ``drain_delay_ms`` so that a proxy's
   health check takes the replica out of rotation before a connection it may reuse is closed (closing
   an idle keep-alive connection under a proxy that is sending on it loses that request). Then the
-  drain below. SIGINT (Ctrl-C), a second SIGTERM (2 s or more after the first: SAME_STOP_S) or ``drain_delay_ms=0`` skip the lame duck;
+  drain below. SIGINT (Ctrl-C), a second SIGTERM (2 s or more after the first: ``SAME_STOP_S``) or
+  ``drain_delay_ms=0`` skip the lame duck;
 - the drain: the first ``shutdown()`` uvicorn calls on a connection (graceful shutdown has begun:
   SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
   requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.

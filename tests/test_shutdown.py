@@ -8,8 +8,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -159,23 +157,12 @@ async def test_sigterm_to_the_process_group_of_workers_keeps_the_lame_duck(db_ur
     0.5 s poll, the one the parent relays. Those are one stop request, not an operator's second SIGTERM:
     the lame duck must hold (the listener open, /health 503) for the drain delay. A SIGTERM sent later
     still ends it."""
-    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_DRAIN_DELAY_MS="60000", QUEEN_WORKERS="2")
-    with open(broker.log_path, "ab") as out:  # its own process group, as a unit's cgroup
-        broker.proc = subprocess.Popen(
-            [sys.executable, "-m", "queen_pg.cli", "serve"], env=broker.env, stdout=out, stderr=out,
-            start_new_session=True,
-        )  # fmt: skip
+    broker = ServeProcess(
+        db_url, tmp_path / "broker.log", new_session=True, QUEEN_DRAIN_DELAY_MS="60000", QUEEN_WORKERS="2"
+    )
     try:
+        await broker.start()
         async with httpx.AsyncClient(base_url=broker.url, timeout=5) as http:
-
-            async def healthy() -> bool:
-                assert broker.proc is not None and broker.proc.poll() is None, broker.log()
-                try:
-                    return (await http.get("/health")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await until(healthy, "the workers to answer /health", within=60)
 
             async def both_up() -> bool:
                 return broker.log().count("Application startup complete.") == 2
@@ -196,8 +183,9 @@ async def test_sigterm_to_the_process_group_of_workers_keeps_the_lame_duck(db_ur
                 return time.monotonic() - signalled > 3
 
             await until(relay_passed_and_still_serving, "3 s of lame duck", within=20)
-            assert broker.proc.poll() is None
+            assert broker.proc is not None and broker.proc.poll() is None
         os.killpg(broker.pid, signal.SIGTERM)  # an operator's second SIGTERM: no more waiting
+        assert broker.proc is not None
         code = await asyncio.to_thread(broker.proc.wait, 30)
         assert code == 0, broker.log()
     finally:
