@@ -176,3 +176,18 @@ async def test_an_append_that_woke_no_cursor_is_repaired_at_boot(conn: asyncpg.C
     await no_hidden(conn)
     got = await sql_pop(conn, "q")
     assert [(r["partition_name"], r["lease_start"]) for r in got] == [(P(0), 1)]
+
+
+async def test_namespace_pop_looks_past_unclaimable_oldest_partitions(conn: asyncpg.Connection) -> None:
+    """A pop across queues (namespace/task) takes its candidates from each queue's oldest heads, a
+    fixed number of them, before it filters out partitions waiting out a windowBuffer or held by other
+    pops. When every candidate is such a partition, an older-headed queue hides the others: a claimable
+    partition of another queue must still be found (the previous release's pop found it)."""
+    from tests.test_pop_discovery import fill
+    from tests.test_pop_discovery import pop as sql_pop
+
+    await fill(conn, "busy", 40)  # older heads, then a windowBuffer they are all inside of
+    await fill(conn, "calm", 1, prefix="c")
+    await conn.execute("UPDATE queen.queues SET namespace = 'ns' WHERE name IN ('busy', 'calm')")
+    await conn.execute("UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'busy'")
+    assert [r["partition_name"] for r in await sql_pop(conn, None, namespace="ns")] == ["c00000"]
