@@ -14,7 +14,8 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   ``Connection: close``; the listening socket stays open for ``drain_delay_ms`` so that a proxy's
   health check takes the replica out of rotation before a connection it may reuse is closed (closing
   an idle keep-alive connection under a proxy that is sending on it loses that request). Then the
-  drain below. SIGINT (Ctrl-C), a second SIGTERM or ``drain_delay_ms=0`` skip the lame duck;
+  drain below. SIGINT (Ctrl-C), a second SIGTERM (2 s or more after the first: ``SAME_STOP_S``) or
+  ``drain_delay_ms=0`` skip the lame duck;
 - the drain: the first ``shutdown()`` uvicorn calls on a connection (graceful shutdown has begun:
   SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
   requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.
@@ -108,6 +109,13 @@ def close_after(cycle: Any) -> None:
         headers.append((b"connection", b"close"))
 
 
+# A SIGTERM this soon after the first is the same stop request, not an operator's second one: a
+# `serve --workers N` worker stopped as systemd stops a unit (KillMode=control-group) or by
+# `kill -TERM -<pgid>` gets the signal itself and again from uvicorn's supervisor, which relays it
+# within its 0.5 s poll; taking that as "shut down now" cut the lame duck to half a second.
+SAME_STOP_S = 2.0
+
+
 def install_lame_duck(transport: Transport) -> None:
     """Put the lame duck in front of uvicorn's SIGTERM handler (called from the lifespan, after
     uvicorn installed its own; a no-op off the main thread, where uvicorn handles no signal, or with
@@ -118,14 +126,16 @@ def install_lame_duck(transport: Transport) -> None:
     if not callable(uvicorns):
         return
     loop = asyncio.get_running_loop()
-    asked = False
+    asked_at: float | None = None
 
     def on_sigterm(sig: int, frame: Any) -> None:
-        nonlocal asked
-        if asked:  # a second SIGTERM: shut down now
-            uvicorns(sig, frame)
-            return
-        asked = True
+        nonlocal asked_at
+        now = time.monotonic()
+        if asked_at is not None:
+            if now - asked_at >= SAME_STOP_S:  # a second SIGTERM: shut down now
+                uvicorns(sig, frame)
+            return  # the same stop request reaching this process twice (see SAME_STOP_S)
+        asked_at = now
         loop.call_soon_threadsafe(start)
 
     def start() -> None:

@@ -17,7 +17,8 @@ from tests.helpers import until
 
 
 class ServeProcess:
-    def __init__(self, db_url: str, log_path: Path, **env: str) -> None:
+    def __init__(self, db_url: str, log_path: Path, new_session: bool = False, **env: str) -> None:
+        self.new_session = new_session  # its own process group (os.killpg), as a service manager runs it
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -41,7 +42,11 @@ class ServeProcess:
     def spawn(self) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "queen_pg.cli", "serve"], env=self.env, stdout=out, stderr=out
+                [sys.executable, "-m", "queen_pg.cli", "serve"],
+                env=self.env,
+                stdout=out,
+                stderr=out,
+                start_new_session=self.new_session,
             )
         return self.proc
 

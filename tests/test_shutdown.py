@@ -5,13 +5,16 @@ line says what was drained."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
 import asyncpg
 import httpx
 
+from queen_pg.server import SAME_STOP_S
 from tests.helpers import until
 from tests.serve_process import ServeProcess
 
@@ -115,6 +118,7 @@ async def test_sigterm_starts_a_lame_duck_that_a_proxy_can_see_and_a_second_sigt
 
             await until(one_parked, "the pop to park")
             broker.terminate()
+            first_sigterm = time.monotonic()
             assert (await asyncio.wait_for(pop, 10)).status_code == 204
 
             async def draining() -> bool:
@@ -133,9 +137,58 @@ async def test_sigterm_starts_a_lame_duck_that_a_proxy_can_see_and_a_second_sigt
             )
             assert r.status_code in (200, 204)
             assert broker.proc is not None and broker.proc.poll() is None  # the delay holds the listener open
+
+            async def past_same_stop() -> bool:  # a SIGTERM sooner would be the same stop request
+                assert (await http.get("/health")).status_code == 503
+                return time.monotonic() - first_sigterm > SAME_STOP_S
+
+            await until(past_same_stop, "the first SIGTERM to be SAME_STOP_S old")
         broker.terminate()  # the second SIGTERM
         code = await asyncio.to_thread(broker.proc.wait, 20)
         assert code == 0
         assert "event=draining delay_ms=60000" in broker.log()
     finally:
         broker.kill()
+
+
+async def test_sigterm_to_the_process_group_of_workers_keeps_the_lame_duck(db_url: str, tmp_path: Path) -> None:
+    """`serve --workers 2` stopped as systemd stops a unit (KillMode=control-group: SIGTERM to every
+    process of it, `kill -TERM -<pgid>` likewise): each worker gets that SIGTERM and, within the parent's
+    0.5 s poll, the one the parent relays. Those are one stop request, not an operator's second SIGTERM:
+    the lame duck must hold (the listener open, /health 503) for the drain delay. A SIGTERM sent later
+    still ends it."""
+    broker = ServeProcess(
+        db_url, tmp_path / "broker.log", new_session=True, QUEEN_DRAIN_DELAY_MS="60000", QUEEN_WORKERS="2"
+    )
+    try:
+        await broker.start()
+        async with httpx.AsyncClient(base_url=broker.url, timeout=5) as http:
+
+            async def both_up() -> bool:
+                return broker.log().count("Application startup complete.") == 2
+
+            await until(both_up, "both workers to finish start-up", within=60)
+            signalled = time.monotonic()
+            os.killpg(broker.pid, signal.SIGTERM)
+
+            async def draining() -> bool:
+                return (await http.get("/health")).status_code == 503
+
+            await until(draining, "/health to answer 503")
+            # past the parent's relay (it polls its signals every 0.5 s): still listening, still draining
+
+            async def relay_passed_and_still_serving() -> bool:
+                r = await http.get("/health")
+                assert r.status_code == 503 and r.json()["status"] == "draining", r.text
+                return time.monotonic() - signalled > 3
+
+            await until(relay_passed_and_still_serving, "3 s of lame duck", within=20)
+            assert broker.proc is not None and broker.proc.poll() is None
+        os.killpg(broker.pid, signal.SIGTERM)  # an operator's second SIGTERM: no more waiting
+        assert broker.proc is not None
+        code = await asyncio.to_thread(broker.proc.wait, 30)
+        assert code == 0, broker.log()
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            os.killpg(broker.pid, signal.SIGKILL)
+            broker.proc.wait()

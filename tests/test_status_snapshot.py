@@ -5,7 +5,9 @@ its own, and EXPLAIN/row-count guards prove a read touches no per-queue row at a
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +16,7 @@ import httpx
 
 from queen_pg.db.locks import STATS_SNAPSHOT_LOCK
 from queen_pg.db.pool import Database
-from queen_pg.jobs.stats import StatsSnapshot
+from queen_pg.jobs.stats import SNAPSHOT_CONFIG, StatsSnapshot
 from tests.conftest import Broker
 from tests.helpers import push
 
@@ -211,3 +213,21 @@ async def test_a_long_pass_stretches_the_jobs_sleep(db: Database, conn: asyncpg.
     assert job.last_pass_s > 0
     job.last_pass_s = 3.5  # what a pass over 100,000 queues took on the 2-core machine
     assert job.idle_delay() == 35.0  # PostgreSQL busy with it at most a tenth of the time
+
+
+async def test_a_tick_ends_when_there_are_more_tenants_than_its_batch(db: Database, conn: asyncpg.Connection) -> None:
+    """More tenants than `limit`: a tick takes batches until none is due, but a tenant it refreshed
+    becomes due again `min_gap_seconds` later (0 with an interval under 2 s; or a sweep that takes longer
+    than the gap: 1,000 small tenants). The tick must not take them again: it ends, every tenant
+    refreshed once, and the job sleeps (the share of PostgreSQL it may use holds)."""
+    for t in range(5):
+        await _make_queues(conn, 1, tenant=f"t{t}")
+    job = StatsSnapshot(replace(SNAPSHOT_CONFIG, interval=0.5, limit=2))  # min gap 0: always due
+    assert job.min_gap_seconds == 0
+    done = await asyncio.wait_for(job.tick(db), 10)  # before the fix: never returned
+    assert 1 <= done <= 5
+    assert job.last_pass_s > 0  # the tick's length: what idle_delay() stretches the sleep by
+    # the ticks that follow refresh the rest, oldest (or never refreshed) first
+    for _ in range(5):
+        await asyncio.wait_for(job.tick(db), 30)
+    assert await conn.fetchval("SELECT count(*) FROM queen.tenant_stats") == 5

@@ -197,6 +197,27 @@ BEGIN
 END;
 $$;
 
+-- Every boot: a cursor with something to read and no head is made pending. A broker of the previous
+-- release re-applies its own sql/ when it boots (an old replica restarting during a rolling deploy, a
+-- rollback): its push_v1 does not wake cursors while the triggers above stay and keep marking them
+-- caught up, so its appends strand messages that this release's pops would never see. Only ever sets
+-- heads (a head set where nothing is left is cleaned by the next pop), so no partition lock: the
+-- cursor rows, ascending (docs/locks.md #3). Cost: one pass over log_consumers.
+DO $$
+BEGIN
+    PERFORM 1 FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+     WHERE lc.head_at IS NULL AND lc.cursor_offset < p.next_offset
+     ORDER BY lc.partition_id, lc.consumer_group
+       FOR NO KEY UPDATE OF lc;
+    IF FOUND THEN
+        UPDATE queen.log_consumers lc
+           SET head_at = queen._head_of(lc.partition_id, lc.cursor_offset)
+          FROM queen.log_partitions p
+         WHERE p.id = lc.partition_id AND lc.head_at IS NULL AND lc.cursor_offset < p.next_offset;
+    END IF;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION queen._le(p_value bigint, p_bytes integer)
 RETURNS bytea
 LANGUAGE sql IMMUTABLE AS $$

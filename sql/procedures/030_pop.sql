@@ -23,6 +23,9 @@
 -- Cost:    discovery reads log_consumers_ready_idx from the group's oldest head on: it visits the rows
 --          it claims, rows other pops hold, and rows under a live lease or a windowBuffer, never the
 --          caught-up ones nor the rest of the pending ones (tests/test_pop_discovery.py guards it).
+--          Across queues (namespace/task) the candidates are each queue's oldest few heads; when none
+--          of them is claimable (windowBuffer, other pops hold them) and the list was cut, it looks
+--          eight times further, and so on: an older-headed queue never hides another's messages.
 -- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new on it
 --          (queen._create_group); log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never
 --          wait on each other; a cursor that moves tries its partition row FOR SHARE SKIP LOCKED
@@ -77,6 +80,7 @@ DECLARE
     v_stale   integer;
     v_claimed integer := 0;
     v_pass    integer := 0;
+    v_span    bigint;
 BEGIN
     SELECT array_agg(qq.id ORDER BY qq.id) INTO v_qids
       FROM queen.queues qq
@@ -95,6 +99,7 @@ BEGIN
     END LOOP;
     v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait (_create_group)
     v_want := greatest(p_max_partitions, 1);
+    v_span := v_want + 32;
 
     -- Discovery (log_consumers_ready_idx): the group's rows with a pending head, oldest head first,
     -- never visiting caught-up rows. One queue: an ordered scan of the index, the rows locked SKIP
@@ -118,10 +123,10 @@ BEGIN
                                                   ELSE v_now - make_interval(secs => qq.delayed_processing) END
                            AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
                          ORDER BY lc.head_at, lc.partition_id
-                         LIMIT v_want + 32) x
+                         LIMIT v_span) x
                  WHERE qq.id = ANY (v_qids)
                  ORDER BY x.head_at, x.partition_id
-                 LIMIT v_want + 32);
+                 LIMIT v_span);
         END IF;
         IF v_cands IS NULL THEN
             SELECT qq.delayed_processing INTO v_delay FROM queen.queues qq WHERE qq.id = v_qids[1];
@@ -231,10 +236,20 @@ BEGIN
         END IF;
         END LOOP;
         CLOSE v_cur;
-        -- only stale rows found (now fixed): look once more, a few times at most (a row a push holds
-        -- is marked pending again)
-        v_pass := v_pass + 1;
-        EXIT discover WHEN v_stale = 0 OR v_claimed > 0 OR v_pass >= 3;
+        EXIT discover WHEN v_claimed > 0;
+        IF v_stale = 0 THEN
+            -- several queues, nothing claimable among the candidates although the list was cut at
+            -- v_span (their partitions wait out a windowBuffer, or other pops hold them): look further
+            -- down the heads, so an older-headed queue never hides the others' claimable partitions
+            EXIT discover WHEN p_partition IS NOT NULL OR cardinality(v_qids) = 1
+                               OR cardinality(v_cands) < v_span;
+            v_span := v_span * 8;
+        ELSE
+            -- only stale rows found (now fixed): look once more, a few times at most (a row a push
+            -- holds is marked pending again)
+            v_pass := v_pass + 1;
+            EXIT discover WHEN v_pass >= 3;
+        END IF;
     END LOOP;
 END;
 $$;
