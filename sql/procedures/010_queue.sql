@@ -13,7 +13,9 @@
 --   Called by: DELETE /api/v1/resources/queues/{queue}. Deletes the queue and, by cascade, its
 --   partitions, segments, hashes, groups, cursors and dead letters, and its timers. Result: whether it
 --   existed.
---   Locks: the queue row and every child row (cascade).
+--   Locks: the queue row FOR UPDATE (#1), then its partition rows ascending id (#2), then its cursor
+--   rows ascending (partition_id, group) (#3), each before the cascade deletes them; then the other
+--   child rows (cascade).
 
 CREATE OR REPLACE FUNCTION queen.configure_queue_v1(
     p_tenant text, p_queue text, p_namespace text, p_task text, p_options jsonb,
@@ -72,10 +74,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_qid bigint;
 BEGIN
-    DELETE FROM queen.queues WHERE tenant = p_tenant AND name = p_queue RETURNING id INTO v_qid;
+    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- What the cascade deletes, locked first in the order every writer takes it (docs/locks.md):
+    -- partitions ascending (level 2), then cursor rows ascending (partition_id, group) (level 3), as
+    -- push_v1 and ack_v1 do. The cascade alone deletes in its indexes' order (log_consumers by
+    -- head_at), which could take an ack's cursor rows out of order: a deadlock
+    -- (tests/test_lock_order.py::test_ack_to_dlq_racing_queue_delete).
+    PERFORM 1 FROM queen.log_partitions lp WHERE lp.queue_id = v_qid ORDER BY lp.id FOR UPDATE;
+    PERFORM 1 FROM queen.log_consumers lc WHERE lc.queue_id = v_qid
+     ORDER BY lc.partition_id, lc.consumer_group FOR UPDATE;
+    DELETE FROM queen.queues WHERE id = v_qid;
     -- log_dlq has no foreign keys (docs/locks.md): its rows go here, in a statement that starts after
     -- the cascade above waited for every ack holding a cursor row of the queue, so it sees their rows.
     DELETE FROM queen.log_dlq WHERE queue_id = v_qid;
