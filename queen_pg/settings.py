@@ -128,7 +128,7 @@ class Settings(BaseSettings):
         le=60_000,
         description="On SIGTERM /health answers 503 `draining` and responses close their connections for this "
         "long before the listener closes, so a proxy's health check takes the replica out first (keep it above "
-        "the check's interval x fall). 0, SIGINT or a second SIGTERM: no wait.",
+        "the check's interval x fall). 0, SIGINT or a second SIGTERM 2 s or more after the first: no wait.",
     )
     shutdown_grace_s: int = Field(
         8,
