@@ -67,6 +67,24 @@ class Meter:
             self.first_error = what[:500]
 
 
+async def timed(conn: Conn, raw: bytes, meter: Meter, t0: int, ok: int, n: int) -> tuple[int, bytes] | None:
+    """One request of a client loop started at ``t0``: counted; ``ok`` adds ``n`` messages and, while
+    measuring, its latency. A transport error is recorded and paced (None: the loop goes on)."""
+    try:
+        status, body = await conn.request(raw)
+    except HttpError as exc:
+        meter.error(str(exc))
+        await asyncio.sleep(0.05)
+        return None
+    t1 = time.perf_counter_ns()
+    meter.reqs += 1
+    if status == ok:
+        meter.count += n
+        if meter.latencies is not None and meter.measuring:
+            meter.latencies.append(t1 - t0)
+    return status, body
+
+
 async def backoff(meter: Meter, deadline: float) -> None:
     """429/503: count it and back off for a second (never past the deadline), as a client would."""
     meter.rejected += 1
@@ -95,7 +113,6 @@ async def push_client(conn: Conn, spec: dict[str, Any], cid: int, meter: Meter, 
     tpl = b"" if binary else push_template(spec, cid)
     items, clients, partitions = spec["items"], spec["clients"], spec["partitions"]
     own = spec.get("partition_mode", "own") == "own"
-    lat = meter.latencies
     for seq in itertools.count():
         if meter.stop:
             return
@@ -105,21 +122,13 @@ async def push_client(conn: Conn, spec: dict[str, Any], cid: int, meter: Meter, 
             raw = binary_push_request(spec, cid, seq, part)
         else:
             raw = tpl.replace(SEQ, b"%010d" % seq).replace(PART, b"%05d" % part)
-        try:
-            status, body = await conn.request(raw)
-        except HttpError as exc:
-            meter.error(str(exc))
-            await asyncio.sleep(0.05)
+        got = await timed(conn, raw, meter, t0, 201, items)
+        if got is None:
             continue
-        t1 = time.perf_counter_ns()
-        meter.reqs += 1
-        if status == 201:
-            meter.count += items
-            if lat is not None and meter.measuring:
-                lat.append(t1 - t0)
-        elif status in (429, 503):
+        status, body = got
+        if status in (429, 503):
             await backoff(meter, deadline)
-        else:
+        elif status != 201:
             meter.error(f"push {status}: {body[:300]!r}")
 
 
@@ -328,24 +337,14 @@ async def run_fill(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]
 async def pop_latency_client(conn: Conn, spec: dict[str, Any], meter: Meter, deadline: float) -> None:
     path = f"/api/v1/pop/queue/{quote(spec['queue'], safe='')}?batch=1&wait=false&autoAck=true"
     pop_raw = raw_request("GET", path)
-    lat = meter.latencies
     while not meter.stop:
-        t0 = time.perf_counter_ns()
-        try:
-            status, body = await conn.request(pop_raw)
-        except HttpError as exc:
-            meter.error(str(exc))
-            await asyncio.sleep(0.05)
+        got = await timed(conn, pop_raw, meter, time.perf_counter_ns(), 200, 1)
+        if got is None:
             continue
-        t1 = time.perf_counter_ns()
-        meter.reqs += 1
-        if status == 200:
-            meter.count += 1
-            if lat is not None and meter.measuring:
-                lat.append(t1 - t0)
-        elif status in (429, 503):
+        status, body = got
+        if status in (429, 503):
             await backoff(meter, deadline)
-        else:  # 204 included: the queue ran dry, the figure would be an empty pop's
+        elif status != 200:  # 204 included: the queue ran dry, the figure would be an empty pop's
             meter.error(f"pop {status}: {body[:300]!r}")
 
 

@@ -35,9 +35,14 @@ class ServeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def process(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise RuntimeError("the broker process was never started")
+        return self.proc
+
+    @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        return self.process.pid
 
     def spawn(self) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as out:

@@ -136,7 +136,7 @@ async def test_sigterm_starts_a_lame_duck_that_a_proxy_can_see_and_a_second_sigt
                 http.get("/api/v1/pop/queue/lame", params={"wait": "true", "timeout": 600_000, "autoAck": "true"}), 10
             )
             assert r.status_code in (200, 204)
-            assert broker.proc is not None and broker.proc.poll() is None  # the delay holds the listener open
+            assert broker.process.poll() is None  # the delay holds the listener open
 
             async def past_same_stop() -> bool:  # a SIGTERM sooner would be the same stop request
                 assert (await http.get("/health")).status_code == 503
@@ -144,7 +144,7 @@ async def test_sigterm_starts_a_lame_duck_that_a_proxy_can_see_and_a_second_sigt
 
             await until(past_same_stop, "the first SIGTERM to be SAME_STOP_S old")
         broker.terminate()  # the second SIGTERM
-        code = await asyncio.to_thread(broker.proc.wait, 20)
+        code = await asyncio.to_thread(broker.process.wait, 20)
         assert code == 0
         assert "event=draining delay_ms=60000" in broker.log()
     finally:
@@ -183,10 +183,9 @@ async def test_sigterm_to_the_process_group_of_workers_keeps_the_lame_duck(db_ur
                 return time.monotonic() - signalled > 3
 
             await until(relay_passed_and_still_serving, "3 s of lame duck", within=20)
-            assert broker.proc is not None and broker.proc.poll() is None
+            assert broker.process.poll() is None
         os.killpg(broker.pid, signal.SIGTERM)  # an operator's second SIGTERM: no more waiting
-        assert broker.proc is not None
-        code = await asyncio.to_thread(broker.proc.wait, 30)
+        code = await asyncio.to_thread(broker.process.wait, 30)
         assert code == 0, broker.log()
     finally:
         if broker.proc is not None and broker.proc.poll() is None:
