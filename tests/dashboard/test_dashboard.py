@@ -20,7 +20,7 @@ from playwright.async_api import Request, Route, expect
 
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.stats import Stats
-from tests.dashboard.conftest import Dash
+from tests.dashboard.conftest import Dash, token
 from tests.helpers import pop, push_at, until
 
 pytestmark = pytest.mark.timeout(300)  # the first test may install chromium (apt-get) in its setup
@@ -279,6 +279,34 @@ async def test_a_401_asks_for_a_token_and_every_call_then_carries_it(dash: Dash)
     await expect(page.get_by_test_id("queue-row")).to_have_count(3)
     assert seen[before:] and all(a == "Bearer s3cret" for a in seen[before:]), seen[before:]
     await expect(prompt).to_have_count(0)
+
+
+JWT_SECRET = "dashboard-secret-0123456789-abcdefghij"
+
+
+@pytest.mark.broker(jwt_enabled=True, jwt_secret=JWT_SECRET)
+async def test_with_jwt_on_a_read_only_token_sees_no_destructive_button(dash: Dash) -> None:
+    """The broker's own JWT check, no stand-in: without a token the dashboard asks for one; the broker
+    refuses a read-only token's admin probe (403) and no destructive button shows on any page; with an
+    admin token they are back."""
+    page = dash.page
+    dash.allowed += ["status of 401", "status of 403"]  # the calls before the token; the refused probe
+    await dash.goto("/")
+    prompt = page.get_by_test_id("token-prompt")
+    await expect(prompt).to_be_visible()
+    await page.get_by_test_id("token-input").fill(token(JWT_SECRET, "read-only"))
+    await page.get_by_role("button", name="Use token").click()
+    await expect(prompt).to_have_count(0)
+    await expect(page.get_by_test_id("stat-queues")).to_contain_text("3")  # reads work with it
+    await expect(page.get_by_test_id("read-only")).to_be_visible()
+    assert await _destructive_buttons(dash) == []
+    await dash.shot("read-only-jwt")
+    await page.evaluate("t => sessionStorage.setItem('queen.token', t)", token(JWT_SECRET, "admin"))
+    await page.reload()
+    writable = await _destructive_buttons(dash)
+    for expected in ("Turn on", "Delete queue", "Requeue", "Seek to end"):
+        assert any(w.endswith(f": {expected}") for w in writable), (expected, writable)
+    assert not await page.get_by_test_id("read-only").count()
 
 
 @pytest.mark.broker(jobs_enabled=False)  # the test writes the stats history itself (a job's sample would skip it)
