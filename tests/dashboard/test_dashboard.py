@@ -226,8 +226,9 @@ async def _destructive_buttons(dash: Dash) -> list[str]:
 
 async def test_read_only_mode_hides_every_destructive_button(dash: Dash) -> None:
     """Read-only is what a token without write rights sees: the dashboard's admin probe
-    (POST /api/v1/stats/refresh, a no-op) answers 403. JWT is not in the broker yet, so Playwright
-    answers that one probe with 403; every other call goes to the real broker."""
+    (POST /api/v1/stats/refresh) answers 403. Here Playwright answers that one probe with 403 on a broker
+    without JWT (every other call goes to the real broker); the same with real tokens against the
+    broker's JWT check: test_with_jwt_on_a_read_only_token_sees_no_destructive_button."""
     writable = await _destructive_buttons(dash)
     for expected in ("Turn on", "Delete queue", "Requeue", "Seek to end", "Delete group", "Delete", "Cancel", "Edit"):
         assert any(w.endswith(f": {expected}") for w in writable), (expected, writable)
@@ -411,3 +412,27 @@ async def test_operations_from_the_pages(dash: Dash) -> None:
         await dash.confirm()
         await expect(state).to_have_text("off")
         await until(lambda: push_is(201), "pushes accepted again")
+
+
+async def test_the_queue_list_searches_and_pages_on_the_server(dash: Dash) -> None:
+    """33 queues (the seed's 3 + 30): the list shows 25 and pages to the rest; a search narrows it
+    through the API's ``search`` (the page count follows the filtered total)."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        items = [{"queue": f"bulk-{i:02d}", "payload": {"i": i}} for i in range(30)]
+        assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+    await dash.goto("/queues")
+    rows = page.get_by_test_id("queue-row")
+    pager = page.locator(".pager")
+    await expect(rows).to_have_count(25)
+    await expect(pager).to_contain_text("1–25 of 33")
+    await pager.get_by_role("button", name="Next ›").click()
+    await expect(rows).to_have_count(8)
+    await expect(pager).to_contain_text("26–33 of 33")
+    await expect(pager.get_by_role("button", name="Next ›")).to_be_disabled()
+    await page.get_by_test_id("queue-search").fill("bulk-1")
+    await expect(rows).to_have_count(10)  # bulk-10 .. bulk-19
+    await expect(pager).to_contain_text("1–10 of 10")
+    assert "search=bulk-1" in page.url
+    await page.get_by_test_id("queue-search").fill("no-such-queue")
+    await expect(page.get_by_text("No queue matches “no-such-queue”.")).to_be_visible()
