@@ -436,3 +436,20 @@ async def test_the_queue_list_searches_and_pages_on_the_server(dash: Dash) -> No
     assert "search=bulk-1" in page.url
     await page.get_by_test_id("queue-search").fill("no-such-queue")
     await expect(page.get_by_text("No queue matches “no-such-queue”.")).to_be_visible()
+
+
+async def test_the_open_queue_page_refreshes_in_place(dash: Dash) -> None:
+    """A push shows on an open queue's page within a refresh (a group's lag), in the same DOM node."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        groups = (await http.get("/api/v1/resources/queues/orders")).json()["groups"]
+        lag = next(g["lag"] for g in groups if g["name"] == "fulfillment")
+    await dash.goto("/queues/orders")
+    cell = page.get_by_test_id("group-row").filter(has_text="fulfillment").get_by_test_id("group-lag")
+    await expect(cell).to_have_text(str(lag))
+    await cell.evaluate("el => { el.dataset.mark = 'kept' }")
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        items = [{"queue": "orders", "partition": "c-9", "payload": {"i": i}} for i in range(5)]
+        assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+    await expect(cell).to_have_text(str(lag + 5))
+    assert await cell.get_attribute("data-mark") == "kept"
