@@ -453,3 +453,33 @@ async def test_the_open_queue_page_refreshes_in_place(dash: Dash) -> None:
         assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
     await expect(cell).to_have_text(str(lag + 5))
     assert await cell.get_attribute("data-mark") == "kept"
+
+
+async def test_messages_page_filters_by_partition_and_offsets_then_deletes_one(dash: Dash) -> None:
+    """The partition and offset filters ask the API for that slice; a message's page deletes it (with
+    confirmation) and the API then knows it no more."""
+    page = dash.page
+    want_params = {"queue": "orders", "partition": "c-7", "fromOffset": "1", "toOffset": "3"}
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        everything = (await http.get("/api/v1/messages", params={"queue": "orders"})).json()["total"]
+        want = (await http.get("/api/v1/messages", params=want_params)).json()
+    assert 0 < want["total"] < everything, (want, everything)
+    await dash.goto("/messages?queue=orders")
+    rows = page.get_by_test_id("message-row")
+    await expect(page.get_by_test_id("messages-total")).to_contain_text(f"{everything} in orders")
+    for key in ("partition", "fromOffset", "toOffset"):
+        await page.get_by_test_id(f"f-{key}").fill(want_params[key])
+    await page.get_by_role("button", name="Apply").click()
+    await expect(page.get_by_test_id("messages-total")).to_contain_text(f"{want['total']} in orders")
+    await expect(rows).to_have_count(len(want["messages"]))
+    for m in want["messages"]:
+        await expect(rows.filter(has_text=m["transactionId"])).to_contain_text("c-7")
+    victim = want["messages"][0]
+    await rows.filter(has_text=victim["transactionId"]).get_by_role("link").click()
+    await expect(page.get_by_test_id("message-group").first).to_be_visible()
+    await page.get_by_test_id("message-delete").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("messages-total")).to_be_visible()  # back on the queue's list
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        r = await http.get(f"/api/v1/messages/{victim['partitionId']}/{victim['transactionId']}")
+        assert r.status_code == 404, r.text
