@@ -483,3 +483,36 @@ async def test_messages_page_filters_by_partition_and_offsets_then_deletes_one(d
     async with httpx.AsyncClient(base_url=dash.url) as http:
         r = await http.get(f"/api/v1/messages/{victim['partitionId']}/{victim['transactionId']}")
         assert r.status_code == 404, r.text
+
+
+async def test_kv_prefix_browse_and_get_then_a_group_deleted_from_its_page(dash: Dash) -> None:
+    """The KV page's prefix browser and one-key get; a consumer group deleted from its page (with
+    confirmation) is gone from the API."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        ops = [
+            {"op": "put", "ns": "orders", "key": f"invoice-{i}", "value": {"n": i}, "forever": True} for i in range(3)
+        ]
+        assert (await http.post("/api/v1/kv", json={"operations": ops})).status_code == 200
+    await dash.goto("/kv?ns=orders")
+    rows = page.get_by_test_id("kv-row")
+    await expect(rows).to_have_count(4)  # the worker's order-o-1 and three invoices
+    await page.get_by_test_id("kv-prefix").fill("invoice-")
+    await page.get_by_role("button", name="Browse").click()
+    await expect(rows).to_have_count(3)
+    await expect(rows.filter(has_text="order-o-1")).to_have_count(0)
+    await page.get_by_test_id("kv-key").fill("invoice-2")
+    await page.get_by_test_id("kv-get").click()
+    await expect(page.get_by_test_id("kv-got")).to_contain_text('"n": 2')
+
+    await dash.goto("/groups/billing")
+    await expect(page.get_by_test_id("group-queue-lag")).to_have_text("lag 7")
+    await page.get_by_test_id("group-delete").click()
+    await dash.confirm()
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+
+        async def gone() -> bool:
+            groups = (await http.get("/api/v1/consumer-groups")).text
+            return "billing" not in groups
+
+        await until(gone, "the group to be deleted")
