@@ -31,10 +31,12 @@ VIEWPORT = {"width": 1280, "height": 800}
 expect.set_options(timeout=15_000)  # a live page refreshes every 5 s
 
 
-def token(secret: str, role: str) -> str:
-    """An HS256 token for a broker started with ``jwt_enabled=True, jwt_secret=secret``."""
+def token(secret: str, role: str, **claims: str) -> str:
+    """An HS256 token for a broker started with ``jwt_enabled=True, jwt_secret=secret`` (``claims``: more
+    claims, e.g. the tenant)."""
     now = int(time.time())
-    return jwt.encode({"sub": f"dash-{role}", "role": role, "iat": now, "exp": now + 600}, secret, algorithm="HS256")
+    body = {"sub": f"dash-{role}", "role": role, "iat": now, "exp": now + 600, "tenant": "default", **claims}
+    return jwt.encode(body, secret, algorithm="HS256")
 
 
 def _apt(*args: str) -> subprocess.CompletedProcess[str]:

@@ -516,3 +516,28 @@ async def test_kv_prefix_browse_and_get_then_a_group_deleted_from_its_page(dash:
             return "billing" not in groups
 
         await until(gone, "the group to be deleted")
+
+
+@pytest.mark.broker(jwt_enabled=True, jwt_secret=JWT_SECRET, jwt_tenant_claim="tenant")
+async def test_another_tenants_admin_is_refused_the_maintenance_switch_and_keeps_its_buttons(dash: Dash) -> None:
+    """The maintenance switches are system-wide: an admin of a tenant other than the default one gets the
+    broker's 403 on the page, the switch stays off, and the dashboard does not fall into read-only mode."""
+    page = dash.page
+    dash.allowed += ["status of 401", "status of 403"]
+    await dash.goto("/")
+    await page.get_by_test_id("token-input").fill(token(JWT_SECRET, "admin", tenant="tenant-b"))
+    await page.get_by_role("button", name="Use token").click()
+    await expect(page.get_by_test_id("token-prompt")).to_have_count(0)
+    state = page.get_by_test_id("maint-push-state")
+    await expect(state).to_have_text("off")
+    await page.get_by_test_id("maint-push-toggle").click()
+    await dash.confirm()
+    await expect(page.locator(".toast.bad")).to_contain_text("403")
+    await expect(page.locator(".toast.bad")).to_contain_text("default tenant")
+    await expect(state).to_have_text("off")
+    await expect(page.get_by_test_id("maint-push-toggle")).to_be_visible()  # still an admin here
+    assert not await page.get_by_test_id("read-only").count()
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        operator = {"Authorization": f"Bearer {token(JWT_SECRET, 'admin', tenant='default')}"}
+        r = await http.get("/api/v1/system/maintenance", headers=operator)
+        assert r.json()["maintenanceMode"] is False
