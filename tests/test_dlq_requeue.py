@@ -15,6 +15,15 @@ from tests.conftest import Broker
 from tests.helpers import pop, push
 
 
+@pytest.fixture
+async def broker(start_broker: Any) -> Broker:
+    """No background jobs: these tests decide when dlq_fill runs. With the jobs on, the broker's own
+    dlq_fill tick raced them (the payload was copied out before the "not copied yet" check, or before
+    the test's own dlq_fill_v1 call found the row), so they failed now and then."""
+    b: Broker = await start_broker(jobs_enabled=False)
+    return b
+
+
 @pytest.fixture(autouse=True)
 def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from pydantic import ValidationError
 from queen import Queen
 
+from queen_pg.security.tokens import Jwks as JwksCache
 from queen_pg.settings import Settings
 from tests.conftest import Broker
 from tests.helpers import until
@@ -301,6 +302,26 @@ async def test_rs256_via_jwks_and_key_rotation(start_broker: Any, jwks: Jwks) ->
         # a token of a kid the JWKS does not know: 401 (and at most one refresh per second)
         bogus = token("read-write", key=rsa_key(), alg="RS256", _kid="nope")
         assert (await http.get("/api/v1/resources/queues", headers=bearer(bogus))).status_code == 401
+
+
+async def test_the_jwks_is_fetched_again_after_its_refresh_interval_and_a_failed_fetch_keeps_the_keys(
+    jwks: Jwks,
+) -> None:
+    """JWT_JWKS_REFRESH_INTERVAL: a key set older than the interval is fetched again (a key the IdP
+    retired stops verifying without a kid miss); an unreachable JWKS keeps the keys it had."""
+    k1, k2 = rsa_key(), rsa_key()
+    jwks.doc = {"keys": [jwk(k1, "k1"), jwk(k2, "k2")]}
+    keys = JwksCache(jwks.url, refresh_s=3600, timeout_s=2)
+    assert await keys.key("k1") is not None and await keys.key("k2") is not None
+    assert jwks.hits == 1  # cached within the interval
+    jwks.doc = {"keys": [jwk(k2, "k2")]}  # k1 retired at the IdP
+    assert await keys.key("k1") is not None  # still cached: the interval has not passed (a miss would refresh)
+    keys.fetched_at -= 3601  # the interval passes (time moved, not slept)
+    assert await keys.key("k2") is not None
+    assert jwks.hits == 2 and "k1" not in keys.keys
+    jwks.close()  # the IdP is unreachable now
+    keys.fetched_at -= 3601
+    assert await keys.key("k2") is not None  # the failed fetch kept the keys
 
 
 async def test_eddsa_public_key_pem_and_auto(start_broker: Any) -> None:

@@ -123,8 +123,9 @@ def bodies(a: Seeded, q: str, g: str, name: str) -> dict[tuple[str, str], list[A
         ("post", "/api/v1/ack/batch"): [{"acknowledgments": [{**ack, "status": "dlq", "error": "x"}]}],
         ("post", "/api/v1/configure"): [{"queue": q, "namespace": "ns", "task": "t", "options": {"leaseTime": 7}}],
         ("post", "/api/v1/traces"): [{"transactionId": "tx-0", "partitionId": a.pid, "traceNames": [name], "data": {}}],
-        ("post", "/api/v1/system/maintenance"): [{"enabled": False}],
-        ("post", "/api/v1/system/maintenance/pop"): [{"enabled": False}],
+        # system-wide switches: B may not turn them on for A (checked after the loop)
+        ("post", "/api/v1/system/maintenance"): [{"enabled": True}],
+        ("post", "/api/v1/system/maintenance/pop"): [{"enabled": True}],
         ("post", "/api/v1/consumer-groups/{group}/queues/{queue}/seek"): [{"toEnd": True}, {"toStart": True}],
         ("post", "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek"): [{"toEnd": True}],
         ("post", "/api/v1/consumer-groups/{group}/subscription"): [{"subscriptionTimestamp": "2021-01-01T00:00:00Z"}],
@@ -239,6 +240,8 @@ async def test_every_operation_as_the_other_tenant_sees_and_changes_nothing_of_t
         after = await snapshot(conn, A)
         changed = {t: (before[t], after[t]) for t in before if before[t] != after[t]}
         assert changed == {}, changed
+        switches = (await ha.get("/api/v1/system/maintenance")).json()
+        assert switches["maintenanceMode"] is False and switches["popMaintenanceMode"] is False, switches
         # and tenant A still sees its own data
         r = await ha.get("/api/v1/dlq")
         assert DATA in r.text
@@ -311,3 +314,44 @@ async def test_metrics_show_only_the_callers_tenant(start_broker: Any, tenancy: 
         ma, mb = (await ha.get("/metrics")).text, (await hb.get("/metrics")).text
         assert f'queen_queues{{tenant="{A}"}} 1.0' in ma and f'tenant="{B}"' not in ma
         assert f'queen_queues{{tenant="{B}"}} 1.0' in mb and f'tenant="{A}"' not in mb
+
+
+async def test_only_the_default_tenant_flips_the_system_wide_maintenance_switches(
+    start_broker: Any, conn: asyncpg.Connection
+) -> None:
+    """Regression: any tenant's admin could pause every tenant's pushes or pops."""
+    broker: Broker = await start_broker(tenancy_header=True)
+    async with as_tenant(broker, A) as ha, as_tenant(broker, B) as hb, httpx.AsyncClient(base_url=broker.url) as op:
+        for path in ("/api/v1/system/maintenance", "/api/v1/system/maintenance/pop"):
+            r = await hb.post(path, json={"enabled": True})
+            assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+            assert "default tenant" in r.json()["error"]
+        on = "SELECT count(*) FROM queen.system_settings WHERE key LIKE 'maintenance.%' AND value = 'true'::jsonb"
+        assert await conn.fetchval(on) == 0
+        r = await ha.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 1}]})
+        assert r.status_code == 201, r.text  # A's traffic is untouched
+        # the operator (no header: the default tenant) flips them for everyone, and back
+        r = await op.post("/api/v1/system/maintenance", json={"enabled": True})
+        assert r.status_code == 200 and r.json()["maintenanceMode"] is True, r.text
+        r = await ha.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 2}]})
+        assert r.status_code == 503 and r.json()["code"] == "maintenance", r.text
+        r = await op.post("/api/v1/system/maintenance", json={"enabled": False})
+        assert r.status_code == 200 and r.json()["maintenanceMode"] is False, r.text
+        # reading them stays open to every tenant
+        assert (await hb.get("/api/v1/system/maintenance/pop")).json()["popMaintenanceMode"] is False
+
+
+async def test_a_tenant_claims_admin_cannot_flip_maintenance(start_broker: Any) -> None:
+    broker: Broker = await start_broker(jwt_enabled=True, jwt_secret=SECRET, jwt_tenant_claim="tenant")
+    async with httpx.AsyncClient(base_url=broker.url) as http:
+        r = await http.post(
+            "/api/v1/system/maintenance/pop",
+            json={"enabled": True},
+            headers={"Authorization": f"Bearer {tok(tenant=B)}"},
+        )
+        assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+        operator = {"Authorization": f"Bearer {tok(tenant='default')}"}
+        r = await http.post("/api/v1/system/maintenance/pop", json={"enabled": True}, headers=operator)
+        assert r.status_code == 200 and r.json()["popMaintenanceMode"] is True, r.text
+        r = await http.post("/api/v1/system/maintenance/pop", json={"enabled": False}, headers=operator)
+        assert r.status_code == 200 and r.json()["popMaintenanceMode"] is False, r.text

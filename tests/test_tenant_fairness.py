@@ -19,6 +19,9 @@ from queen_pg.engine import codec
 from queen_pg.engine import push as push_engine
 from queen_pg.engine import timers as timers_engine
 from queen_pg.engine.fusion import FuseConfig, Fuser, Lane
+from queen_pg.jobs.dlq_fill import DlqFill
+from queen_pg.jobs.kv_sweep import KvSweep
+from queen_pg.jobs.lease_expiry import LeaseExpiry
 from tests.conftest import Broker
 from tests.helpers import until
 
@@ -194,3 +197,41 @@ async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) ->
     fuser.push_lane("another")
     assert sorted(fuser._push) == ["another"]
     await fuser.close()
+
+
+async def test_the_lease_kv_and_dlq_jobs_work_for_every_tenant(start_broker: Any, conn: asyncpg.Connection) -> None:
+    """Issue 12 §2, "the background jobs work for every tenant": two tenants with the same queue, group
+    and KV names; one run of lease_expiry, kv_sweep and dlq_fill (time passed to them) clears both
+    tenants' expired leases and KV rows and fills both tenants' dead letters."""
+    broker: Broker = await start_broker(tenancy_header=True, jobs_enabled=False)
+    tenants = ("tenant-a", "tenant-b")
+    for t in tenants:
+        async with httpx.AsyncClient(base_url=broker.url, headers={"x-queen-tenant": t}, timeout=30) as http:
+            items = [{"queue": "q", "payload": {"t": t, "i": i}, "transactionId": f"m{i}"} for i in range(2)]
+            assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+            got = (await http.get("/api/v1/pop/queue/q", params={"consumerGroup": "g", "batch": 1})).json()
+            (m,) = got["messages"]
+            dead = {k: m[k] for k in ("transactionId", "partitionId", "leaseId")}
+            r = await http.post("/api/v1/ack", json={**dead, "consumerGroup": "g", "status": "dlq", "error": "x"})
+            assert r.status_code == 200 and r.json()[0]["dlq"] is True, r.text
+            r = await http.get("/api/v1/pop/queue/q", params={"consumerGroup": "g", "batch": 1})  # leased: m1
+            assert r.status_code == 200, r.text
+            kv = [{"op": "put", "ns": "n", "key": "k", "value": t, "ttlSeconds": 60}]
+            assert (await http.post("/api/v1/kv", json={"operations": kv})).status_code == 200
+    per_tenant = """
+        SELECT t.tenant,
+               (SELECT count(*) FROM queen.log_consumers c JOIN queen.log_partitions p ON p.id = c.partition_id
+                 WHERE p.tenant = t.tenant AND c.lease_id IS NOT NULL) AS leases,
+               (SELECT count(*) FROM queen.kv k WHERE k.tenant = t.tenant) AS kv,
+               (SELECT count(*) FROM queen.log_dlq d WHERE d.tenant = t.tenant AND d.payload IS NULL) AS unfilled
+          FROM unnest($1::text[]) AS t(tenant) ORDER BY 1"""
+    before = [tuple(r) for r in await conn.fetch(per_tenant, list(tenants))]
+    assert before == [(t, 1, 1, 1) for t in tenants], before
+    later = datetime.now(UTC) + timedelta(days=1)
+    db = broker.app.state.queen.db
+    await LeaseExpiry(lambda tenant, queue: None).run_once(db, later)
+    await KvSweep().run_once(db, later)
+    await DlqFill().tick(db)  # hands the segments out, then writes the payloads
+    await DlqFill().tick(db)
+    after = [tuple(r) for r in await conn.fetch(per_tenant, list(tenants))]
+    assert after == [(t, 0, 0, 0) for t in tenants], after

@@ -38,8 +38,9 @@ from queen_pg.api.schemas_admin import (
 )
 from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
-from queen_pg.errors import MAINTENANCE, QueenError
+from queen_pg.errors import FORBIDDEN, MAINTENANCE, QueenError
 from queen_pg.mesh.node import Mesh
+from queen_pg.security.tenancy import enabled as tenancy_enabled
 
 router = APIRouter(prefix="/api/v1")
 
@@ -67,13 +68,21 @@ class SwitchBody(msgspec.Struct):
 
 SWITCH_DESCRIPTION = (
     "Stored in PostgreSQL: this replica applies it at once, every other within a second. The answer carries "
-    "both switches."
+    "both switches. System-wide: with tenancy on, only the default tenant may flip it (403 otherwise)."
 )
 
 
 async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response:
-    body = await read(request, SwitchBody)
     st = state(request)
+    # the switches are system-wide (every tenant's pushes or pops): with tenancy on, only the operator's
+    # tenant (QUEEN_DEFAULT_TENANT) may flip them, so one tenant's admin cannot pause another's traffic
+    if tenancy_enabled(st.settings) and tenant(request) != st.settings.default_tenant:
+        raise QueenError(
+            FORBIDDEN,
+            detail="the maintenance switches are system-wide: only an admin of the default tenant "
+            f"({st.settings.default_tenant!r}) may flip them",
+        )
+    body = await read(request, SwitchBody)
     await maintenance_engine.set_switch(st.db, st.maintenance, switch, body.enabled)
     if st.mesh is not None:  # the other replicas re-read the switches now, not at their next tick
         st.mesh.publish_maintenance()
@@ -101,7 +110,7 @@ async def get_maintenance(request: Request) -> Response:
     summary='Push maintenance on/off: {"enabled": bool}; pushes get 503',
     description=SWITCH_DESCRIPTION + " While on, pushes (and transactions that push) get 503 `maintenance`.",
     openapi_extra=body(SwitchBody),
-    responses=answers({200: MaintenanceAnswer}, 400, 413),
+    responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
 )
 async def set_maintenance(request: Request) -> Response:
     return await _flip(request, "push")
@@ -122,7 +131,7 @@ async def get_pop_maintenance(request: Request) -> Response:
     summary='Pop maintenance on/off: {"enabled": bool}; pops answer 204',
     description=SWITCH_DESCRIPTION + " While on, pops answer 204 (no messages) at once.",
     openapi_extra=body(SwitchBody),
-    responses=answers({200: MaintenanceAnswer}, 400, 413),
+    responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
 )
 async def set_pop_maintenance(request: Request) -> Response:
     return await _flip(request, "pop")

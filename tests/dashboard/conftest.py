@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, Request, async_playwright, expect
 
@@ -27,6 +29,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 SHOTS = ROOT / ".screenshots" / "dashboard"  # git-ignored
 VIEWPORT = {"width": 1280, "height": 800}
 expect.set_options(timeout=15_000)  # a live page refreshes every 5 s
+
+
+def token(secret: str, role: str, **claims: str) -> str:
+    """An HS256 token for a broker started with ``jwt_enabled=True, jwt_secret=secret`` (``claims``: more
+    claims, e.g. the tenant)."""
+    now = int(time.time())
+    body = {"sub": f"dash-{role}", "role": role, "iat": now, "exp": now + 600, "tenant": "default", **claims}
+    return jwt.encode(body, secret, algorithm="HS256")
 
 
 def _apt(*args: str) -> subprocess.CompletedProcess[str]:
@@ -105,8 +115,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 async def dash(browser: Browser, start_broker: Any, request: pytest.FixtureRequest) -> AsyncIterator[Dash]:
     marker = request.node.get_closest_marker("broker")
-    broker: Broker = await start_broker(**(marker.kwargs if marker else {}))
-    seeded = await seed(broker.url)
+    settings: dict[str, Any] = dict(marker.kwargs) if marker else {}
+    broker: Broker = await start_broker(**settings)
+    # with JWT on (a test's marker sets jwt_secret) the seed writes with an admin token
+    seeded = await seed(broker.url, token(settings["jwt_secret"], "admin") if settings.get("jwt_enabled") else None)
     # not UTC: the pages turn local times into the UTC instants the API takes (seek to a time)
     context = await browser.new_context(viewport=VIEWPORT, timezone_id="America/Sao_Paulo")  # type: ignore[arg-type]
     page = await context.new_page()

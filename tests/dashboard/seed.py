@@ -35,8 +35,11 @@ async def _ack(http: httpx.AsyncClient, m: dict[str, Any], status: str, group: s
     assert r.status_code == 200, r.text
 
 
-async def seed(url: str) -> Seeded:
-    async with Queen(url) as client, httpx.AsyncClient(base_url=url, timeout=30) as http:
+async def seed(url: str, token: str | None = None) -> Seeded:
+    """``token``: an admin bearer token when the broker has JWT on."""
+    client_kw: dict[str, Any] = {"bearer_token": token} if token else {}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with Queen(url, **client_kw) as client, httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
         await client.queue("orders").create()
         await (
             client.queue("orders")

@@ -20,7 +20,7 @@ from playwright.async_api import Request, Route, expect
 
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.stats import Stats
-from tests.dashboard.conftest import Dash
+from tests.dashboard.conftest import Dash, token
 from tests.helpers import pop, push_at, until
 
 pytestmark = pytest.mark.timeout(300)  # the first test may install chromium (apt-get) in its setup
@@ -226,8 +226,9 @@ async def _destructive_buttons(dash: Dash) -> list[str]:
 
 async def test_read_only_mode_hides_every_destructive_button(dash: Dash) -> None:
     """Read-only is what a token without write rights sees: the dashboard's admin probe
-    (POST /api/v1/stats/refresh, a no-op) answers 403. JWT is not in the broker yet, so Playwright
-    answers that one probe with 403; every other call goes to the real broker."""
+    (POST /api/v1/stats/refresh) answers 403. Here Playwright answers that one probe with 403 on a broker
+    without JWT (every other call goes to the real broker); the same with real tokens against the
+    broker's JWT check: test_with_jwt_on_a_read_only_token_sees_no_destructive_button."""
     writable = await _destructive_buttons(dash)
     for expected in ("Turn on", "Delete queue", "Requeue", "Seek to end", "Delete group", "Delete", "Cancel", "Edit"):
         assert any(w.endswith(f": {expected}") for w in writable), (expected, writable)
@@ -279,6 +280,34 @@ async def test_a_401_asks_for_a_token_and_every_call_then_carries_it(dash: Dash)
     await expect(page.get_by_test_id("queue-row")).to_have_count(3)
     assert seen[before:] and all(a == "Bearer s3cret" for a in seen[before:]), seen[before:]
     await expect(prompt).to_have_count(0)
+
+
+JWT_SECRET = "dashboard-secret-0123456789-abcdefghij"
+
+
+@pytest.mark.broker(jwt_enabled=True, jwt_secret=JWT_SECRET)
+async def test_with_jwt_on_a_read_only_token_sees_no_destructive_button(dash: Dash) -> None:
+    """The broker's own JWT check, no stand-in: without a token the dashboard asks for one; the broker
+    refuses a read-only token's admin probe (403) and no destructive button shows on any page; with an
+    admin token they are back."""
+    page = dash.page
+    dash.allowed += ["status of 401", "status of 403"]  # the calls before the token; the refused probe
+    await dash.goto("/")
+    prompt = page.get_by_test_id("token-prompt")
+    await expect(prompt).to_be_visible()
+    await page.get_by_test_id("token-input").fill(token(JWT_SECRET, "read-only"))
+    await page.get_by_role("button", name="Use token").click()
+    await expect(prompt).to_have_count(0)
+    await expect(page.get_by_test_id("stat-queues")).to_contain_text("3")  # reads work with it
+    await expect(page.get_by_test_id("read-only")).to_be_visible()
+    assert await _destructive_buttons(dash) == []
+    await dash.shot("read-only-jwt")
+    await page.evaluate("t => sessionStorage.setItem('queen.token', t)", token(JWT_SECRET, "admin"))
+    await page.reload()
+    writable = await _destructive_buttons(dash)
+    for expected in ("Turn on", "Delete queue", "Requeue", "Seek to end"):
+        assert any(w.endswith(f": {expected}") for w in writable), (expected, writable)
+    assert not await page.get_by_test_id("read-only").count()
 
 
 @pytest.mark.broker(jobs_enabled=False)  # the test writes the stats history itself (a job's sample would skip it)
@@ -383,3 +412,132 @@ async def test_operations_from_the_pages(dash: Dash) -> None:
         await dash.confirm()
         await expect(state).to_have_text("off")
         await until(lambda: push_is(201), "pushes accepted again")
+
+
+async def test_the_queue_list_searches_and_pages_on_the_server(dash: Dash) -> None:
+    """33 queues (the seed's 3 + 30): the list shows 25 and pages to the rest; a search narrows it
+    through the API's ``search`` (the page count follows the filtered total)."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        items = [{"queue": f"bulk-{i:02d}", "payload": {"i": i}} for i in range(30)]
+        assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+    await dash.goto("/queues")
+    rows = page.get_by_test_id("queue-row")
+    pager = page.locator(".pager")
+    await expect(rows).to_have_count(25)
+    await expect(pager).to_contain_text("1–25 of 33")
+    await pager.get_by_role("button", name="Next ›").click()
+    await expect(rows).to_have_count(8)
+    await expect(pager).to_contain_text("26–33 of 33")
+    await expect(pager.get_by_role("button", name="Next ›")).to_be_disabled()
+    await page.get_by_test_id("queue-search").fill("bulk-1")
+    await expect(rows).to_have_count(10)  # bulk-10 .. bulk-19
+    await expect(pager).to_contain_text("1–10 of 10")
+    assert "search=bulk-1" in page.url
+    await page.get_by_test_id("queue-search").fill("no-such-queue")
+    await expect(page.get_by_text("No queue matches “no-such-queue”.")).to_be_visible()
+
+
+async def test_the_open_queue_page_refreshes_in_place(dash: Dash) -> None:
+    """A push shows on an open queue's page within a refresh (a group's lag), in the same DOM node."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        groups = (await http.get("/api/v1/resources/queues/orders")).json()["groups"]
+        lag = next(g["lag"] for g in groups if g["name"] == "fulfillment")
+    await dash.goto("/queues/orders")
+    cell = page.get_by_test_id("group-row").filter(has_text="fulfillment").get_by_test_id("group-lag")
+    await expect(cell).to_have_text(str(lag))
+    await cell.evaluate("el => { el.dataset.mark = 'kept' }")
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        items = [{"queue": "orders", "partition": "c-9", "payload": {"i": i}} for i in range(5)]
+        assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+    await expect(cell).to_have_text(str(lag + 5))
+    assert await cell.get_attribute("data-mark") == "kept"
+
+
+async def test_messages_page_filters_by_partition_and_offsets_then_deletes_one(dash: Dash) -> None:
+    """The partition and offset filters ask the API for that slice; a message's page deletes it (with
+    confirmation) and the API then knows it no more."""
+    page = dash.page
+    want_params = {"queue": "orders", "partition": "c-7", "fromOffset": "1", "toOffset": "3"}
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        everything = (await http.get("/api/v1/messages", params={"queue": "orders"})).json()["total"]
+        want = (await http.get("/api/v1/messages", params=want_params)).json()
+    assert 0 < want["total"] < everything, (want, everything)
+    await dash.goto("/messages?queue=orders")
+    rows = page.get_by_test_id("message-row")
+    await expect(page.get_by_test_id("messages-total")).to_contain_text(f"{everything} in orders")
+    for key in ("partition", "fromOffset", "toOffset"):
+        await page.get_by_test_id(f"f-{key}").fill(want_params[key])
+    await page.get_by_role("button", name="Apply").click()
+    await expect(page.get_by_test_id("messages-total")).to_contain_text(f"{want['total']} in orders")
+    await expect(rows).to_have_count(len(want["messages"]))
+    for m in want["messages"]:
+        await expect(rows.filter(has_text=m["transactionId"])).to_contain_text("c-7")
+    victim = want["messages"][0]
+    await rows.filter(has_text=victim["transactionId"]).get_by_role("link").click()
+    await expect(page.get_by_test_id("message-group").first).to_be_visible()
+    await page.get_by_test_id("message-delete").click()
+    await dash.confirm()
+    await expect(page.get_by_test_id("messages-total")).to_be_visible()  # back on the queue's list
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        r = await http.get(f"/api/v1/messages/{victim['partitionId']}/{victim['transactionId']}")
+        assert r.status_code == 404, r.text
+
+
+async def test_kv_prefix_browse_and_get_then_a_group_deleted_from_its_page(dash: Dash) -> None:
+    """The KV page's prefix browser and one-key get; a consumer group deleted from its page (with
+    confirmation) is gone from the API."""
+    page = dash.page
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        ops = [
+            {"op": "put", "ns": "orders", "key": f"invoice-{i}", "value": {"n": i}, "forever": True} for i in range(3)
+        ]
+        assert (await http.post("/api/v1/kv", json={"operations": ops})).status_code == 200
+    await dash.goto("/kv?ns=orders")
+    rows = page.get_by_test_id("kv-row")
+    await expect(rows).to_have_count(4)  # the worker's order-o-1 and three invoices
+    await page.get_by_test_id("kv-prefix").fill("invoice-")
+    await page.get_by_role("button", name="Browse").click()
+    await expect(rows).to_have_count(3)
+    await expect(rows.filter(has_text="order-o-1")).to_have_count(0)
+    await page.get_by_test_id("kv-key").fill("invoice-2")
+    await page.get_by_test_id("kv-get").click()
+    await expect(page.get_by_test_id("kv-got")).to_contain_text('"n": 2')
+
+    await dash.goto("/groups/billing")
+    await expect(page.get_by_test_id("group-queue-lag")).to_have_text("lag 7")
+    await page.get_by_test_id("group-delete").click()
+    await dash.confirm()
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+
+        async def gone() -> bool:
+            groups = (await http.get("/api/v1/consumer-groups")).text
+            return "billing" not in groups
+
+        await until(gone, "the group to be deleted")
+
+
+@pytest.mark.broker(jwt_enabled=True, jwt_secret=JWT_SECRET, jwt_tenant_claim="tenant")
+async def test_another_tenants_admin_is_refused_the_maintenance_switch_and_keeps_its_buttons(dash: Dash) -> None:
+    """The maintenance switches are system-wide: an admin of a tenant other than the default one gets the
+    broker's 403 on the page, the switch stays off, and the dashboard does not fall into read-only mode."""
+    page = dash.page
+    dash.allowed += ["status of 401", "status of 403"]
+    await dash.goto("/")
+    await page.get_by_test_id("token-input").fill(token(JWT_SECRET, "admin", tenant="tenant-b"))
+    await page.get_by_role("button", name="Use token").click()
+    await expect(page.get_by_test_id("token-prompt")).to_have_count(0)
+    state = page.get_by_test_id("maint-push-state")
+    await expect(state).to_have_text("off")
+    await page.get_by_test_id("maint-push-toggle").click()
+    await dash.confirm()
+    await expect(page.locator(".toast.bad")).to_contain_text("403")
+    await expect(page.locator(".toast.bad")).to_contain_text("default tenant")
+    await expect(state).to_have_text("off")
+    await expect(page.get_by_test_id("maint-push-toggle")).to_be_visible()  # still an admin here
+    assert not await page.get_by_test_id("read-only").count()
+    async with httpx.AsyncClient(base_url=dash.url) as http:
+        operator = {"Authorization": f"Bearer {token(JWT_SECRET, 'admin', tenant='default')}"}
+        r = await http.get("/api/v1/system/maintenance", headers=operator)
+        assert r.json()["maintenanceMode"] is False

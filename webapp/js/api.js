@@ -52,7 +52,9 @@ export async function api(method, path, body) {
     if (!auth.needToken) { auth.needToken = true; changed(); }
     throw new ApiError(401, data);
   }
-  if (res.status === 403 && method !== 'GET') {
+  // a 403 on the system-wide maintenance switches is about the tenant (only the default tenant's admin
+  // may flip them), not the token's level: it stays an error on the page and does not mean read-only
+  if (res.status === 403 && method !== 'GET' && !path.startsWith('system/')) {
     if (!auth.readOnly) { auth.readOnly = true; changed(); }
   }
   if (!res.ok) throw new ApiError(res.status, data);
