@@ -189,3 +189,39 @@ async def test_the_push_functions_use_generic_plans(conn: asyncpg.Connection, fn
     ~40 % of a 1-item push's PostgreSQL CPU); the SET clause must stay on the function."""
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regproc", fn)
     assert config is not None and "plan_cache_mode=force_generic_plan" in config
+
+
+@pytest.mark.parametrize(
+    ("items", "status"),
+    [
+        # the pair (q, p) is checked once; a later item naming another partition is still checked
+        ([("q", "p"), ("q", "p"), ("q", "x" * 300)], 413),
+        ([("q", "p"), ("q" + "\x01", "p")], 400),
+        ([("q", "p"), ("q", "p\n")], 400),
+        ([("q", "Default"), ("", "Default")], 400),
+    ],
+)
+async def test_every_distinct_name_of_a_body_is_still_checked(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, items: list[tuple[str, str]], status: int
+) -> None:
+    body = {"items": [{"queue": q, "partition": p, "payload": i} for i, (q, p) in enumerate(items)]}
+    r = await http.post("/api/v1/push", json=body)
+    assert r.status_code == status, r.text
+    assert "error" in r.json()
+    assert await conn.fetchval("SELECT count(*) FROM queen.queues") == 0
+
+
+def test_uuid7_layout() -> None:
+    import time
+
+    ids = [codec.uuid7() for _ in range(5000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    now_ms = time.time_ns() // 1_000_000
+    assert all(0 <= now_ms - (i.int >> 80) < 60_000 for i in ids)
+    assert len(set(ids)) == len(ids)
+    random_bits = 0
+    for i in ids:
+        random_bits |= i.int & ((1 << 80) - 1)
+    # every bit below the timestamp but the version (76-79) and variant (62-63) varies
+    assert random_bits | (0xF << 76) | (0x3 << 62) == (1 << 80) - 1
+    assert [i for i in ids if str(i) != str(uuid.UUID(bytes=i.bytes))] == []
