@@ -83,20 +83,14 @@ _lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group]]] = weakre
 
 def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
     """The fusion lane of stored-as-is binary pushes (engine/fusion.py): concurrent bodies go in one
-    ``push_v1`` call when they name different partitions (a call appends one segment per partition),
+    ``push_v3`` call when they name different partitions (a call appends one segment per partition),
     results split back per body, each indexed from 0."""
     lanes = _lanes.setdefault(fuser, {})
     lane = lanes.get(ten)
     if lane is None:
 
         async def call(requests: list[list[binary.Group]]) -> list[list[dict[str, Any]]]:
-            results = await push_binary.push(fuser.db, ten, [g for req in requests for g in req])
-            out, at = [], 0
-            for req in requests:
-                n = sum(len(g.items) for g in req)
-                out.append([{**r, "index": i} for i, r in enumerate(results[at : at + n])])
-                at += n
-            return out
+            return await push_binary.push_many(fuser.db, ten, requests)
 
         lane = lanes[ten] = Lane("push-binary", call, fuser.config)
     return lane

@@ -99,13 +99,20 @@ class AckBatchBody(msgspec.Struct):
     consumerGroup: Name | None = None
 
 
-def new_message(it: PushItem, where: str, producer: str | None = None) -> push_engine.NewMessage:
+def new_message(
+    it: PushItem, where: str, producer: str | None = None, checked: set[tuple[str, str]] | None = None
+) -> push_engine.NewMessage:
     """A decoded push item as the engine takes it (also used by the transaction route). The Struct
     said everything but the byte limits and whether the payload can be stored exactly. ``producer`` =
-    the token's sub (``producer_sub(request)``); a body ``producerSub`` is never read."""
-    check_name("queue", it.queue)
-    if it.partition != "Default":
-        check_name("partition", it.partition)
+    the token's sub (``producer_sub(request)``); a body ``producerSub`` is never read. ``checked``:
+    the (queue, partition) names already checked in this body (each distinct pair is checked once)."""
+    names = (it.queue, it.partition)
+    if checked is None or names not in checked:
+        check_name("queue", it.queue)
+        if it.partition != "Default":
+            check_name("partition", it.partition)
+        if checked is not None:
+            checked.add(names)
     txn = it.transactionId
     if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
         raise bad_request(f"{where}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
@@ -132,7 +139,8 @@ async def push(request: Request) -> Response:
         return await binary.push(request)  # QPB1 (WIRE §3.1)
     body = await read(request, PushBody)
     sub = producer_sub(request)
-    items = [new_message(it, f"items.{i}", sub) for i, it in enumerate(body.items)]
+    checked: set[tuple[str, str]] = set()
+    items = [new_message(it, f"items.{i}", sub, checked) for i, it in enumerate(body.items)]
     st = state(request)
     ten = tenant(request)
     once = await request_once(request, "push")  # a keyed push is applied once, and never fused

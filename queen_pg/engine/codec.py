@@ -32,12 +32,15 @@ _compressor = zstandard.ZstdCompressor(level=1, write_content_size=True)
 _decompressor = zstandard.ZstdDecompressor()
 
 
+_V7_KEEP = ~((0xF << 76) | (0x3 << 62)) & ((1 << 128) - 1)  # every bit but the version and variant
+_V7_SET = (0x7 << 76) | (0x2 << 62)  # version 7, RFC 4122 variant
+
+
 def uuid7() -> uuid.UUID:
-    """A time-ordered UUID (RFC 9562 version 7): 48-bit unix ms, then random bits."""
-    raw = bytearray((time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF).to_bytes(6, "big") + os.urandom(10))
-    raw[6] = (raw[6] & 0x0F) | 0x70  # version 7
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    return fast_uuid(bytes(raw))
+    """A time-ordered UUID (RFC 9562 version 7): 48-bit unix ms, then random bits (one int, ~1 µs:
+    minted per pushed message)."""
+    v = ((time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF) << 80 | int.from_bytes(os.urandom(10), "big")) & _V7_KEEP
+    return fast_uuid((v | _V7_SET).to_bytes(16, "big"))
 
 
 def txn_hash(transaction_id: str) -> uuid.UUID:

@@ -1,5 +1,10 @@
-"""Push: pack items into one segment per (queue, partition), one call to ``queen.push_v1`` (or, under a
+"""Push: pack items into one segment per (queue, partition), one call to ``queen.push_v3`` (or, under a
 request key, ``queen.push_v2``: the outcome window, queen_pg/engine/outcomes.py).
+
+push_v3 takes the items' transactionId hashes and message ids as one bytea each and answers ONE row
+(per group its partition id and first offset, and only the duplicates), from which :func:`placed`
+derives every item's verdict: encoding 2 × n uuids and decoding n result rows was the broker's largest
+cost per pushed message (push_v1, one row per item, stays for the previous release).
 
 Payloads of encrypted queues are sealed here (queen_pg/security/crypto.py), by the database handle's
 vault: each group tells push_v1 whether it is sealed, push_v1 refuses a group that disagrees with its
@@ -17,7 +22,7 @@ from queen_pg.engine import codec
 from queen_pg.engine.outcomes import Once
 from queen_pg.security import crypto
 
-PUSH_SQL = "SELECT * FROM queen.push_v1($1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8)"
+PUSH_SQL = "SELECT * FROM queen.push_v3($1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8)"
 PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)"
 
 
@@ -48,6 +53,44 @@ class PreparedPush:
     def args(self) -> tuple[Any, ...]:
         """queen.push_v1's arguments after the tenant, but ``sealed`` (passed last: :attr:`sealed`)."""
         return (self.queues, self.partitions, self.blobs, self.item_group, self.hashes, self.msgids)
+
+    def args_v3(self) -> tuple[Any, ...]:
+        """queen.push_v3's arguments after the tenant, but ``sealed``: hashes and ids as 16 × n bytes."""
+        return (
+            self.queues,
+            self.partitions,
+            self.blobs,
+            self.item_group,
+            b"".join([h.bytes for h in self.hashes]),
+            b"".join([m.bytes for m in self.msgids]),
+        )
+
+
+# One item's verdict: (status, message id, partition id, offset); a duplicate's are the original's.
+Placed = tuple[str, uuid.UUID, int, int]
+
+
+def placed(prepared: PreparedPush, row: Record) -> list[Placed]:
+    """Every item's verdict, in item order, from push_v3's one row: a queued item's offset is its
+    group's base plus the queued items of its group before it; a duplicate is listed by index."""
+    pids: list[int] = row["partition_ids"]
+    nxt: list[int] = list(row["base_offsets"])
+    dups = dict(zip(row["dup_idx"], zip(row["dup_msgid"], row["dup_offset"], strict=True), strict=True))
+    out: list[Placed] = []
+    for i, (g, mid) in enumerate(zip(prepared.item_group, prepared.msgids, strict=True), 1):
+        dup = dups.get(i) if dups else None
+        if dup is None:
+            off = nxt[g - 1]
+            nxt[g - 1] = off + 1
+            out.append(("queued", mid, pids[g - 1], off))
+        else:
+            out.append(("duplicate", dup[0], pids[g - 1], dup[1]))
+    return out
+
+
+def rows_placed(rows: Sequence[Record]) -> list[Placed]:
+    """push_v1/push_v2 rows (one per item) as :data:`Placed`."""
+    return [(r["status"], r["message_id"], r["partition_id"], r["msg_offset"]) for r in rows]
 
 
 def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: str = "") -> PreparedPush:
@@ -111,7 +154,7 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
 
     rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
-    return _render(items, rows)
+    return _render(items, rows_placed(rows))
 
 
 async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[list[dict[str, Any]]]:
@@ -123,11 +166,12 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
     flat = [it for req in requests for it in req]
     v = crypto.vault(db)
 
-    async def attempt() -> list[Record]:
+    async def attempt() -> list[Placed]:
         prepared = prepare(flat, v, tenant)
-        return await db.fetch(PUSH_SQL, tenant, *prepared.args(), prepared.sealed)
+        (row,) = await db.fetch(PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
+        return placed(prepared, row)
 
-    rows = await crypto.push_sealed(v, tenant, (it.queue for it in flat), attempt)
+    rows = await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
     out: list[list[dict[str, Any]]] = []
     start = 0
     for req in requests:
@@ -136,18 +180,27 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
     return out
 
 
-def _render(items: list[NewMessage], rows: Sequence[Record]) -> list[dict[str, Any]]:
+def _render(items: list[NewMessage], rows: Sequence[Placed]) -> list[dict[str, Any]]:
     # An item without a transactionId got its message id as one: a duplicate of it is impossible, so
     # the row's message id is its transactionId (also when the rows are a replayed record).
-    return [
-        result(
-            item,
-            item.transaction_id or str(row["message_id"]),
-            row["status"],
-            row["message_id"],
-            row["partition_id"],
-            row["msg_offset"],
-            i,
+    out: list[dict[str, Any]] = []
+    pid_text: dict[int, str] = {}
+    for i, ((status, mid, pid, off), item) in enumerate(zip(rows, items, strict=True)):
+        ptext = pid_text.get(pid)
+        if ptext is None:
+            ptext = pid_text[pid] = str(pid)
+        mtext = str(mid)
+        out.append(
+            {
+                "index": i,
+                "status": status,
+                "transactionId": item.transaction_id or mtext,
+                "messageId": mtext,
+                "queue": item.queue,
+                "partition": item.partition,
+                "partitionId": ptext,
+                "offset": off,
+                "error": None,
+            }
         )
-        for i, (row, item) in enumerate(zip(rows, items, strict=True))
-    ]
+    return out

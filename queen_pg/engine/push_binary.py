@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from queen_pg.db.pool import Database, Record
+from queen_pg.db.pool import Database
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.binary import Group
 from queen_pg.engine.outcomes import Once
@@ -55,7 +55,7 @@ def messages(groups: Sequence[Group], producer_sub: str | None) -> list[push_eng
 
 
 def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
-    """``push_v1``'s arguments straight from the blobs (call only when :func:`stored_as_is`)."""
+    """``push_v3``'s arguments straight from the blobs (call only when :func:`stored_as_is`)."""
     prepared = push_engine.PreparedPush([], [], [], [], [], [], [], [])
     for n, g in enumerate(groups, 1):
         assert g.blob is not None
@@ -73,15 +73,26 @@ def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
 
 
 async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | None = None) -> list[dict[str, Any]]:
-    """Store the blobs as the segments (one ``queen.push_v1`` call, or ``push_v2`` under a request key);
+    """Store the blobs as the segments (one ``queen.push_v3`` call, or ``push_v2`` under a request key);
     one result per message, in body order, as a JSON push answers."""
-    prepared = prepare(groups)
+    return (await push_many(db, tenant, [groups], once))[0]
+
+
+async def push_many(
+    db: Database, tenant: str, requests: Sequence[Sequence[Group]], once: Once | None = None
+) -> list[list[dict[str, Any]]]:
+    """Several bodies' groups (on distinct partitions) in ONE call (the binary fusion lane,
+    queen_pg/api/binary.py); each body gets its own results, indexed from 0. ``once`` only with one body."""
+    flat = [g for req in requests for g in req]
+    prepared = prepare(flat)
     try:
         if once is None:
-            rows = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args(), prepared.sealed)
+            (row,) = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
+            placed = push_engine.placed(prepared, row)
         else:
             rows = await db.fetch(push_engine.PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
             once.replayed = bool(rows) and rows[0]["replayed"]
+            placed = push_engine.rows_placed(rows)
     except QueenError as err:
         named = crypto.mismatched(err)
         if named is None:
@@ -91,26 +102,37 @@ async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | 
         v = crypto.vault(db)
         for q, enc in named.items():
             v.learn(tenant, q, enc)
-        return await push_engine.push(db, tenant, messages(groups, None), once)
-    return render(groups, rows)
+        if once is not None:
+            return [await push_engine.push(db, tenant, messages(flat, None), once)]
+        return await push_engine.push_many(db, tenant, [messages(req, None) for req in requests])
+    out: list[list[dict[str, Any]]] = []
+    at = 0
+    for req in requests:
+        n = sum(len(g.items) for g in req)
+        out.append(render(req, placed[at : at + n]))
+        at += n
+    return out
 
 
-def render(groups: Sequence[Group], rows: Sequence[Record]) -> list[dict[str, Any]]:
+def render(groups: Sequence[Group], placed: Sequence[push_engine.Placed]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     i = 0
     for g in groups:
+        ptext = ""
         for it in g.items:
-            row = rows[i]
+            status, mid, pid, off = placed[i]
+            if not ptext:
+                ptext = str(pid)
             out.append(
                 {
                     "index": i,
-                    "status": row["status"],
+                    "status": status,
                     "transactionId": it.transaction_id,
-                    "messageId": str(row["message_id"]),
+                    "messageId": str(mid),
                     "queue": g.queue,
                     "partition": g.partition,
-                    "partitionId": str(row["partition_id"]),
-                    "offset": row["msg_offset"],
+                    "partitionId": ptext,
+                    "offset": off,
                     "error": None,
                 }
             )

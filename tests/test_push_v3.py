@@ -1,0 +1,227 @@
+"""queen.push_v3 (compact arguments and answer) against queen.push_v1 (one row per item), real PostgreSQL.
+
+push_v3 takes the hashes and message ids as one bytea each and answers one row: per group its partition
+id and first offset, and only the duplicates. The broker derives every item's verdict from it
+(``push.placed``). These tests hold that derivation equal to push_v1's rows on the same calls, check
+that the stored state is the same, that a wrong byte count is refused before anything is written, and
+that the broker's push route no longer needs push_v1 while a previous-release broker's push_v1 calls
+interleave with it on one partition (rolling deploy).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from queen_pg.engine import codec
+from queen_pg.engine import push as push_engine
+from tests.helpers import push
+
+V1 = "SELECT * FROM queen.push_v1('default', $1, $2, $3, $4, $5, $6)"
+V3 = "SELECT * FROM queen.push_v3('default', $1, $2, $3, $4, $5, $6)"
+
+
+def prepared_call(items: list[tuple[str, str, str]], prefix: str) -> push_engine.PreparedPush:
+    """(queue, partition, transactionId) items as push_engine.prepare packs them, queues prefixed."""
+    msgs = [push_engine.NewMessage(prefix + q, p, f'"{t}"'.encode(), t, None) for q, p, t in items]
+    return push_engine.prepare(msgs)
+
+
+def scripted_calls(seed: int) -> list[list[tuple[str, str, str]]]:
+    """Calls over 2 queues x 3 partitions, groups interleaved, transactionIds drawn from a small pool:
+    duplicates inside a call, of earlier calls, and across partitions (not duplicates there)."""
+    rnd = random.Random(seed)
+    calls = []
+    for _ in range(8):
+        n = rnd.randint(1, 25)
+        calls.append(
+            [(rnd.choice("qr"), rnd.choice(["a", "b", "Default"]), f"t{rnd.randint(0, 30)}") for _ in range(n)]
+        )
+    return calls
+
+
+async def state(conn: asyncpg.Connection, prefix: str) -> list[Any]:
+    """What the calls stored under the queues starting with ``prefix`` (names without it)."""
+    rows = await conn.fetch(
+        """SELECT substr(q.name, 2) AS q, p.name AS p, p.next_offset, p.duplicates_total, p.segments_total,
+                  (SELECT array_agg(ARRAY[s.base_offset, s.end_offset, cardinality(coalesce(s.dropped, '{}'))]
+                                    ORDER BY s.base_offset)
+                     FROM queen.log_segments s WHERE s.partition_id = p.id) AS segs,
+                  (SELECT array_agg(t.msg_offset ORDER BY t.msg_offset)
+                     FROM queen.log_txns t WHERE t.partition_id = p.id) AS txn_offsets
+             FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id
+            WHERE q.name LIKE $1 || '%'
+            ORDER BY 1, 2""",
+        prefix,
+    )
+    return [tuple(r) for r in rows]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_push_v3_answers_and_stores_what_push_v1_does(conn: asyncpg.Connection, seed: int) -> None:
+    minted_v1: dict[uuid.UUID, tuple[int, int]] = {}  # message id -> (call, item) that minted it
+    minted_v3: dict[uuid.UUID, tuple[int, int]] = {}
+    dups = 0
+    for c, items in enumerate(scripted_calls(seed)):
+        p1 = prepared_call(items, "1")
+        rows = await conn.fetch(V1, *p1.args())
+        v1 = push_engine.rows_placed(rows)
+        p3 = prepared_call(items, "3")
+        (row,) = await conn.fetch(V3, *p3.args_v3())
+        v3 = push_engine.placed(p3, row)
+        assert len(v1) == len(v3) == len(items)
+        for i, (a, b) in enumerate(zip(v1, v3, strict=True)):
+            assert a[0] == b[0], (c, i, items[i])  # status
+            assert a[3] == b[3], (c, i, items[i])  # offset
+            if a[0] == "queued":
+                assert a[1] == p1.msgids[i] and b[1] == p3.msgids[i]
+                minted_v1[a[1]] = minted_v3[b[1]] = (c, i)
+            else:
+                dups += 1
+                assert minted_v1[a[1]] == minted_v3[b[1]]  # the same original
+        # the partition ids are the partitions of the right groups (names as push_v1 says them)
+        names = dict(await conn.fetch("SELECT id, name FROM queen.log_partitions"))
+        assert [names[b[2]] for b in v3] == [p for _, p, _ in items]
+    assert dups > 5  # the script did exercise duplicates
+    assert await state(conn, "1") == await state(conn, "3")
+
+
+async def test_push_v3_within_call_duplicate_answers_the_first_item(conn: asyncpg.Connection) -> None:
+    p = prepared_call([("q", "a", "x"), ("q", "b", "x"), ("q", "a", "y"), ("q", "a", "x"), ("q", "b", "x")], "3")
+    (row,) = await conn.fetch(V3, *p.args_v3())
+    assert list(row["dup_idx"]) == [4, 5]  # 1-based, item order; "x" on b is a new message of b
+    assert list(row["dup_msgid"]) == [p.msgids[0], p.msgids[1]]
+    assert list(row["dup_offset"]) == [0, 0]
+    assert [(s, off) for s, _, _, off in push_engine.placed(p, row)] == [
+        ("queued", 0),
+        ("queued", 0),
+        ("queued", 1),
+        ("duplicate", 0),
+        ("duplicate", 0),
+    ]
+    # no duplicate: empty arrays, not NULL (placed() zips them)
+    q = prepared_call([("q", "a", "z")], "3")
+    (row,) = await conn.fetch(V3, *q.args_v3())
+    assert (row["dup_idx"], row["dup_msgid"], row["dup_offset"]) == ([], [], [])
+    assert list(row["base_offsets"]) == [2]
+
+
+@pytest.mark.parametrize("short", ["hashes", "msgids"])
+async def test_push_v3_refuses_a_wrong_byte_count_and_writes_nothing(conn: asyncpg.Connection, short: str) -> None:
+    p = prepared_call([("q", "a", "x"), ("q", "a", "y")], "3")
+    args = list(p.args_v3())
+    k = 4 if short == "hashes" else 5
+    args[k] = args[k][:-1]
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="2 items"):
+        await conn.fetch(V3, *args)
+    assert await conn.fetchval("SELECT count(*) FROM queen.queues") == 0
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_txns") == 0
+
+
+async def test_the_push_route_does_not_need_push_v1(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """The broker's pushes (single, batch, interleaved groups, duplicates) go through push_v3 alone."""
+    await conn.execute(
+        "DROP FUNCTION queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz,"
+        " smallint[], boolean[])"
+    )
+    one = await push(http, "q", [{"payload": 1, "transactionId": "a"}], "p")
+    assert [(r["status"], r["offset"]) for r in one] == [("queued", 0)]
+    body = {
+        "items": [
+            {"queue": "q", "partition": "p", "payload": 2, "transactionId": "b"},
+            {"queue": "q", "partition": "o", "payload": 3, "transactionId": "a"},
+            {"queue": "q", "partition": "p", "payload": 4, "transactionId": "a"},
+            {"queue": "q", "partition": "p", "payload": 5, "transactionId": "b"},
+            {"queue": "q", "partition": "p", "payload": 6},
+        ]
+    }
+    r = await http.post("/api/v1/push", json=body)
+    assert r.status_code == 201, r.text
+    res = r.json()
+    assert [(x["index"], x["status"], x["partition"], x["offset"]) for x in res] == [
+        (0, "queued", "p", 1),
+        (1, "queued", "o", 0),
+        (2, "duplicate", "p", 0),
+        (3, "duplicate", "p", 1),
+        (4, "queued", "p", 2),
+    ]
+    assert res[2]["messageId"] == one[0]["messageId"]
+    assert res[3]["messageId"] == res[0]["messageId"]
+    assert res[4]["transactionId"] == res[4]["messageId"]
+    assert len({res[0]["partitionId"], res[1]["partitionId"]}) == 2 and res[2]["partitionId"] == res[0]["partitionId"]
+    assert set(res[0]) == {
+        "index", "status", "transactionId", "messageId", "queue", "partition", "partitionId", "offset", "error",
+    }  # fmt: skip
+
+
+async def test_previous_release_push_v1_and_push_v3_share_a_partition(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """Rolling deploy: an old broker's push_v1 calls and this broker's pushes on one partition keep
+    offsets gapless and deduplicate each other's transactionIds."""
+    new = await push(http, "q", [{"payload": 1, "transactionId": "n1"}], "p")
+    ids = [codec.uuid7(), codec.uuid7()]
+    frames = [codec.encode_frame(i, t, b"0", None) for i, t in zip(ids, ["o1", "n1"], strict=True)]
+    old = await conn.fetch(
+        "SELECT * FROM queen.push_v1('default', $1, $2, $3, $4, $5, $6)",
+        ["q"],
+        ["p"],
+        [codec.pack(frames)],
+        [1, 1],
+        [codec.txn_hash("o1"), codec.txn_hash("n1")],
+        ids,
+    )
+    assert [(r["status"], r["msg_offset"]) for r in old] == [("queued", 1), ("duplicate", 0)]
+    assert str(old[1]["message_id"]) == new[0]["messageId"]
+    again = await push(http, "q", [{"payload": 2, "transactionId": "o1"}, {"payload": 3, "transactionId": "n2"}], "p")
+    assert [(r["status"], r["offset"]) for r in again] == [("duplicate", 1), ("queued", 2)]
+    assert again[0]["messageId"] == str(ids[0])
+
+
+@pytest.mark.parametrize("fn", ["queen._push_core", "queen.push_v3"])
+async def test_the_push_functions_use_generic_plans(conn: asyncpg.Connection, fn: str) -> None:
+    """Guard: with custom plans PL/pgSQL planned every statement of a push on every call (measured:
+    ~40 % of a 1-item push's PostgreSQL CPU); the SET clause must stay on the function."""
+    config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regproc", fn)
+    assert config is not None and "plan_cache_mode=force_generic_plan" in config
+
+
+@pytest.mark.parametrize(
+    ("items", "status"),
+    [
+        # the pair (q, p) is checked once; a later item naming another partition is still checked
+        ([("q", "p"), ("q", "p"), ("q", "x" * 300)], 413),
+        ([("q", "p"), ("q" + "\x01", "p")], 400),
+        ([("q", "p"), ("q", "p\n")], 400),
+        ([("q", "Default"), ("", "Default")], 400),
+    ],
+)
+async def test_every_distinct_name_of_a_body_is_still_checked(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, items: list[tuple[str, str]], status: int
+) -> None:
+    body = {"items": [{"queue": q, "partition": p, "payload": i} for i, (q, p) in enumerate(items)]}
+    r = await http.post("/api/v1/push", json=body)
+    assert r.status_code == status, r.text
+    assert "error" in r.json()
+    assert await conn.fetchval("SELECT count(*) FROM queen.queues") == 0
+
+
+def test_uuid7_layout() -> None:
+    import time
+
+    ids = [codec.uuid7() for _ in range(5000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    now_ms = time.time_ns() // 1_000_000
+    assert all(0 <= now_ms - (i.int >> 80) < 60_000 for i in ids)
+    assert len(set(ids)) == len(ids)
+    random_bits = 0
+    for i in ids:
+        random_bits |= i.int & ((1 << 80) - 1)
+    # every bit below the timestamp but the version (76-79) and variant (62-63) varies
+    assert random_bits | (0xF << 76) | (0x3 << 62) == (1 << 80) - 1
+    assert [i for i in ids if str(i) != str(uuid.UUID(bytes=i.bytes))] == []
