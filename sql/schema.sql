@@ -395,6 +395,14 @@ CREATE TABLE IF NOT EXISTS queen.tenant_minutes (
     CONSTRAINT tenant_minutes_pkey PRIMARY KEY (tenant, minute)
 );
 CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (minute);
+-- Revision 0007: the stats job samples only the queues that moved (sql/procedures/130_system.sql): each
+-- queue's mark keeps its last sampled backlog and oldest pending message, and the tenant's minute row
+-- their sums (backlog) and age (lag_seconds), so analytics of a whole tenant reads one row per minute.
+-- Only for the release's own tables of low traffic (ACCESS EXCLUSIVE on stats_marks / tenant_minutes).
+ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;  -- NULL: not known yet, sampled
+ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
+ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
 -- Databases that had per-queue rows before revision 0005: their tenant sums, once (while empty).
 INSERT INTO queen.tenant_minutes (tenant, minute, pushed, acked)
 SELECT s.tenant, s.minute, sum(s.pushed), sum(s.acked) FROM queen.stats_minutes s

@@ -23,9 +23,13 @@
 --   the partition page), "lagSeconds", and "series"/"totals" as queen.analytics_v1 for that queue.
 -- queen.analytics_v1(tenant, queue, from, to, bucket_seconds, now) -> jsonb
 --   Called by GET /api/v1/status/analytics: one entry per bucket (aligned to the epoch) from `from` to
---   `to`: {"time","pushed","acked","backlog","lagSeconds"}: pushed and acked summed over the queues
---   (queue NULL = all of the tenant's) and the bucket's minutes; backlog = the sum over queues of each
---   queue's largest sampled backlog in the bucket; lagSeconds = the largest sampled lag. Plus
+--   `to`: {"time","pushed","acked","backlog","lagSeconds"}. Queue NULL (the whole tenant): read from
+--   queen.tenant_minutes (one row per minute, whatever the number of queues): pushed and acked summed
+--   over the bucket's minutes; backlog = the largest of the minutes' tenant backlogs (each the sum of
+--   every queue's last sampled backlog); lagSeconds = the largest lag. One queue: its stats_minutes
+--   rows the same way; a bucket without a row of the queue in which the stats job ran (the tenant has a
+--   row: the queue was idle, so it was not sampled) carries the queue's previous row's backlog, and that
+--   row's lag grown by the time since. Plus
 --   "totals" {"pushed","acked"}. {"notFound":"queue"} for an unknown queue. The broker bounds the
 --   number of buckets.
 -- queen.consumer_groups_lagging_v1(tenant, min_lag_seconds, limit, offset, now) -> jsonb
@@ -102,24 +106,44 @@ CREATE OR REPLACE FUNCTION queen.analytics_v1(
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     WITH q AS (
-        SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND (p_queue IS NULL OR q.name = p_queue)
+        SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue
     ), w AS (
         SELECT make_interval(secs => p_bucket_seconds) AS step,
                date_bin(make_interval(secs => p_bucket_seconds), p_from, '1970-01-01 00:00:00+00') AS start
-    ), per_queue AS (
-        SELECT date_bin(w.step, s.minute, '1970-01-01 00:00:00+00') AS t, s.queue_id,
-               sum(s.pushed) AS pushed, sum(s.acked) AS acked, max(s.backlog) AS backlog,
-               max(s.lag_seconds) AS lag_seconds
+    ), minutes AS (
+        -- the whole tenant: its own rows (throughput and the backlog/lag over every queue's last sample)
+        SELECT t.minute, t.pushed, t.acked, t.backlog, t.lag_seconds
+          FROM queen.tenant_minutes t, w
+         WHERE p_queue IS NULL AND t.tenant = p_tenant AND t.minute >= w.start AND t.minute < p_to
+        UNION ALL
+        -- one queue: its rows, written by the samples it had (only when it moved)
+        SELECT s.minute, s.pushed, s.acked, s.backlog, s.lag_seconds
           FROM queen.stats_minutes s, w
-         WHERE s.tenant = p_tenant AND s.queue_id IN (SELECT q.id FROM q)
+         WHERE p_queue IS NOT NULL AND s.queue_id = (SELECT q.id FROM q)
            AND s.minute >= w.start AND s.minute < p_to
-         GROUP BY 1, 2
     ), agg AS (
-        SELECT per_queue.t, sum(per_queue.pushed) AS pushed, sum(per_queue.acked) AS acked,
-               sum(per_queue.backlog) AS backlog, max(per_queue.lag_seconds) AS lag_seconds
-          FROM per_queue GROUP BY per_queue.t
+        SELECT date_bin(w.step, m.minute, '1970-01-01 00:00:00+00') AS t, sum(m.pushed) AS pushed,
+               sum(m.acked) AS acked, max(m.backlog) AS backlog, max(m.lag_seconds) AS lag_seconds
+          FROM minutes m, w GROUP BY 1
     ), buckets AS (
         SELECT b.t FROM w, generate_series(w.start, p_to - interval '1 microsecond', w.step) AS b(t)
+    ), filled AS (
+        -- one queue, a bucket in which the stats job ran (the tenant has a row) but did not sample the
+        -- queue: it was idle, so its backlog is its last sample's and its lag that one's grown since
+        SELECT buckets.t, agg.pushed, agg.acked,
+               CASE WHEN agg.t IS NOT NULL THEN agg.backlog ELSE prev.backlog END AS backlog,
+               CASE WHEN agg.t IS NOT NULL THEN agg.lag_seconds
+                    ELSE prev.lag_seconds + extract(epoch FROM buckets.t - prev.minute)::double precision END
+                   AS lag_seconds
+          FROM w CROSS JOIN buckets LEFT JOIN agg ON agg.t = buckets.t
+          LEFT JOIN LATERAL (
+               SELECT s.minute, s.backlog, s.lag_seconds FROM queen.stats_minutes s
+                WHERE p_queue IS NOT NULL AND agg.t IS NULL
+                  AND s.queue_id = (SELECT q.id FROM q) AND s.minute < buckets.t
+                  AND EXISTS (SELECT 1 FROM queen.tenant_minutes t
+                               WHERE t.tenant = p_tenant AND t.minute >= buckets.t
+                                 AND t.minute < buckets.t + w.step AND t.backlog IS NOT NULL)
+                ORDER BY s.minute DESC LIMIT 1) AS prev ON true
     )
     SELECT CASE WHEN p_queue IS NOT NULL AND NOT EXISTS (SELECT 1 FROM q)
            THEN jsonb_build_object('notFound', 'queue') ELSE
@@ -128,10 +152,10 @@ LANGUAGE sql STABLE AS $$
                'bucketSeconds', p_bucket_seconds,
                'series', coalesce((
                    SELECT jsonb_agg(jsonb_build_object(
-                              'time', queen._iso_utc(buckets.t), 'pushed', coalesce(agg.pushed, 0),
-                              'acked', coalesce(agg.acked, 0), 'backlog', agg.backlog,
-                              'lagSeconds', agg.lag_seconds) ORDER BY buckets.t)
-                     FROM buckets LEFT JOIN agg ON agg.t = buckets.t), '[]'::jsonb),
+                              'time', queen._iso_utc(filled.t), 'pushed', coalesce(filled.pushed, 0),
+                              'acked', coalesce(filled.acked, 0), 'backlog', filled.backlog,
+                              'lagSeconds', filled.lag_seconds) ORDER BY filled.t)
+                     FROM filled), '[]'::jsonb),
                'totals', jsonb_build_object('pushed', (SELECT coalesce(sum(agg.pushed), 0) FROM agg),
                                             'acked', (SELECT coalesce(sum(agg.acked), 0) FROM agg))) END
 $$;

@@ -1,0 +1,50 @@
+"""stats_marks.backlog/oldest_at and tenant_minutes.backlog/lag_seconds: the stats job samples only the
+queues that moved
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-02
+
+The stats job (``queen.stats_sample_v1``) used to sample every queue every tick; it now samples a queue
+only when its pushed or acked counter differs from its mark. An idle queue's backlog and oldest pending
+message stay in its mark (``backlog`` NULL: not known yet, so the first tick after this revision samples
+every queue once), and each tick writes the tenant's minute row's ``backlog`` and ``lag_seconds`` from
+the marks, which is what ``GET /api/v1/status/analytics`` reads for a whole tenant. The same changes are
+in ``sql/schema.sql``.
+
+downgrade() drops the four columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql(
+        """
+        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;
+        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
+        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
+        """
+    )
+
+
+def downgrade() -> None:
+    execute_sql(
+        """
+        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS lag_seconds;
+        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS backlog;
+        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS oldest_at;
+        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS backlog;
+        """
+    )
