@@ -125,3 +125,23 @@ async def test_guard_tenant_analytics_reads_no_per_queue_row(db: Database, conn:
     # the same read for one queue reads that queue's rows only
     one = await _touched(conn, "SELECT queen.analytics_v1('default', 'q7', $1, $2, 60)::text", frm, now)
     assert one.get("stats_minutes", 0) <= 200 and one.get("log_consumers", 0) == 0, one
+
+
+async def test_a_snapshot_pass_rewrites_only_the_lagging_rows_that_changed(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    """An unchanged group_lag row is not written, nor even locked (xmin and xmax stay): no dead rows, and
+    the lagging read stays an index-only scan; a changed one is updated, a caught-up one deleted."""
+    await _lagging_world(conn, 300)
+    assert await StatsSnapshot().run_once(db) == 1
+    rows = "SELECT queue_id, xmin::text AS xmin, xmax::text AS xmax, lag FROM queen.group_lag ORDER BY queue_id"
+    before = await conn.fetch(rows)
+    assert len(before) == 300 and all(r["xmax"] == "0" for r in before)
+    moved, done = before[0]["queue_id"], before[1]["queue_id"]
+    await conn.execute("UPDATE queen.log_consumers SET cursor_offset = 6 WHERE queue_id = $1", moved)
+    await conn.execute("UPDATE queen.log_consumers SET cursor_offset = 10 WHERE queue_id = $1", done)
+    assert await StatsSnapshot().run_once(db, datetime.now(UTC) + timedelta(hours=1)) == 1
+    after = {r["queue_id"]: r for r in await conn.fetch(rows)}
+    assert done not in after and after[moved]["lag"] == 4 and after[moved]["xmin"] != before[0]["xmin"]
+    untouched = [r for r in before if r["queue_id"] not in (moved, done)]
+    assert all(after[r["queue_id"]]["xmin"] == r["xmin"] and after[r["queue_id"]]["xmax"] == "0" for r in untouched)
