@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench bench-status bench-mesh chaos fresh
+.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,8 +41,11 @@ bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks
 fresh: ## the CI fresh-machine check: wheel -> empty venv -> serve outside the tree -> queen-mq push/pop (~1 min)
 	bash .ci/fresh_machine.sh
 
-bench-status: $(TSTAMP) ## /status, /resources/overview and /metrics at 1k, 10k, 100k queues (~3 min): benchmarks/results-status.json
+bench-status: $(TSTAMP) ## /status, /resources/overview, /metrics, /status/analytics, lagging at 1k, 10k, 100k queues (~3 min): benchmarks/results-status.json
 	$(BIN)/python -m benchmarks.status_scale $(BENCH_ARGS)
+
+bench-workers: $(TSTAMP) ## the JSON suite with --workers 1, then 2 (~6 min): benchmarks/results-workers.json
+	$(BIN)/python -m benchmarks.workers $(BENCH_ARGS)
 
 bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed replicas, ~3 min): benchmarks/results-mesh.json
 	$(BIN)/python -m benchmarks.mesh_idle $(BENCH_ARGS)

@@ -109,6 +109,11 @@ def _status_mb(pid: int, key: str) -> float:
     return 0.0
 
 
+def anon_mb(pid: int) -> float:
+    """Anonymous (heap) memory of a process in MB (RssAnon): RSS without the mapped code and libraries."""
+    return _status_mb(pid, "RssAnon")
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

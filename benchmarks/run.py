@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.broker import BenchError, BrokerProcess, wait_healthy
 from benchmarks.machine import ROOT, loadavg, machine_info, postgres_info
+from benchmarks.procstat import anon_mb, broker_processes, workers
 from benchmarks.profiling import Profiler
 from benchmarks.scenarios import BY_KEY, SCENARIOS, Context, Metric, Scenario
 
@@ -167,6 +168,16 @@ def _brief(sc: Scenario, values: dict[str, float], details: dict[str, Any]) -> s
     return ", ".join(parts)
 
 
+def _rss_after(pid: int | None) -> dict[str, float] | None:
+    """Each broker worker's RSS and anonymous memory (MB) once a scenario is done: which scenario makes
+    the memory grow (the ``memory`` scenario reads the end state only)."""
+    if pid is None:
+        return None
+    ws = workers(broker_processes(pid))
+    return {"rss_mb": round(max((w.rss_mb for w in ws), default=0.0), 1),
+            "anon_mb": round(max((anon_mb(w.pid) for w in ws), default=0.0), 1)} if ws else None  # fmt: skip
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [("scenario", "target", "median", "met")]
     for row in rows:
@@ -235,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for sc in selected:
             print(f"{sc.title} (target {sc.target_text})", flush=True)
             rows.append(run_scenario(ctx, sc, args.runs, sc.key in profile_keys))
+            rows[-1]["rss_after_mb"] = _rss_after(pid)
+            print(f"  [{sc.key}] broker memory after it: {rows[-1]['rss_after_mb']}", flush=True)
             if profiler is not None and sc.key in profile_keys:
                 rows[-1]["profile"] = {k: v for k, v in profiler.summaries.items() if k.startswith(sc.key)}
     except BenchError as exc:

@@ -180,15 +180,31 @@ def fanout_setup(ctx: Context) -> None:
     ctx.shared["fill"] = _fill(ctx, q, 10, ctx.pop_prefill)
 
 
+def _pop_cache_lookups(ctx: Context) -> dict[str, float]:
+    """The broker's pop segment-cache counters (hit, miss, eviction) from /metrics (one worker's when
+    there are several: a scrape reaches one)."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(f"{ctx.url}/metrics", timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("queen_pop_cache_lookups_total{"):
+                result = line.split('result="', 1)[1].split('"', 1)[0]
+                out[result] = out.get(result, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def fanout(ctx: Context, run: int) -> tuple[Values, Details]:
     q, total = ctx.shared["queue"], ctx.shared["fill"]["count"]
     base = {"action": "consume", "queue": q, "consumers": 10, "batch": 100, "expect": total}
     one = ctx.measure(base | {"groups": [f"g{ctx.tag}-single-{run}"]}, "-single")
+    before = _pop_cache_lookups(ctx)
     ten = ctx.measure(base | {"groups": [f"g{ctx.tag}-fan-{run}-{g}" for g in range(10)]}, "-fanout")
-    return {"ratio": _rate(ten) / max(_rate(one), 1e-9), "single_msg_s": _rate(one), "fanout_msg_s": _rate(ten)}, {
-        "single": one,
-        "fanout": ten,
-    }
+    after = _pop_cache_lookups(ctx)
+    hits, misses = (after.get(k, 0.0) - before.get(k, 0.0) for k in ("hit", "miss"))
+    values = {"ratio": _rate(ten) / max(_rate(one), 1e-9), "single_msg_s": _rate(one), "fanout_msg_s": _rate(ten),
+              "cache_hit_pct": 100 * hits / (hits + misses) if hits + misses else float("nan")}  # fmt: skip
+    return values, {"single": one, "fanout": ten, "pop_cache": {"before": before, "after": after}}
 
 
 def partitions_setup(ctx: Context) -> None:
@@ -381,7 +397,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("latency", "single push, 1 client, sequential", "p50 ≤ 2 ms, p99 ≤ 5 ms",
              (Metric("p50_ms", "ms", 2.0, "<="), Metric("p99_ms", "ms", 5.0, "<=")), latency),
     Scenario("fanout", "fan-out: 10 consumer groups reading one queue", "≥ 3× the single-group rate",
-             (Metric("ratio", "×", 3.0), Metric("single_msg_s", "msg/s"), Metric("fanout_msg_s", "msg/s")),
+             (Metric("ratio", "×", 3.0), Metric("single_msg_s", "msg/s"), Metric("fanout_msg_s", "msg/s"),
+              Metric("cache_hit_pct", "%")),
              fanout, fanout_setup, _teardown_shared),
     Scenario("partitions_10k", "10,000 partitions, 1 item per push", "≥ 70 % of the 10-partition rate",
              (Metric("pct_of_10", "%", 70.0), Metric("rate_10k_msg_s", "msg/s"), Metric("rate_10_msg_s", "msg/s")),

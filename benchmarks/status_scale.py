@@ -1,12 +1,15 @@
-"""Status at scale (issue 14 §3): ``/api/v1/status``, ``/api/v1/resources/overview`` and ``/metrics``
-at 1,000, 10,000 and 100,000 queues.
+"""Status at scale (issue 14 §3): ``/api/v1/status``, ``/api/v1/resources/overview``, ``/metrics``,
+``/api/v1/status/analytics`` and ``/api/v1/consumer-groups/lagging`` at 1,000, 10,000 and 100,000 queues.
 
 One broker (``queen-pg serve``, its own embedded PostgreSQL). Queues are made straight in SQL in
-batches (one partition of 10 messages each, a queue-mode cursor at 4: backlog 6), with progress
-output. At each size: one ``POST /api/v1/stats/refresh`` (the snapshot pass the stats_snapshot job
-makes every few seconds; its cost is reported), then N sequential GETs of each route (p50/p99 wall
+batches (one partition of 10 messages each, a queue-mode cursor at 4: backlog 6; one queue in ten
+with its oldest pending message 10 minutes old, the others 10 seconds), with progress output. At each
+size: one ``POST /api/v1/stats/refresh`` (the snapshot pass the stats_snapshot job makes every few
+seconds; its cost is reported), then N sequential GETs of each route (p50/p99 wall
 clock; broker and PostgreSQL CPU µs per request from /proc), the byte size of ``/metrics`` and of one
-``/metrics/queues`` page. Writes ``benchmarks/results-status.json``.
+``/metrics/queues`` page; ``/status/analytics`` (the last hour, whole tenant) and
+``/consumer-groups/lagging?minLagSeconds=60`` (one page of 100 of the 10 % lagging) as the dashboard
+polls them. Writes ``benchmarks/results-status.json`` with the machine and git commit.
 
     make bench-status                      # 1k, 10k, 100k
     make bench-status BENCH_ARGS="--sizes 1000,5000 --requests 20"
@@ -26,7 +29,7 @@ import asyncpg
 import httpx
 
 from benchmarks.broker import BrokerProcess
-from benchmarks.machine import ROOT
+from benchmarks.machine import ROOT, loadavg, machine_info
 from benchmarks.procstat import CpuWindow
 
 OUT = ROOT / "benchmarks" / "results-status.json"
@@ -39,8 +42,9 @@ WITH q AS (INSERT INTO queen.queues (tenant, name)
 p AS (INSERT INTO queen.log_partitions (tenant, queue_id, name, next_offset)
       SELECT 'default', q.id, 'Default', 10 FROM q RETURNING id, queue_id),
 g AS (INSERT INTO queen.log_groups (queue_id, name, tenant) SELECT q.id, '__QUEUE_MODE__', 'default' FROM q)
-INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset)
-SELECT p.id, '__QUEUE_MODE__', p.queue_id, 'default', 4 FROM p
+INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset, head_at)
+SELECT p.id, '__QUEUE_MODE__', p.queue_id, 'default', 4,
+       now() - CASE WHEN p.queue_id % 10 = 0 THEN interval '10 minutes' ELSE interval '10 seconds' END FROM p
 """
 
 
@@ -84,7 +88,8 @@ async def timed(http: httpx.AsyncClient, path: str, n: int, root: int) -> dict[s
 
 
 async def run(sizes: list[int], requests: int, jobs: bool = True) -> dict[str, Any]:
-    results: dict[str, Any] = {"sizes": {}, "jobs": jobs}
+    results: dict[str, Any] = {"machine": machine_info(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "sizes": {}, "jobs": jobs}  # fmt: skip
     with BrokerProcess(env={} if jobs else {"QUEEN_JOBS_ENABLED": "false"}) as b:
         conn = await asyncpg.connect(b.pg_dsn())
         have = 0
@@ -109,11 +114,16 @@ async def run(sizes: list[int], requests: int, jobs: bool = True) -> dict[str, A
                     ("overview", "/api/v1/resources/overview"),
                     ("metrics", "/metrics"),
                     ("metrics_queues_page", "/metrics/queues?limit=1000"),
+                    ("analytics", "/api/v1/status/analytics"),
+                    ("lagging", "/api/v1/consumer-groups/lagging?minLagSeconds=60&limit=100"),
                 ):
                     row[name] = await timed(http, path, requests if name != "metrics_queues_page" else 5, b.pid)
+                lag = (await http.get("/api/v1/consumer-groups/lagging?minLagSeconds=60&limit=100")).json()
+                assert lag["total"] == n // 10 and len(lag["groups"]) == min(100, n // 10), lag["total"]
                 results["sizes"][str(n)] = row
                 print(json.dumps(row), flush=True)
         await conn.close()
+    results["machine"]["loadavg_end"] = loadavg()
     return results
 
 

@@ -52,6 +52,7 @@ from queen_pg.jobs.maintenance import start_refresher
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.jobs.supervisor import Supervisor
 from queen_pg.limiter import LimiterConfig, build_limiters
+from queen_pg.memtrim import run_trimmer
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
@@ -124,6 +125,8 @@ def create_app(settings: Settings) -> FastAPI:
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes
             await storage.refresh(db)
             jobs.start_job(storage, db)
+        if settings.malloc_trim_s > 0:  # in every process: its own heap
+            jobs.start("malloc_trim", lambda: run_trimmer(settings.malloc_trim_s))
         if metrics.multiprocess_dir:  # several workers: keep this one's gauges current for any scrape
             q = app.state.queen
             jobs.start("metrics_sampler", lambda: metrics.run_sampler(db, q.waiters, q.limiters, jobs, q.mesh))

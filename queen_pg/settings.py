@@ -55,11 +55,20 @@ class Settings(BaseSettings):
         description="Connections in the asyncpg pool of each worker.",
     )
     pop_cache_mb: int = Field(
-        32,
+        8,
         ge=0,
         le=4096,
         description="Decoded segments kept per worker (MiB, LRU) so consumer groups reading the same messages "
-        "decode them once (fan-out); 0 = off. Encrypted payloads stay sealed in it.",
+        "decode them once (fan-out); 0 = off. Encrypted payloads stay sealed in it. Groups that read close "
+        "together need little (make bench's fan-out: 96 % hits at 8, 97 % at 32); raise it for groups far "
+        "apart. Each MiB costs about 1 MiB of RSS when full.",
+    )
+    malloc_trim_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="Every this many seconds a worker whose heap grew gives its free pages back to the system "
+        "(glibc malloc_trim), so its RSS comes down after a burst; 0 = never.",
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
     max_batch: int = Field(10_000, ge=1, description="Largest pop batch a request may ask for.")

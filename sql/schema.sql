@@ -395,6 +395,29 @@ CREATE TABLE IF NOT EXISTS queen.tenant_minutes (
     CONSTRAINT tenant_minutes_pkey PRIMARY KEY (tenant, minute)
 );
 CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (minute);
+-- Revision 0007: the stats job samples only the queues that moved (sql/procedures/130_system.sql): each
+-- queue's mark keeps its last sampled backlog and oldest pending message, and the tenant's minute row
+-- their sums (backlog) and age (lag_seconds), so analytics of a whole tenant reads one row per minute.
+-- Only for the release's own tables of low traffic (ACCESS EXCLUSIVE on stats_marks / tenant_minutes).
+ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;  -- NULL: not known yet, sampled
+ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
+ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
+-- Revision 0007: the (queue, group) pairs with a pending message, per tenant, as of the tenant's snapshot
+-- (written with its tenant_stats row by the stats_snapshot job): GET /api/v1/consumer-groups/lagging
+-- reads the rows old enough through the (tenant, oldest) index instead of every cursor row per call.
+CREATE TABLE IF NOT EXISTS queen.group_lag (
+    tenant              text NOT NULL,
+    queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    consumer_group      text NOT NULL,
+    queue               text NOT NULL,      -- the queue's name (a queue is never renamed)
+    partitions          bigint NOT NULL,    -- cursor rows of the group in the queue
+    behind              bigint NOT NULL,    -- of which with something pending
+    lag                 bigint NOT NULL,    -- messages pending over them
+    oldest              timestamptz NOT NULL,  -- the oldest pending message's time (head_at)
+    CONSTRAINT group_lag_pkey PRIMARY KEY (tenant, queue_id, consumer_group)
+);
+CREATE INDEX IF NOT EXISTS group_lag_oldest_idx ON queen.group_lag (tenant, oldest, queue, consumer_group);
 -- Databases that had per-queue rows before revision 0005: their tenant sums, once (while empty).
 INSERT INTO queen.tenant_minutes (tenant, minute, pushed, acked)
 SELECT s.tenant, s.minute, sum(s.pushed), sum(s.acked) FROM queen.stats_minutes s

@@ -59,7 +59,7 @@ async def test_samples_count_deltas_per_minute(qhttp: httpx.AsyncClient, conn: a
     await push(qhttp, "s", [{"payload": i} for i in range(3)])
     assert await sample(conn, t0) == (1, 0)  # a new queue counts its whole history
     assert await sample(conn, t0) == (0, 0)  # sampled less than min_gap ago: skipped
-    assert await sample(conn, t0 + timedelta(seconds=2)) == (1, 0)  # nothing happened: no growth
+    assert await sample(conn, t0 + timedelta(seconds=2)) == (0, 0)  # nothing happened: not sampled again
     assert await rows(conn) == [(m0, 3, 0, 3)]
 
     await pop(qhttp, "s", batch=2, autoAck=True)
@@ -76,8 +76,8 @@ async def test_samples_count_deltas_per_minute(qhttp: httpx.AsyncClient, conn: a
 
     # pruning: rows older than keep_seconds go, oldest first
     queues, pruned = await sample(conn, t0 + timedelta(hours=3), keep=3600)
-    assert queues == 1 and pruned == 3
-    assert [r[0] for r in await rows(conn)] == [minute(t0 + timedelta(hours=3))]
+    assert queues == 0 and pruned == 3  # idle since its last sample: no new row
+    assert await rows(conn) == []
 
 
 async def test_an_old_queue_starts_from_its_current_counters(
@@ -186,3 +186,52 @@ async def test_official_client_status_helpers(broker: Broker) -> None:
         assert (await client.admin.get_system_metrics())["pool"]["max"] == 5
         assert len((await client.admin.get_worker_metrics())["workers"]) == 1
         assert (await client.admin.health())["status"] == "healthy"
+
+
+async def test_an_idle_queue_is_not_sampled_and_still_counts(
+    qhttp: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """The stats job samples only the queues whose pushed or acked counter moved since their mark; an idle
+    queue writes nothing, yet the tenant's analytics still count its backlog and lag, a single queue's
+    series carries them through its idle minutes, and the counts are those of sampling every queue."""
+    t0 = datetime.now(UTC) + timedelta(seconds=5)  # the queues below are new (< 1 min) at t0
+    m0 = minute(t0)
+    await push(qhttp, "busy", [{"payload": i} for i in range(2)])  # no group: backlog = retained
+    await push(qhttp, "idle", [{"payload": i} for i in range(3)])
+    await pop(qhttp, "idle", batch=1, autoAck=True)  # a group with 2 pending: a lag
+    for i in range(20):  # queues with nothing pending: idle from then on
+        await push(qhttp, f"empty{i}", [{"payload": 0}])
+        await pop(qhttp, f"empty{i}", batch=1, autoAck=True)
+    assert await sample(conn, t0) == (22, 0)
+    marks = await conn.fetch("SELECT * FROM queen.stats_marks ORDER BY queue_id")
+
+    await push(qhttp, "busy", [{"payload": 9}])
+    assert await sample(conn, m0 + timedelta(seconds=61)) == (1, 0)  # only "busy" moved
+    after = await conn.fetch("SELECT * FROM queen.stats_marks ORDER BY queue_id")
+    busy_id = await conn.fetchval("SELECT id FROM queen.queues WHERE name = 'busy'")
+    assert [m for m in after if m["queue_id"] != busy_id] == [m for m in marks if m["queue_id"] != busy_id]
+    assert await conn.fetchval("SELECT count(*) FROM queen.stats_minutes WHERE minute > $1", m0) == 1
+
+    # an ack alone (no push) is activity: the idle queue is sampled at the next tick and its ack counts
+    await pop(qhttp, "idle", batch=1, autoAck=True)
+    assert await sample(conn, m0 + timedelta(seconds=121)) == (1, 0)
+    idle_rows = await conn.fetch(
+        "SELECT minute, pushed, acked, backlog FROM queen.stats_minutes s JOIN queen.queues q ON q.id = s.queue_id"
+        " WHERE q.name = 'idle' ORDER BY minute"
+    )
+    assert [(r["minute"], r["pushed"], r["acked"], r["backlog"]) for r in idle_rows] == [
+        (m0, 3, 1, 2),
+        (m0 + timedelta(minutes=2), 0, 1, 1),
+    ]
+
+    window = {"from": iso(m0), "to": iso(m0 + timedelta(minutes=3))}
+    whole = (await qhttp.get("/api/v1/status/analytics", params=window)).json()
+    # backlog over every queue's last sample: busy 2 then 3; idle 2 (carried through minute 1) then 1
+    assert [(s["pushed"], s["acked"], s["backlog"]) for s in whole["series"]] == [(25, 21, 4), (1, 0, 5), (0, 1, 4)]
+    assert whole["totals"] == {"pushed": 26, "acked": 22}
+    lags = [s["lagSeconds"] for s in whole["series"]]
+    assert None not in lags and lags[0] < lags[1] < lags[2]  # the idle queue's oldest message ages
+    one = (await qhttp.get("/api/v1/status/analytics", params={**window, "queue": "idle"})).json()
+    assert [(s["pushed"], s["acked"], s["backlog"]) for s in one["series"]] == [(3, 1, 2), (0, 0, 2), (0, 1, 1)]
+    lags = [s["lagSeconds"] for s in one["series"]]
+    assert lags[1] == pytest.approx(lags[0] + 60)  # carried through the idle minute, grown by it

@@ -230,6 +230,10 @@ class LaggingGroup(Answer):
 class LaggingGroups(Paged):
     minLagSeconds: int
     groups: list[LaggingGroup]
+    asOf: str = Field(
+        description="when partitions, partitionsBehind and lag were computed (the tenant's snapshot, "
+        "refreshed every QUEEN_STATS_SNAPSHOT_INTERVAL_S or by POST /stats/refresh); lagSeconds is at the answer"
+    )
 
 
 # --- status and analytics ------------------------------------------------------------------------

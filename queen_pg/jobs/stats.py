@@ -1,10 +1,12 @@
 """stats: per-minute throughput and lag per queue, through ``queen.stats_sample_v1``.
 
-Each tick samples the queues not sampled in the last half interval: the growth of their pushed counter
-(sum of ``log_partitions.next_offset``) and settled counter (sum of ``log_consumers.acked_total``)
-since their previous sample goes to the row of the current minute in ``queen.stats_minutes``, with the
-sample's backlog and lag. ``GET /api/v1/status/analytics`` and the status routes read those rows. The
-same call deletes rows older than ``stats_retention_hours``. One replica per tick (``STATS_LOCK``);
+Each tick samples the queues not sampled in the last half interval whose pushed counter (sum of
+``log_partitions.next_offset``) or settled counter (sum of ``log_consumers.acked_total``) moved since
+their previous sample (an idle queue is skipped: no sample, no write): the growth goes to the row of the
+current minute in ``queen.stats_minutes``, with the sample's backlog and lag, and each tenant's minute
+row in ``queen.tenant_minutes`` gets the sums (backlog and lag over every queue's last sample).
+``GET /api/v1/status/analytics`` and the status routes read those rows. The same call deletes rows older
+than ``stats_retention_hours``. One replica per tick (``STATS_LOCK``);
 a batch that comes back full (more queues than ``limit``) is followed at once by the next.
 """
 
@@ -20,7 +22,10 @@ from queen_pg.jobs.supervisor import Job, JobConfig
 log = logging.getLogger("queen_pg.jobs")
 
 STATS_SQL = "SELECT * FROM queen.stats_sample_v1($1, $2, $3, $4)"
-CONFIG = JobConfig(name="stats", interval=10.0, limit=500)
+# limit: queues sampled per call. Each call makes one hashed pass over log_partitions and log_consumers to
+# find the queues that moved (~0.3 s at 100,000 queues on the 2-core box), so a tick that must sample many
+# (the first one, or a busy world) takes few large calls rather than many small ones.
+CONFIG = JobConfig(name="stats", interval=10.0, limit=5000)
 
 
 class Stats(Job):

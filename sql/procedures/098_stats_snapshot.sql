@@ -17,10 +17,11 @@
 --   Called by: the stats_snapshot job (queen_pg/jobs/stats.py) every few seconds, and POST
 --   /api/v1/stats/refresh with the caller's tenant (min_gap 0). Recomputes the row of up to `limit`
 --   tenants (only `tenant` when given) whose row is older than min_gap_seconds (tenants without a row
---   first, then the oldest), stamped as_of = now, and deletes the rows of tenants that have no queue
---   left. Result: tenants refreshed; 0 when another replica holds STATS_SNAPSHOT_LOCK (job call).
+--   first, then the oldest), stamped as_of = now, with the tenant's queen.group_lag rows (every (queue,
+--   group) pair with a pending message: cursor rows, behind, lag, oldest = min(head_at)), and deletes
+--   the rows of tenants that have no queue left. Result: tenants refreshed; 0 when another replica holds STATS_SNAPSHOT_LOCK (job call).
 --   Locks (docs/locks.md): STATS_SNAPSHOT_LOCK (try for the job; waited for with a tenant: the clock
---   is read after it), then only tenant_stats rows;
+--   is read after it), then only tenant_stats and group_lag rows;
 --   the counted rows are read without locks (MVCC): a push or ack committing meanwhile shows in the
 --   next snapshot. No push, pop or ack ever writes tenant_stats.
 -- queen.tenant_overview_v1(tenant, now) -> record
@@ -124,10 +125,42 @@ BEGIN
                namespaces = excluded.namespaces, tasks = excluded.tasks, group_lag = excluded.group_lag,
                lag_seconds = excluded.lag_seconds, leased_partitions = excluded.leased_partitions,
                acked = excluded.acked, as_of = excluded.as_of, took_ms = excluded.took_ms;
+        -- the tenant's lagging (queue, group) pairs (GET /api/v1/consumer-groups/lagging): the oldest
+        -- pending message of a cursor row is its maintained head_at (no segment probe). Only rows that
+        -- changed are written (a steady world writes none: no dead rows, the reads stay index-only).
+        WITH c AS (
+            SELECT x.queue_id, x.consumer_group, q.name AS queue, x.partitions, x.behind, x.lag, x.oldest
+              FROM (SELECT lc.queue_id, lc.consumer_group, count(*) AS partitions,
+                           count(*) FILTER (WHERE lc.cursor_offset < p.next_offset) AS behind,
+                           sum(greatest(p.next_offset - lc.cursor_offset, 0))::bigint AS lag,
+                           min(lc.head_at) FILTER (WHERE lc.cursor_offset < p.next_offset) AS oldest
+                      FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+                     WHERE lc.tenant = v_tenant
+                     GROUP BY lc.queue_id, lc.consumer_group) AS x
+              JOIN queen.queues q ON q.id = x.queue_id
+             WHERE x.oldest IS NOT NULL
+        ), gone AS (
+            DELETE FROM queen.group_lag g
+             WHERE g.tenant = v_tenant
+               AND NOT EXISTS (SELECT 1 FROM c WHERE c.queue_id = g.queue_id AND c.consumer_group = g.consumer_group)
+        )
+        INSERT INTO queen.group_lag AS g (tenant, queue_id, consumer_group, queue, partitions, behind, lag, oldest)
+        SELECT v_tenant, c.queue_id, c.consumer_group, c.queue, c.partitions, c.behind, c.lag, c.oldest
+          FROM c
+         WHERE NOT EXISTS (  -- not even a row lock on an unchanged row: it would clear its all-visible bit
+               SELECT 1 FROM queen.group_lag o
+                WHERE o.tenant = v_tenant AND o.queue_id = c.queue_id AND o.consumer_group = c.consumer_group
+                  AND (o.queue, o.partitions, o.behind, o.lag, o.oldest)
+                      IS NOT DISTINCT FROM (c.queue, c.partitions, c.behind, c.lag, c.oldest))
+         ORDER BY c.queue_id, c.consumer_group
+        ON CONFLICT ON CONSTRAINT group_lag_pkey DO UPDATE
+           SET queue = excluded.queue, partitions = excluded.partitions, behind = excluded.behind,
+               lag = excluded.lag, oldest = excluded.oldest;
         v_n := v_n + 1;
     END LOOP;
     DELETE FROM queen.tenant_stats s
      WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.tenant = s.tenant);
+    -- (group_lag rows go with their queue: ON DELETE CASCADE)
     RETURN v_n;
 END;
 $$;

@@ -12,7 +12,11 @@
 --
 -- queen.stats_sample_v1(limit, min_gap_seconds, keep_seconds, now) -> (queues, pruned)
 --   Called by: the stats job (queen_pg/jobs/stats.py), every few seconds. Samples up to `limit` queues
---   not sampled in the last min_gap_seconds (never sampled first, then the longest ago): reads the
+--   never sampled, or not sampled in the last min_gap_seconds AND active since (their pushed or acked
+--   counter differs from their mark; found by one hashed pass over log_partitions and one over
+--   log_consumers, so an idle queue costs no sample and no write): never sampled first, then the
+--   longest ago. An idle queue keeps its mark (counters, backlog, oldest pending) and writes no
+--   stats_minutes row; its growth, if any, is counted whenever it is next sampled. It reads the
 --   queue's counters, pushed_total = sum(log_partitions.next_offset) and acked_total =
 --   sum(log_consumers.acked_total) (every message settled by any group: completed or dead-lettered),
 --   adds their growth since the queue's previous sample (queen.stats_marks; a counter that went down,
@@ -22,7 +26,9 @@
 --   A queue sampled for the first time counts its whole history only when it was created less than a
 --   minute ago (a new queue); an older one (e.g. from before this job existed) starts from its current
 --   counters. The sample's growth is also added, summed per tenant, to queen.tenant_minutes (what
---   GET /api/v1/status reads). Then deletes up to `limit` stats rows (and tenant_minutes rows) older
+--   GET /api/v1/status reads), and every call sets each tenant's row of the minute's backlog (sum of the
+--   marks' backlogs) and lag_seconds (age of the oldest pending message over the marks): what
+--   GET /api/v1/status/analytics reads for a whole tenant (a pass over stats_marks). Then deletes up to `limit` stats rows (and tenant_minutes rows) older
 --   than keep_seconds (<= 0: kept forever).
 --   Result: one row (queues sampled, rows pruned); (0, 0) when another replica holds STATS_LOCK.
 --   Locks (docs/locks.md): STATS_LOCK (try); the stats_marks, stats_minutes and tenant_minutes rows
@@ -64,11 +70,21 @@ BEGIN
         RETURN;
     END IF;
 
-    WITH k AS (
+    -- the queues whose counters moved since their mark: two sequential passes (one per counter table,
+    -- hashed by queue), not one probe per queue, so an idle queue costs a row read and no sample
+    WITH pushed_now AS (
+        SELECT p.queue_id, sum(p.next_offset)::bigint AS pushed FROM queen.log_partitions p GROUP BY p.queue_id
+    ), acked_now AS (
+        SELECT lc.queue_id, sum(lc.acked_total)::bigint AS acked FROM queen.log_consumers lc GROUP BY lc.queue_id
+    ), k AS (
         SELECT q.id, q.tenant, q.created_at, m.pushed_total AS m_pushed, m.acked_total AS m_acked
           FROM queen.queues q
           LEFT JOIN queen.stats_marks m ON m.queue_id = q.id
-         WHERE m.sampled_at IS NULL OR m.sampled_at <= v_now - make_interval(secs => p_min_gap_seconds)
+          LEFT JOIN pushed_now pn ON pn.queue_id = q.id
+          LEFT JOIN acked_now an ON an.queue_id = q.id
+         WHERE m.sampled_at IS NULL OR m.backlog IS NULL
+            OR (m.sampled_at <= v_now - make_interval(secs => p_min_gap_seconds)
+                AND (coalesce(pn.pushed, 0) <> m.pushed_total OR coalesce(an.acked, 0) <> m.acked_total))
          ORDER BY m.sampled_at NULLS FIRST, q.id
          LIMIT greatest(p_limit, 1)
     ), cur AS (
@@ -77,7 +93,7 @@ BEGIN
                     WHEN k.created_at > v_now - interval '1 minute' THEN w.pushed ELSE 0 END AS d_pushed,
                CASE WHEN k.m_acked IS NOT NULL THEN greatest(a.acked - k.m_acked, 0)
                     WHEN k.created_at > v_now - interval '1 minute' THEN a.acked ELSE 0 END AS d_acked,
-               coalesce(g.backlog, w.retained) AS backlog,
+               coalesce(g.backlog, w.retained) AS backlog, g.oldest,
                extract(epoch FROM v_now - g.oldest)::double precision AS lag_seconds
           FROM k
          CROSS JOIN LATERAL (
@@ -101,11 +117,11 @@ BEGIN
                         WHERE lc.queue_id = k.id
                         GROUP BY lc.consumer_group) AS per) AS g
     ), marks AS (
-        INSERT INTO queen.stats_marks AS m (queue_id, pushed_total, acked_total, sampled_at)
-        SELECT cur.id, cur.pushed, cur.acked, v_now FROM cur ORDER BY cur.id
+        INSERT INTO queen.stats_marks AS m (queue_id, pushed_total, acked_total, sampled_at, backlog, oldest_at)
+        SELECT cur.id, cur.pushed, cur.acked, v_now, cur.backlog, cur.oldest FROM cur ORDER BY cur.id
         ON CONFLICT ON CONSTRAINT stats_marks_pkey DO UPDATE
            SET pushed_total = excluded.pushed_total, acked_total = excluded.acked_total,
-               sampled_at = excluded.sampled_at
+               sampled_at = excluded.sampled_at, backlog = excluded.backlog, oldest_at = excluded.oldest_at
         RETURNING 1
     ), tenant_minutes AS (
         INSERT INTO queen.tenant_minutes AS t (tenant, minute, pushed, acked)
@@ -123,6 +139,16 @@ BEGIN
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM marks) INTO v_n;
+
+    -- each tenant's backlog and lag of this minute, over every queue's last sample (an idle queue keeps
+    -- its mark's): what GET /api/v1/status/analytics reads for the whole tenant (one row per minute)
+    INSERT INTO queen.tenant_minutes AS t (tenant, minute, backlog, lag_seconds)
+    SELECT q.tenant, v_minute, sum(m.backlog)::bigint,
+           extract(epoch FROM v_now - min(m.oldest_at))::double precision
+      FROM queen.stats_marks m JOIN queen.queues q ON q.id = m.queue_id
+     GROUP BY q.tenant ORDER BY q.tenant
+    ON CONFLICT ON CONSTRAINT tenant_minutes_pkey DO UPDATE
+       SET backlog = excluded.backlog, lag_seconds = excluded.lag_seconds;
 
     IF p_keep_seconds > 0 THEN
         DELETE FROM queen.stats_minutes s

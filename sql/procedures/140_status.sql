@@ -23,16 +23,25 @@
 --   the partition page), "lagSeconds", and "series"/"totals" as queen.analytics_v1 for that queue.
 -- queen.analytics_v1(tenant, queue, from, to, bucket_seconds, now) -> jsonb
 --   Called by GET /api/v1/status/analytics: one entry per bucket (aligned to the epoch) from `from` to
---   `to`: {"time","pushed","acked","backlog","lagSeconds"}: pushed and acked summed over the queues
---   (queue NULL = all of the tenant's) and the bucket's minutes; backlog = the sum over queues of each
---   queue's largest sampled backlog in the bucket; lagSeconds = the largest sampled lag. Plus
+--   `to`: {"time","pushed","acked","backlog","lagSeconds"}. Queue NULL (the whole tenant): read from
+--   queen.tenant_minutes (one row per minute, whatever the number of queues): pushed and acked summed
+--   over the bucket's minutes; backlog = the largest of the minutes' tenant backlogs (each the sum of
+--   every queue's last sampled backlog); lagSeconds = the largest lag. One queue: its stats_minutes
+--   rows the same way; a bucket without a row of the queue in which the stats job ran (the tenant has a
+--   row: the queue was idle, so it was not sampled) carries the queue's previous row's backlog, and that
+--   row's lag grown by the time since. Plus
 --   "totals" {"pushed","acked"}. {"notFound":"queue"} for an unknown queue. The broker bounds the
 --   number of buckets.
 -- queen.consumer_groups_lagging_v1(tenant, min_lag_seconds, limit, offset, now) -> jsonb
 --   Called by GET /api/v1/consumer-groups/lagging: the (queue, group) pairs whose oldest pending
 --   message is at least min_lag_seconds old, oldest first: {"groups":[{"name","queueMode","queue",
 --   "partitions","partitionsBehind","lag","oldestPendingAt","lagSeconds"}],"total","limit","offset",
---   "minLagSeconds"}. Cost: every cursor row of the tenant, one segment probe per lagging row.
+--   "minLagSeconds","asOf"}. Read from the tenant's snapshot (queen.group_lag, written with its
+--   tenant_stats row by the stats_snapshot job, sql/procedures/098_stats_snapshot.sql): the rows old
+--   enough through the (tenant, oldest) index, so the cost is the answer's, not the number of cursor
+--   rows; partitions, partitionsBehind and lag are as of "asOf", lagSeconds at `now`. A tenant
+--   without a snapshot row yet is computed live (every cursor row; the oldest pending message of a
+--   cursor row is its maintained head_at), with asOf = now.
 
 CREATE OR REPLACE FUNCTION queen._queue_lag_seconds(p_queue_id bigint, p_now timestamptz)
 RETURNS double precision
@@ -102,24 +111,44 @@ CREATE OR REPLACE FUNCTION queen.analytics_v1(
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     WITH q AS (
-        SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND (p_queue IS NULL OR q.name = p_queue)
+        SELECT q.id FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue
     ), w AS (
         SELECT make_interval(secs => p_bucket_seconds) AS step,
                date_bin(make_interval(secs => p_bucket_seconds), p_from, '1970-01-01 00:00:00+00') AS start
-    ), per_queue AS (
-        SELECT date_bin(w.step, s.minute, '1970-01-01 00:00:00+00') AS t, s.queue_id,
-               sum(s.pushed) AS pushed, sum(s.acked) AS acked, max(s.backlog) AS backlog,
-               max(s.lag_seconds) AS lag_seconds
+    ), minutes AS (
+        -- the whole tenant: its own rows (throughput and the backlog/lag over every queue's last sample)
+        SELECT t.minute, t.pushed, t.acked, t.backlog, t.lag_seconds
+          FROM queen.tenant_minutes t, w
+         WHERE p_queue IS NULL AND t.tenant = p_tenant AND t.minute >= w.start AND t.minute < p_to
+        UNION ALL
+        -- one queue: its rows, written by the samples it had (only when it moved)
+        SELECT s.minute, s.pushed, s.acked, s.backlog, s.lag_seconds
           FROM queen.stats_minutes s, w
-         WHERE s.tenant = p_tenant AND s.queue_id IN (SELECT q.id FROM q)
+         WHERE p_queue IS NOT NULL AND s.queue_id = (SELECT q.id FROM q)
            AND s.minute >= w.start AND s.minute < p_to
-         GROUP BY 1, 2
     ), agg AS (
-        SELECT per_queue.t, sum(per_queue.pushed) AS pushed, sum(per_queue.acked) AS acked,
-               sum(per_queue.backlog) AS backlog, max(per_queue.lag_seconds) AS lag_seconds
-          FROM per_queue GROUP BY per_queue.t
+        SELECT date_bin(w.step, m.minute, '1970-01-01 00:00:00+00') AS t, sum(m.pushed) AS pushed,
+               sum(m.acked) AS acked, max(m.backlog) AS backlog, max(m.lag_seconds) AS lag_seconds
+          FROM minutes m, w GROUP BY 1
     ), buckets AS (
         SELECT b.t FROM w, generate_series(w.start, p_to - interval '1 microsecond', w.step) AS b(t)
+    ), filled AS (
+        -- one queue, a bucket in which the stats job ran (the tenant has a row) but did not sample the
+        -- queue: it was idle, so its backlog is its last sample's and its lag that one's grown since
+        SELECT buckets.t, agg.pushed, agg.acked,
+               CASE WHEN agg.t IS NOT NULL THEN agg.backlog ELSE prev.backlog END AS backlog,
+               CASE WHEN agg.t IS NOT NULL THEN agg.lag_seconds
+                    ELSE prev.lag_seconds + extract(epoch FROM buckets.t - prev.minute)::double precision END
+                   AS lag_seconds
+          FROM w CROSS JOIN buckets LEFT JOIN agg ON agg.t = buckets.t
+          LEFT JOIN LATERAL (
+               SELECT s.minute, s.backlog, s.lag_seconds FROM queen.stats_minutes s
+                WHERE p_queue IS NOT NULL AND agg.t IS NULL
+                  AND s.queue_id = (SELECT q.id FROM q) AND s.minute < buckets.t
+                  AND EXISTS (SELECT 1 FROM queen.tenant_minutes t
+                               WHERE t.tenant = p_tenant AND t.minute >= buckets.t
+                                 AND t.minute < buckets.t + w.step AND t.backlog IS NOT NULL)
+                ORDER BY s.minute DESC LIMIT 1) AS prev ON true
     )
     SELECT CASE WHEN p_queue IS NOT NULL AND NOT EXISTS (SELECT 1 FROM q)
            THEN jsonb_build_object('notFound', 'queue') ELSE
@@ -128,10 +157,10 @@ LANGUAGE sql STABLE AS $$
                'bucketSeconds', p_bucket_seconds,
                'series', coalesce((
                    SELECT jsonb_agg(jsonb_build_object(
-                              'time', queen._iso_utc(buckets.t), 'pushed', coalesce(agg.pushed, 0),
-                              'acked', coalesce(agg.acked, 0), 'backlog', agg.backlog,
-                              'lagSeconds', agg.lag_seconds) ORDER BY buckets.t)
-                     FROM buckets LEFT JOIN agg ON agg.t = buckets.t), '[]'::jsonb),
+                              'time', queen._iso_utc(filled.t), 'pushed', coalesce(filled.pushed, 0),
+                              'acked', coalesce(filled.acked, 0), 'backlog', filled.backlog,
+                              'lagSeconds', filled.lag_seconds) ORDER BY filled.t)
+                     FROM filled), '[]'::jsonb),
                'totals', jsonb_build_object('pushed', (SELECT coalesce(sum(agg.pushed), 0) FROM agg),
                                             'acked', (SELECT coalesce(sum(agg.acked), 0) FROM agg))) END
 $$;
@@ -153,38 +182,66 @@ LANGUAGE sql STABLE AS $$
      WHERE d IS NOT NULL
 $$;
 
+CREATE OR REPLACE FUNCTION queen._lagging_live(p_tenant text)
+RETURNS TABLE (queue_id bigint, consumer_group text, partitions bigint, behind bigint, lag bigint,
+               oldest timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT lc.queue_id, lc.consumer_group, count(*), count(*) FILTER (WHERE lc.cursor_offset < p.next_offset),
+           sum(greatest(p.next_offset - lc.cursor_offset, 0))::bigint,
+           min(lc.head_at) FILTER (WHERE lc.cursor_offset < p.next_offset)
+      FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
+     WHERE lc.tenant = p_tenant
+     GROUP BY lc.queue_id, lc.consumer_group
+$$;
+
 CREATE OR REPLACE FUNCTION queen.consumer_groups_lagging_v1(
     p_tenant text, p_min_lag_seconds integer, p_limit integer, p_offset integer, p_now timestamptz DEFAULT NULL)
 RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+-- plpgsql, not sql: only the branch taken is planned (the snapshot read stays an index range scan)
+DECLARE
+    v_now    timestamptz := coalesce(p_now, now());
+    v_cut    timestamptz := coalesce(p_now, now()) - make_interval(secs => p_min_lag_seconds);
+    v_as_of  timestamptz;
+    v_total  bigint;
+    v_groups jsonb;
+BEGIN
+    SELECT s.as_of INTO v_as_of FROM queen.tenant_stats s WHERE s.tenant = p_tenant;
+    IF FOUND THEN
+        SELECT count(*) INTO v_total FROM queen.group_lag g WHERE g.tenant = p_tenant AND g.oldest <= v_cut;
+        SELECT coalesce(jsonb_agg(x.j ORDER BY x.oldest, x.queue, x.consumer_group), '[]'::jsonb) INTO v_groups
+          FROM (SELECT g.oldest, g.queue, g.consumer_group,
+                       queen._lagging_entry(g.consumer_group, g.queue, g.partitions, g.behind, g.lag, g.oldest, v_now)
+                           AS j
+                  FROM queen.group_lag g
+                 WHERE g.tenant = p_tenant AND g.oldest <= v_cut
+                 ORDER BY g.oldest, g.queue, g.consumer_group
+                 LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)) AS x;
+    ELSE
+        v_as_of := v_now;  -- no snapshot yet (a new tenant, or before the job's first tick): live
+        SELECT count(*) INTO v_total FROM queen._lagging_live(p_tenant) l WHERE l.oldest <= v_cut;
+        SELECT coalesce(jsonb_agg(x.j ORDER BY x.oldest, x.queue, x.consumer_group), '[]'::jsonb) INTO v_groups
+          FROM (SELECT l.oldest, q.name AS queue, l.consumer_group,
+                       queen._lagging_entry(l.consumer_group, q.name, l.partitions, l.behind, l.lag, l.oldest, v_now)
+                           AS j
+                  FROM queen._lagging_live(p_tenant) l JOIN queen.queues q ON q.id = l.queue_id
+                 WHERE l.oldest <= v_cut
+                 ORDER BY l.oldest, q.name, l.consumer_group
+                 LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)) AS x;
+    END IF;
+    RETURN jsonb_build_object('total', v_total, 'limit', p_limit, 'offset', p_offset,
+                              'minLagSeconds', p_min_lag_seconds, 'groups', v_groups,
+                              'asOf', queen._iso_utc(v_as_of));
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._lagging_entry(
+    p_group text, p_queue text, p_partitions bigint, p_behind bigint, p_lag bigint, p_oldest timestamptz,
+    p_now timestamptz)
+RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    WITH c AS (
-        SELECT lc.queue_id, lc.consumer_group, p.next_offset - lc.cursor_offset AS lag,
-               CASE WHEN lc.cursor_offset < p.next_offset THEN
-                    (SELECT s.created_at FROM queen.log_segments s
-                      WHERE s.partition_id = lc.partition_id AND s.base_offset <= lc.cursor_offset
-                      ORDER BY s.base_offset DESC LIMIT 1) END AS head_at
-          FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id
-         WHERE lc.tenant = p_tenant
-    ), g AS (
-        SELECT c.queue_id, c.consumer_group, count(*) AS partitions,
-               count(*) FILTER (WHERE c.lag > 0) AS behind, sum(c.lag) AS lag, min(c.head_at) AS oldest
-          FROM c GROUP BY c.queue_id, c.consumer_group
-        HAVING min(c.head_at) <= coalesce(p_now, now()) - make_interval(secs => p_min_lag_seconds)
-    ), page AS (
-        SELECT g.*, q.name AS queue FROM g JOIN queen.queues q ON q.id = g.queue_id
-         ORDER BY g.oldest, q.name, g.consumer_group
-         LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)
-    )
     SELECT jsonb_build_object(
-        'total', (SELECT count(*) FROM g), 'limit', p_limit, 'offset', p_offset,
-        'minLagSeconds', p_min_lag_seconds,
-        'groups', coalesce((
-            SELECT jsonb_agg(jsonb_build_object(
-                       'name', nullif(page.consumer_group, '__QUEUE_MODE__'),
-                       'queueMode', page.consumer_group = '__QUEUE_MODE__',
-                       'queue', page.queue, 'partitions', page.partitions, 'partitionsBehind', page.behind,
-                       'lag', page.lag, 'oldestPendingAt', queen._iso_utc(page.oldest),
-                       'lagSeconds', extract(epoch FROM coalesce(p_now, now()) - page.oldest))
-                   ORDER BY page.oldest, page.queue, page.consumer_group)
-              FROM page), '[]'::jsonb))
+        'name', nullif(p_group, '__QUEUE_MODE__'), 'queueMode', p_group = '__QUEUE_MODE__', 'queue', p_queue,
+        'partitions', p_partitions, 'partitionsBehind', p_behind, 'lag', p_lag,
+        'oldestPendingAt', queen._iso_utc(p_oldest), 'lagSeconds', extract(epoch FROM p_now - p_oldest))
 $$;

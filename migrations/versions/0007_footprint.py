@@ -1,0 +1,65 @@
+"""stats_marks.backlog/oldest_at, tenant_minutes.backlog/lag_seconds, group_lag: the stats job samples
+only the queues that moved; lagging groups from the snapshot
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-02
+
+The stats job (``queen.stats_sample_v1``) used to sample every queue every tick; it now samples a queue
+only when its pushed or acked counter differs from its mark. An idle queue's backlog and oldest pending
+message stay in its mark (``backlog`` NULL: not known yet, so the first tick after this revision samples
+every queue once), and each tick writes the tenant's minute row's ``backlog`` and ``lag_seconds`` from
+the marks, which is what ``GET /api/v1/status/analytics`` reads for a whole tenant. ``queen.group_lag``
+holds each tenant's (queue, group) pairs with a pending message as of its snapshot (the stats_snapshot
+job writes it with ``tenant_stats``): what ``GET /api/v1/consumer-groups/lagging`` reads. The same
+changes are in ``sql/schema.sql``.
+
+downgrade() drops the four columns and the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql(
+        """
+        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;
+        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
+        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
+        CREATE TABLE IF NOT EXISTS queen.group_lag (
+            tenant              text NOT NULL,
+            queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+            consumer_group      text NOT NULL,
+            queue               text NOT NULL,
+            partitions          bigint NOT NULL,
+            behind              bigint NOT NULL,
+            lag                 bigint NOT NULL,
+            oldest              timestamptz NOT NULL,
+            CONSTRAINT group_lag_pkey PRIMARY KEY (tenant, queue_id, consumer_group)
+        );
+        CREATE INDEX IF NOT EXISTS group_lag_oldest_idx ON queen.group_lag (tenant, oldest, queue, consumer_group);
+        """
+    )
+
+
+def downgrade() -> None:
+    execute_sql(
+        """
+        DROP TABLE IF EXISTS queen.group_lag;
+        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS lag_seconds;
+        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS backlog;
+        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS oldest_at;
+        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS backlog;
+        """
+    )
