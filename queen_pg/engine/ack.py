@@ -1,4 +1,4 @@
-"""Ack: settle delivered messages through one call to ``queen.ack_v1`` (or, under a request key,
+"""Ack: settle delivered messages through one call to ``queen.ack_v3`` (or, under a request key,
 ``queen.ack_v2``: the outcome window, queen_pg/engine/outcomes.py). An ack is an offset commit
 (WIRE.md §9.1, the rules in sql/procedures/040_ack.sql): completing offset N commits the group's
 cursor through N, a nack clamps it, and each item's answer says whether it moved it (``noop``)."""
@@ -16,7 +16,8 @@ from queen_pg.engine import codec
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
-ACK_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+# one row of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop
+ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8)"
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 
@@ -91,7 +92,7 @@ async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | 
 async def ack_many(
     db: Database, tenant: str, requests: Sequence[Sequence[AckLike]], once: Once | None = None
 ) -> list[list[dict[str, Any]]]:
-    """Settle several requests' items in ONE ``queen.ack_v1`` call (request fusion); each request
+    """Settle several requests' items in ONE ``queen.ack_v3`` call (request fusion); each request
     gets its own results, in its order, indexed from 0. The fuser only combines requests whose
     :func:`cursor_keys` are disjoint, so the call equals running them one after the other. ``once``
     (one request only, never fused) calls ``queen.ack_v2`` instead."""
@@ -136,21 +137,35 @@ async def ack_many(
     if sent:
         args = (tenant, pids, hashes, txns, leases, groups, statuses, errors)
         if once is None:
-            rows = await db.fetch(ACK_SQL, *args)
+            verdicts = (await db.fetch(ACK_SQL, *args))[0]
+            refused, errors, released, dead, noop = verdicts
+            why = dict(zip(refused, errors, strict=True))
+            released_at, dead_at, noop_at = set(released), set(dead), set(noop)
+            for n, i in enumerate(sent, 1):
+                error = why.get(n)
+                results[i] = {
+                    "index": i,
+                    "transactionId": items[i].transaction_id,
+                    "success": error is None,
+                    "error": error,
+                    "leaseReleased": n in released_at,
+                    "dlq": n in dead_at,
+                    "noop": n in noop_at,
+                }
         else:
             rows = await db.fetch(ACK_ONCE_SQL, *args, *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
-        for row in rows:
-            i = sent[row["idx"] - 1]
-            results[i] = {
-                "index": i,
-                "transactionId": items[i].transaction_id,
-                "success": row["success"],
-                "error": row["error"],
-                "leaseReleased": row["lease_released"],
-                "dlq": row["dlq"],
-                "noop": row["noop"],
-            }
+            for row in rows:
+                i = sent[row["idx"] - 1]
+                results[i] = {
+                    "index": i,
+                    "transactionId": items[i].transaction_id,
+                    "success": row["success"],
+                    "error": row["error"],
+                    "leaseReleased": row["lease_released"],
+                    "dlq": row["dlq"],
+                    "noop": row["noop"],
+                }
     out: list[list[dict[str, Any]]] = []
     start = 0
     for req in requests:
