@@ -20,11 +20,11 @@ import httpx
 import pytest
 from queen import Queen
 
-from queen_pg.engine.codec import txn_hash
+from queen_pg.engine.ack import Packed
 from tests.conftest import Broker
 from tests.helpers import pop, push
 
-ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"
+ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # items packed (ack.Packed)
 ROW = (
     "SELECT cursor_offset, lease_id, lease_end, released_lease_id, attempts, fail_offset, failures, acked_total"
     " FROM queen.log_consumers WHERE partition_id = $1 AND consumer_group = 'g'"
@@ -53,17 +53,10 @@ async def settle(
     tr = conn.transaction()
     await tr.start()
     try:
-        row = await conn.fetchrow(
-            ACK3,
-            [pid] * len(items),
-            [txn_hash(t) for t, _, _ in items],
-            [t for t, _, _ in items],
-            [lease for _, lease, _ in items],
-            ["g"] * len(items),
-            [s for _, _, s in items],
-            ["boom"] * len(items),
-            now,
-        )
+        pack = Packed()
+        for t, lease, status in items:
+            pack.add(pid, t, lease, "g", status, "boom")
+        row = await conn.fetchrow(ACK3, *pack.args(), now)
         after = dict(await conn.fetchrow(ROW, pid))
         dead = await conn.fetchval("SELECT count(*) FROM queen.log_dlq")
     finally:
@@ -203,3 +196,41 @@ async def test_the_official_client_s_batch_ack_commits_every_message(broker: Bro
             # acking them again: all noops (below the cursor, the lease they name was the last one)
             again = await client.ack(msgs, True, {"group": "g"})
             assert all(r["success"] and r["noop"] for r in again["results"])
+
+
+async def test_packed_items_keep_every_field(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    """ack_v3 takes its items packed (transactionIds as concatenated UTF-8, the distinct partition/
+    group/lease/status kinds): several kinds in one call, multi-byte transactionIds, an error text
+    and an unresolvable item all reach the right item."""
+    await http.post("/api/v1/configure", json={"queue": "u", "options": {"retryLimit": 0}})
+    txns = {"p1": ["é-1", "日本-2", "x"], "p2": ["ü" * 40, "🙂-5"]}
+    pids = {}
+    for part, names in txns.items():
+        res = await push(http, "u", [{"payload": i, "transactionId": t} for i, t in enumerate(names)], part)
+        pids[part] = int(res[0]["partitionId"])
+    leases = {part: uuid.UUID((await pop(http, "u", partition=part, consumerGroup="g", batch=5))["leaseId"])
+              for part in txns}  # fmt: skip
+    pack = Packed()
+    pack.add(pids["p1"], "日本-2", leases["p1"], "g", "completed", None)
+    pack.add(pids["p2"], "ü" * 40, leases["p2"], "g", "failed", "bö: 失敗")
+    pack.add(pids["p1"], "日本-nope", leases["p1"], "g", "completed", None)
+    pack.add(pids["p2"], "🙂-5", leases["p2"], "g", "completed", None)
+    row = await conn.fetchrow(ACK3, *pack.args(), None)
+    assert list(row["o_refused"]) == [3] and "日本-nope" in row["o_errors"][0] and "unresolvable" in row["o_errors"][0]
+    assert list(row["o_dlq"]) == [2]  # retryLimit 0: the failed item goes to the DLQ at once
+    assert list(row["o_noop"]) == []  # 🙂-5 is above the dead letter, committed with it (no nack left)
+    dead = await conn.fetchrow("SELECT transaction_id, error, msg_offset FROM queen.log_dlq")
+    assert (dead["transaction_id"], dead["error"], dead["msg_offset"]) == ("ü" * 40, "bö: 失敗", 0)
+    cursors = dict(
+        await conn.fetch("SELECT partition_id, cursor_offset FROM queen.log_consumers WHERE consumer_group = 'g'")
+    )
+    assert cursors == {pids["p1"]: 2, pids["p2"]: 2}
+    # the same items as parallel arrays (ack_v1, under a request key) give the same verdicts
+    assert len(pack.arrays()[0]) == 4 and pack.arrays()[2] == ["日本-2", "ü" * 40, "日本-nope", "🙂-5"]
+
+
+async def test_a_malformed_packed_body_is_refused_whole(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.RaiseError, match="26-byte"):
+        await conn.fetch(ACK3, b"\x00" * 25, [1], ["g"], [None], ["completed"], b"", None, None)
+    row = await conn.fetchrow(ACK3, b"", [], [], [], [], b"", None, None)  # nothing to settle
+    assert [list(v) for v in row.values()] == [[], [], [], [], []]

@@ -1,9 +1,9 @@
--- queen.ack_v3: settle delivered messages for their consumer groups. An ack is an offset commit
+-- queen._ack_settle: settle delivered messages for their consumer groups. An ack is an offset commit
 -- (WIRE.md §9.1): a group's position in a partition is one cursor, and nothing above it is remembered.
 --
--- Called by: POST /api/v1/ack and POST /api/v1/ack/batch (queen_pg/engine/ack.py); under a request key
---          through queen.ack_v2, which (like queen.transaction_v1) calls queen.ack_v1, the same
---          procedure answering one row per item (below).
+-- Called by: queen.ack_v3 (POST /api/v1/ack and /ack/batch, queen_pg/engine/ack.py: the items packed)
+--          and queen.ack_v1 (one row per item: queen.ack_v2 under a request key, queen.transaction_v1,
+--          the previous release), both below.
 -- Inputs:  parallel arrays, one entry per ack item: partition id, xxh3-128 hash of the transactionId,
 --          transactionId text (for the DLQ row), lease id (NULL = no lease check), consumer group,
 --          status ('completed' | 'failed' | 'retry' | 'dlq'; the broker maps 'success' to
@@ -68,7 +68,7 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen.ack_v3(
+CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_tenant         text,
     p_partition_ids  bigint[],
     p_hashes         uuid[],
@@ -335,9 +335,10 @@ BEGIN
 END;
 $$;
 
--- queen.ack_v1: ack_v3's verdicts as one row per item (idx, success, error, lease_released, dlq, noop),
--- in input order. Called by queen.ack_v2 (the outcome window), queen.transaction_v1, and brokers of the
--- previous release (rolling deploys); same inputs, rules and locks as ack_v3 (it is ack_v3).
+-- queen.ack_v1: the verdicts as one row per item (idx, success, error, lease_released, dlq, noop), in
+-- input order, for the items as parallel arrays (the inputs of queen._ack_settle). Called by queen.ack_v2
+-- (the outcome window), queen.transaction_v1, and brokers of the previous release (rolling deploys);
+-- rules and locks are queen._ack_settle's.
 CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_tenant         text,
     p_partition_ids  bigint[],
@@ -354,8 +355,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     a record;
 BEGIN
-    SELECT * INTO a FROM queen.ack_v3(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups,
-                                      p_statuses, p_errors, p_now);
+    SELECT * INTO a FROM queen._ack_settle(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups,
+                                           p_statuses, p_errors, p_now);
     RETURN QUERY
     SELECT g.i, NOT coalesce(g.i = ANY (a.o_refused), false),
            a.o_errors[array_position(a.o_refused, g.i)],
@@ -363,6 +364,62 @@ BEGIN
            coalesce(g.i = ANY (a.o_noop), false)
       FROM generate_series(1, coalesce(cardinality(p_partition_ids), 0)) AS g(i)
      ORDER BY g.i;
+END;
+$$;
+
+-- queen.ack_v3: the broker's ack call (POST /api/v1/ack, /ack/batch: queen_pg/engine/ack.py). The items
+-- come packed, so the driver encodes a few values instead of seven 100-element arrays:
+--   p_items   n × 26 bytes: xxh3-128 of the transactionId (16) | kind u16 | txn start u32 | txn len u32
+--             (little-endian; start/len are bytes of p_txns)
+--   p_kind_*  the distinct (partition id, consumer group, lease id or NULL, status) of the items; an
+--             item's kind is its 1-based index into them
+--   p_txns    every item's transactionId as UTF-8, concatenated
+--   p_errors  the items' error texts, or NULL when none has one
+-- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
+-- after each cursor row's lock.
+CREATE OR REPLACE FUNCTION queen.ack_v3(
+    p_tenant        text,
+    p_items         bytea,
+    p_kind_pids     bigint[],
+    p_kind_groups   text[],
+    p_kind_leases   uuid[],
+    p_kind_statuses text[],
+    p_txns          bytea,
+    p_errors        text[],
+    p_now           timestamptz DEFAULT NULL
+) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
+                 o_noop integer[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pids     bigint[];
+    v_hashes   uuid[];
+    v_txns     text[];
+    v_leases   uuid[];
+    v_groups   text[];
+    v_statuses text[];
+BEGIN
+    -- (PostgreSQL's | and << share one precedence: the shifts are parenthesized)
+    IF length(p_items) % 26 <> 0 THEN
+        RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
+    END IF;
+    SELECT coalesce(array_agg(p_kind_pids[x.k] ORDER BY x.i), '{}'),
+           coalesce(array_agg(encode(substring(p_items FROM x.o + 1 FOR 16), 'hex')::uuid ORDER BY x.i), '{}'),
+           coalesce(array_agg(convert_from(substring(p_txns FROM x.s + 1 FOR x.l), 'UTF8') ORDER BY x.i), '{}'),
+           coalesce(array_agg(p_kind_leases[x.k] ORDER BY x.i), '{}'),
+           coalesce(array_agg(p_kind_groups[x.k] ORDER BY x.i), '{}'),
+           coalesce(array_agg(p_kind_statuses[x.k] ORDER BY x.i), '{}')
+      INTO v_pids, v_hashes, v_txns, v_leases, v_groups, v_statuses
+      FROM (SELECT g.i, g.o,
+                   get_byte(p_items, g.o + 16) + (get_byte(p_items, g.o + 17) << 8) AS k,
+                   get_byte(p_items, g.o + 18) + (get_byte(p_items, g.o + 19) << 8)
+                     + (get_byte(p_items, g.o + 20) << 16) + (get_byte(p_items, g.o + 21) << 24) AS s,
+                   get_byte(p_items, g.o + 22) + (get_byte(p_items, g.o + 23) << 8)
+                     + (get_byte(p_items, g.o + 24) << 16) + (get_byte(p_items, g.o + 25) << 24) AS l
+              FROM generate_series(0, length(p_items) / 26 - 1) AS s(i)
+             CROSS JOIN LATERAL (SELECT s.i, s.i * 26 AS o) AS g) AS x;
+    RETURN QUERY
+    SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, v_txns, v_leases, v_groups, v_statuses,
+                                    p_errors, p_now);
 END;
 $$;
 
