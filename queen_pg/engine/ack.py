@@ -96,20 +96,26 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_items", "_kinds", "_txn_at", "_txns", "erred")
+    __slots__ = ("_errors", "_items", "_kinds", "_last", "_txn_at", "_txns", "erred")
 
     def __init__(self) -> None:
         self._items: list[bytes] = []
         self._txns: list[bytes] = []
         self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
+        self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
         self._errors: list[str | None] = []
         self.erred = False
 
     def add(self, pid: int, transaction_id: str, lease: uuid.UUID | None, group: str, status: str,
             error: str | None) -> None:  # fmt: skip
         raw = transaction_id.encode()
-        kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
+        last = self._last
+        if last is not None and last[0] == pid and last[2] is lease and last[1] == group and last[3] == status:
+            kind = last[4]  # a batch's items share one kind: no tuple to hash (a UUID hashes in Python)
+        else:
+            kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
+            self._last = (pid, group, lease, status, kind)
         self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind, self._txn_at, len(raw)))
         self._txns.append(raw)
         self._txn_at += len(raw)
