@@ -74,7 +74,7 @@ async def both_ways(
     mixed = [*items[:half], ("never-pushed", lease, "completed"), *items[half:]]
     judged, row_judged, dead_judged = await settle(conn, pid, mixed, now)
     odd = judged.pop(half)
-    assert odd["success"] is False and "unresolvable" in (odd["error"] or "")
+    assert odd["success"] is False and "unresolvable" in (odd["error"] or "") and "never-pushed" in odd["error"]
     # leaseReleased is reported on the row's last item: the added item may be that one only when it
     # is last, which it never is here (it goes in the middle)
     assert judged == alone

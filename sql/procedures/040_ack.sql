@@ -68,16 +68,37 @@ BEGIN
 END;
 $$;
 
+-- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+
+CREATE OR REPLACE FUNCTION queen._ack_txns(p_items bytea, p_txns bytea)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+-- The transactionIds of queen.ack_v3's packed items (bytes 18..25 of each: start and length in p_txns).
+-- (PostgreSQL's | and << share one precedence: the shifts are parenthesized.)
+SELECT coalesce(array_agg(convert_from(substring(p_txns FROM x.s + 1 FOR x.l), 'UTF8') ORDER BY x.i), '{}')
+  FROM (SELECT g.i,
+               get_byte(p_items, g.o + 18) + (get_byte(p_items, g.o + 19) << 8)
+                 + (get_byte(p_items, g.o + 20) << 16) + (get_byte(p_items, g.o + 21) << 24) AS s,
+               get_byte(p_items, g.o + 22) + (get_byte(p_items, g.o + 23) << 8)
+                 + (get_byte(p_items, g.o + 24) << 16) + (get_byte(p_items, g.o + 25) << 24) AS l
+          FROM generate_series(0, length(p_items) / 26 - 1) AS s(i)
+         CROSS JOIN LATERAL (SELECT s.i, s.i * 26 AS o) AS g) AS x
+$$;
+
 CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_tenant         text,
     p_partition_ids  bigint[],
     p_hashes         uuid[],
-    p_txn_ids        text[],
+    p_txn_ids        text[],          -- NULL: decoded from p_items/p_txns when needed (queen.ack_v3)
     p_lease_ids      uuid[],
     p_groups         text[],
     p_statuses       text[],
     p_errors         text[],
-    p_now            timestamptz DEFAULT NULL
+    p_now            timestamptz DEFAULT NULL,
+    p_items          bytea DEFAULT NULL,
+    p_txns           bytea DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql AS $$
@@ -177,6 +198,9 @@ BEGIN
             v_hi := v_max;
             v_last := k.ords[cardinality(k.ords)];
         ELSE
+            IF p_txn_ids IS NULL THEN  -- packed (queen.ack_v3): only this path reads the texts
+                p_txn_ids := queen._ack_txns(p_items, p_txns);
+            END IF;
             -- 1. resolve and judge every item against the cursor as the call found it
             FOR it IN
                 SELECT u AS ord, p_hashes[u] AS hash, p_txn_ids[u] AS txn, p_lease_ids[u] AS lease,
@@ -376,7 +400,8 @@ $$;
 --   p_txns    every item's transactionId as UTF-8, concatenated
 --   p_errors  the items' error texts, or NULL when none has one
 -- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
--- after each cursor row's lock.
+-- after each cursor row's lock. Decoded here: the hashes, and the kinds when there are several; the
+-- transactionIds only when a cursor row's items are judged one by one (queen._ack_txns).
 CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_tenant        text,
     p_items         bytea,
@@ -391,35 +416,37 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
                  o_noop integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_n        integer;
     v_pids     bigint[];
     v_hashes   uuid[];
-    v_txns     text[];
     v_leases   uuid[];
     v_groups   text[];
     v_statuses text[];
 BEGIN
-    -- (PostgreSQL's | and << share one precedence: the shifts are parenthesized)
     IF length(p_items) % 26 <> 0 THEN
         RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
     END IF;
-    SELECT coalesce(array_agg(p_kind_pids[x.k] ORDER BY x.i), '{}'),
-           coalesce(array_agg(encode(substring(p_items FROM x.o + 1 FOR 16), 'hex')::uuid ORDER BY x.i), '{}'),
-           coalesce(array_agg(convert_from(substring(p_txns FROM x.s + 1 FOR x.l), 'UTF8') ORDER BY x.i), '{}'),
-           coalesce(array_agg(p_kind_leases[x.k] ORDER BY x.i), '{}'),
-           coalesce(array_agg(p_kind_groups[x.k] ORDER BY x.i), '{}'),
-           coalesce(array_agg(p_kind_statuses[x.k] ORDER BY x.i), '{}')
-      INTO v_pids, v_hashes, v_txns, v_leases, v_groups, v_statuses
-      FROM (SELECT g.i, g.o,
-                   get_byte(p_items, g.o + 16) + (get_byte(p_items, g.o + 17) << 8) AS k,
-                   get_byte(p_items, g.o + 18) + (get_byte(p_items, g.o + 19) << 8)
-                     + (get_byte(p_items, g.o + 20) << 16) + (get_byte(p_items, g.o + 21) << 24) AS s,
-                   get_byte(p_items, g.o + 22) + (get_byte(p_items, g.o + 23) << 8)
-                     + (get_byte(p_items, g.o + 24) << 16) + (get_byte(p_items, g.o + 25) << 24) AS l
-              FROM generate_series(0, length(p_items) / 26 - 1) AS s(i)
-             CROSS JOIN LATERAL (SELECT s.i, s.i * 26 AS o) AS g) AS x;
+    v_n := length(p_items) / 26;
+    v_hashes := ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
+                        FROM generate_series(0, v_n - 1) AS i ORDER BY i);
+    IF cardinality(p_kind_pids) = 1 THEN  -- the common call: one partition, group, lease and status
+        v_pids := array_fill(p_kind_pids[1], ARRAY[v_n]);
+        v_groups := array_fill(p_kind_groups[1], ARRAY[v_n]);
+        v_leases := array_fill(p_kind_leases[1], ARRAY[v_n]);
+        v_statuses := array_fill(p_kind_statuses[1], ARRAY[v_n]);
+    ELSE
+        -- (PostgreSQL's | and << share one precedence: the shift is parenthesized)
+        SELECT coalesce(array_agg(p_kind_pids[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_groups[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_leases[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_statuses[x.k] ORDER BY x.i), '{}')
+          INTO v_pids, v_groups, v_leases, v_statuses
+          FROM (SELECT i, get_byte(p_items, i * 26 + 16) + (get_byte(p_items, i * 26 + 17) << 8) AS k
+                  FROM generate_series(0, v_n - 1) AS i) AS x;
+    END IF;
     RETURN QUERY
-    SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, v_txns, v_leases, v_groups, v_statuses,
-                                    p_errors, p_now);
+    SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
+                                    p_errors, p_now, p_items, p_txns);
 END;
 $$;
 
