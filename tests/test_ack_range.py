@@ -234,3 +234,19 @@ async def test_a_malformed_packed_body_is_refused_whole(conn: asyncpg.Connection
         await conn.fetch(ACK3, b"\x00" * 25, [1], ["g"], [None], ["completed"], b"", None, None)
     row = await conn.fetchrow(ACK3, b"", [], [], [], [], b"", None, None)  # nothing to settle
     assert [list(v) for v in row.values()] == [[], [], [], [], []]
+
+
+async def test_an_unknown_lease_state_is_never_taken_for_a_plain_batch(
+    conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
+) -> None:
+    """A cursor row whose lease has no expiry (NULL: never written so, but a NULL must not read as "live")
+    with a batch that mixes items naming that lease and items naming none: the ones naming it are judged
+    as the item path judges them (refused), never accepted by the one-statement check."""
+    pid, lease, txns = leased
+    await conn.execute(
+        "UPDATE queen.log_consumers SET lease_expires_at = NULL WHERE partition_id = $1 AND consumer_group = 'g'",
+        pid,
+    )
+    out, row = await both_ways(conn, pid, [(txns[0], None, "completed"), (txns[1], lease, "completed")])
+    assert out[0]["success"] is True and out[1]["success"] is False and "lease" in out[1]["error"]
+    assert row["cursor_offset"] == 11

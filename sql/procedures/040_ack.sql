@@ -178,9 +178,11 @@ BEGIN
         v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
                              WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
         SELECT count(*) FILTER (WHERE r.off IS NULL), max(r.off),
-               bool_and(r.off >= v_start AND p_statuses[u.ord] = 'completed'
-                        AND (p_lease_ids[u.ord] IS NULL
-                             OR (v_live AND p_lease_ids[u.ord] = c.lease_id AND r.off < c.lease_end)))
+               -- coalesce: bool_and skips NULLs, and an unknown (a NULL column) is never "plain"
+               bool_and(coalesce(r.off >= v_start AND p_statuses[u.ord] = 'completed'
+                                 AND (p_lease_ids[u.ord] IS NULL
+                                      OR (v_live AND p_lease_ids[u.ord] = c.lease_id AND r.off < c.lease_end)),
+                                 false))
           INTO v_unres, v_max, v_fast
           FROM unnest(k.ords) AS u(ord)
           LEFT JOIN LATERAL (
