@@ -1,19 +1,25 @@
--- queen.ack_v1: settle delivered messages for their consumer groups. An ack is an offset commit
+-- queen._ack_settle: settle delivered messages for their consumer groups. An ack is an offset commit
 -- (WIRE.md §9.1): a group's position in a partition is one cursor, and nothing above it is remembered.
 --
--- Called by: POST /api/v1/ack and POST /api/v1/ack/batch (queen_pg/engine/ack.py, through
---          queen.ack_v2 under a request key), and queen.transaction_v1 for its acks.
+-- Called by: queen.ack_v3 (POST /api/v1/ack and /ack/batch, queen_pg/engine/ack.py: the items packed)
+--          and queen.ack_v1 (one row per item: queen.ack_v2 under a request key, queen.transaction_v1,
+--          the previous release), both below.
 -- Inputs:  parallel arrays, one entry per ack item: partition id, xxh3-128 hash of the transactionId,
 --          transactionId text (for the DLQ row), lease id (NULL = no lease check), consumer group,
 --          status ('completed' | 'failed' | 'retry' | 'dlq'; the broker maps 'success' to
 --          'completed'), error text; p_now (NULL = the clock, read after each cursor row's lock).
--- Result:  one row per item, in input order: (idx, success, error, lease_released, dlq, noop).
---          A refused item is success=false with a readable error; the call itself never raises for
---          a refused item.
+-- Result:  ONE row of 1-based item indexes, sparse (a fully accepted batch is five empty arrays):
+--          o_refused (success=false) with o_errors (their readable errors, same order), o_released
+--          (leaseReleased), o_dlq, o_noop. Every other item is success, moved the cursor, no DLQ.
+--          The call itself never raises for a refused item.
 -- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
 --          them it inserts log_dlq rows (no foreign keys: no lock on a partition or queue row) and
 --          deletes the cursor's log_passes rows. A cursor it moves to the partition's end tries the
 --          partition row FOR SHARE SKIP LOCKED (queen._cursor_head, by trigger: never waits). Nothing else.
+-- Range ack: per cursor row, one statement resolves every item and checks the common batch (all
+--          `completed`, at or above the cursor, inside the live lease they name, or naming none); such a
+--          batch commits through its highest offset without judging item by item. Any other batch is
+--          judged item by item (the rules below; the same verdicts either way).
 -- Resolve: an item's transactionId names the oldest of its messages at or above the cursor (the one
 --          the group has not settled), else the newest below it. None in that partition: the item is
 --          `unresolvable` (success=false; it changes nothing, and the rest of the call, the real
@@ -62,23 +68,43 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen.ack_v1(
+-- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+
+CREATE OR REPLACE FUNCTION queen._ack_txns(p_items bytea, p_txns bytea)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+-- The transactionIds of queen.ack_v3's packed items (bytes 18..25 of each: start and length in p_txns).
+-- (PostgreSQL's | and << share one precedence: the shifts are parenthesized.)
+SELECT coalesce(array_agg(convert_from(substring(p_txns FROM x.s + 1 FOR x.l), 'UTF8') ORDER BY x.i), '{}')
+  FROM (SELECT g.i,
+               get_byte(p_items, g.o + 18) + (get_byte(p_items, g.o + 19) << 8)
+                 + (get_byte(p_items, g.o + 20) << 16) + (get_byte(p_items, g.o + 21) << 24) AS s,
+               get_byte(p_items, g.o + 22) + (get_byte(p_items, g.o + 23) << 8)
+                 + (get_byte(p_items, g.o + 24) << 16) + (get_byte(p_items, g.o + 25) << 24) AS l
+          FROM generate_series(0, length(p_items) / 26 - 1) AS s(i)
+         CROSS JOIN LATERAL (SELECT s.i, s.i * 26 AS o) AS g) AS x
+$$;
+
+CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_tenant         text,
     p_partition_ids  bigint[],
     p_hashes         uuid[],
-    p_txn_ids        text[],
+    p_txn_ids        text[],          -- NULL: decoded from p_items/p_txns when needed (queen.ack_v3)
     p_lease_ids      uuid[],
     p_groups         text[],
     p_statuses       text[],
     p_errors         text[],
-    p_now            timestamptz DEFAULT NULL
-) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean,
-                 noop boolean)
+    p_now            timestamptz DEFAULT NULL,
+    p_items          bytea DEFAULT NULL,
+    p_txns           bytea DEFAULT NULL
+) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
+                 o_noop integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now       timestamptz;
     v_n_items   integer := cardinality(p_partition_ids);
-    r_success   boolean[] := array_fill(false, ARRAY[v_n_items]);
     r_error     text[] := array_fill(NULL::text, ARRAY[v_n_items]);
     r_released  boolean[] := array_fill(false, ARRAY[v_n_items]);
     r_dlq       boolean[] := array_fill(false, ARRAY[v_n_items]);
@@ -107,6 +133,11 @@ DECLARE
     -- the lowest `failed` item of the call on this row
     f_off       bigint;
     f_ord       integer;
+    -- the one-statement judgement (step 0)
+    v_passes    boolean;
+    v_unres     bigint;
+    v_max       bigint;
+    v_fast      boolean;
 BEGIN
     FOR k IN
         SELECT u.pid, u.grp, array_agg(u.ord::integer ORDER BY u.ord) AS ords
@@ -139,73 +170,106 @@ BEGIN
         f_off := NULL;
         f_ord := NULL;
 
-        -- 1. resolve and judge every item against the cursor as the call found it
-        FOR it IN
-            SELECT u AS ord, p_hashes[u] AS hash, p_txn_ids[u] AS txn, p_lease_ids[u] AS lease,
-                   p_statuses[u] AS status
-              FROM unnest(k.ords) AS u
-        LOOP
-            v_last := it.ord;
-            v_is_nack := it.status IN ('failed', 'retry');
-            SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
-              FROM queen.log_txns t
-             WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
-               -- a copy this group passes over (a dead letter requeued for another group) is never
-               -- this group's message: resolving to it would commit past messages nobody read
-               AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps
-                                WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp
-                                  AND ps.msg_offset = t.msg_offset)
-             ORDER BY (t.msg_offset < v_start),
-                      CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
-             LIMIT 1;
-            IF NOT FOUND THEN
-                r_error[it.ord] := format('transactionId %s is unresolvable in partition %s '
-                                          '(never pushed there, or its hash is gone): nothing changed',
-                                          it.txn, k.pid);
-                CONTINUE;
+        -- 0. the common batch, resolved and judged in ONE statement: every item `completed`, resolved at
+        --    or above the cursor and, when it names a lease, inside the row's live lease. Then step 1
+        --    would accept every item and step 3 has nothing to do: the cursor goes through the highest
+        --    offset (a range ack). Anything else (a nack, a dlq, an unresolvable or resent item, a lease
+        --    not held) is judged item by item below, as before.
+        v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
+                             WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
+        SELECT count(*) FILTER (WHERE r.off IS NULL), max(r.off),
+               -- coalesce: bool_and skips NULLs, and an unknown (a NULL column) is never "plain"
+               bool_and(coalesce(r.off >= v_start AND p_statuses[u.ord] = 'completed'
+                                 AND (p_lease_ids[u.ord] IS NULL
+                                      OR (v_live AND p_lease_ids[u.ord] = c.lease_id AND r.off < c.lease_end)),
+                                 false))
+          INTO v_unres, v_max, v_fast
+          FROM unnest(k.ords) AS u(ord)
+          LEFT JOIN LATERAL (
+                SELECT t.msg_offset AS off
+                  FROM queen.log_txns t
+                 WHERE t.partition_id = k.pid AND t.txn_hash = p_hashes[u.ord]
+                   AND (NOT v_passes
+                        OR NOT EXISTS (SELECT 1 FROM queen.log_passes ps
+                                        WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp
+                                          AND ps.msg_offset = t.msg_offset))
+                 ORDER BY (t.msg_offset < v_start),
+                          CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
+                 LIMIT 1) r ON true;
+        IF v_unres = 0 AND v_fast THEN
+            v_hi := v_max;
+            v_last := k.ords[cardinality(k.ords)];
+        ELSE
+            IF p_txn_ids IS NULL THEN  -- packed (queen.ack_v3): only this path reads the texts
+                p_txn_ids := queen._ack_txns(p_items, p_txns);
             END IF;
-            r_off[it.ord] := v_off;
-            r_msgid[it.ord] := v_msgid;
-            r_created[it.ord] := v_created;
-
-            IF it.lease IS NOT NULL THEN
-                IF v_live AND c.lease_id = it.lease THEN
-                    IF v_off >= c.lease_end AND v_off >= v_start THEN
-                        r_error[it.ord] := 'message is not part of this lease';
-                        CONTINUE;
-                    END IF;
-                ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it.lease, false)
-                                                OR coalesce(c.released_lease_id = it.lease, false))) THEN
-                    r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
-                        ELSE 'lease is not held (expired or taken by another consumer)' END;
+            -- 1. resolve and judge every item against the cursor as the call found it
+            FOR it IN
+                SELECT u AS ord, p_hashes[u] AS hash, p_txn_ids[u] AS txn, p_lease_ids[u] AS lease,
+                       p_statuses[u] AS status
+                  FROM unnest(k.ords) AS u
+            LOOP
+                v_last := it.ord;
+                v_is_nack := it.status IN ('failed', 'retry');
+                SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
+                  FROM queen.log_txns t
+                 WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
+                   -- a copy this group passes over (a dead letter requeued for another group) is never
+                   -- this group's message: resolving to it would commit past messages nobody read
+                   AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps
+                                    WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp
+                                      AND ps.msg_offset = t.msg_offset)
+                 ORDER BY (t.msg_offset < v_start),
+                          CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
+                 LIMIT 1;
+                IF NOT FOUND THEN
+                    r_error[it.ord] := format('transactionId %s is unresolvable in partition %s '
+                                              '(never pushed there, or its hash is gone): nothing changed',
+                                              it.txn, k.pid);
                     CONTINUE;
                 END IF;
-                -- (below the cursor under the row's last lease, released or run out with nobody
-                -- claiming since: only its holder committed it; a resent ack, answered as such)
-            END IF;
+                r_off[it.ord] := v_off;
+                r_msgid[it.ord] := v_msgid;
+                r_created[it.ord] := v_created;
 
-            IF v_off < v_start THEN
+                IF it.lease IS NOT NULL THEN
+                    IF v_live AND c.lease_id = it.lease THEN
+                        IF v_off >= c.lease_end AND v_off >= v_start THEN
+                            r_error[it.ord] := 'message is not part of this lease';
+                            CONTINUE;
+                        END IF;
+                    ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it.lease, false)
+                                                    OR coalesce(c.released_lease_id = it.lease, false))) THEN
+                        r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
+                            ELSE 'lease is not held (expired or taken by another consumer)' END;
+                        CONTINUE;
+                    END IF;
+                    -- (below the cursor under the row's last lease, released or run out with nobody
+                    -- claiming since: only its holder committed it; a resent ack, answered as such)
+                END IF;
+
+                IF v_off < v_start THEN
+                    IF v_is_nack THEN
+                        r_error[it.ord] := format('offset %s is already committed (the cursor is at %s): '
+                                                  'a nack cannot take it back', v_off, v_start);
+                    ELSE
+                        r_noop[it.ord] := true;
+                    END IF;
+                    CONTINUE;
+                END IF;
+
+                v_pend := v_pend || it.ord;
                 IF v_is_nack THEN
-                    r_error[it.ord] := format('offset %s is already committed (the cursor is at %s): '
-                                              'a nack cannot take it back', v_off, v_start);
+                    v_nacks := v_nacks || v_off;
+                    IF it.status = 'failed' AND (f_off IS NULL OR v_off < f_off) THEN
+                        f_off := v_off;
+                        f_ord := it.ord;
+                    END IF;
                 ELSE
-                    r_success[it.ord] := true;
-                    r_noop[it.ord] := true;
+                    v_hi := greatest(v_hi, v_off);
                 END IF;
-                CONTINUE;
-            END IF;
-
-            v_pend := v_pend || it.ord;
-            IF v_is_nack THEN
-                v_nacks := v_nacks || v_off;
-                IF it.status = 'failed' AND (f_off IS NULL OR v_off < f_off) THEN
-                    f_off := v_off;
-                    f_ord := it.ord;
-                END IF;
-            ELSE
-                v_hi := greatest(v_hi, v_off);
-            END IF;
-        END LOOP;
+            END LOOP;
+        END IF;
 
         -- 2. where the cursor goes: through the highest completed offset, clamped at the lowest nack
         v_new := coalesce(v_hi + 1, v_start);
@@ -240,7 +304,6 @@ BEGIN
 
         -- 3. answer the items that passed the checks; explicit dead letters under the new cursor
         FOREACH o IN ARRAY v_pend LOOP
-            r_success[o] := true;
             IF p_statuses[o] IN ('failed', 'retry') THEN
                 CONTINUE;
             END IF;
@@ -285,10 +348,107 @@ BEGIN
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp;
     END LOOP;
 
-    RETURN QUERY
-    SELECT g.i, r_success[g.i], r_error[g.i], r_released[g.i], r_dlq[g.i], r_noop[g.i]
+    -- sparse: a fully accepted batch is five empty arrays (one small row to send and decode)
+    SELECT coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_error[g.i] IS NOT NULL), '{}'),
+           coalesce(array_agg(r_error[g.i] ORDER BY g.i) FILTER (WHERE r_error[g.i] IS NOT NULL), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_released[g.i]), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_dlq[g.i]), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_noop[g.i]), '{}')
+      INTO o_refused, o_errors, o_released, o_dlq, o_noop
       FROM generate_series(1, v_n_items) AS g(i)
+     WHERE r_error[g.i] IS NOT NULL OR r_released[g.i] OR r_dlq[g.i] OR r_noop[g.i];
+    RETURN NEXT;
+END;
+$$;
+
+-- queen.ack_v1: the verdicts as one row per item (idx, success, error, lease_released, dlq, noop), in
+-- input order, for the items as parallel arrays (the inputs of queen._ack_settle). Called by queen.ack_v2
+-- (the outcome window), queen.transaction_v1, and brokers of the previous release (rolling deploys);
+-- rules and locks are queen._ack_settle's.
+CREATE OR REPLACE FUNCTION queen.ack_v1(
+    p_tenant         text,
+    p_partition_ids  bigint[],
+    p_hashes         uuid[],
+    p_txn_ids        text[],
+    p_lease_ids      uuid[],
+    p_groups         text[],
+    p_statuses       text[],
+    p_errors         text[],
+    p_now            timestamptz DEFAULT NULL
+) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean,
+                 noop boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a record;
+BEGIN
+    SELECT * INTO a FROM queen._ack_settle(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups,
+                                           p_statuses, p_errors, p_now);
+    RETURN QUERY
+    SELECT g.i, NOT coalesce(g.i = ANY (a.o_refused), false),
+           a.o_errors[array_position(a.o_refused, g.i)],
+           coalesce(g.i = ANY (a.o_released), false), coalesce(g.i = ANY (a.o_dlq), false),
+           coalesce(g.i = ANY (a.o_noop), false)
+      FROM generate_series(1, coalesce(cardinality(p_partition_ids), 0)) AS g(i)
      ORDER BY g.i;
+END;
+$$;
+
+-- queen.ack_v3: the broker's ack call (POST /api/v1/ack, /ack/batch: queen_pg/engine/ack.py). The items
+-- come packed, so the driver encodes a few values instead of seven 100-element arrays:
+--   p_items   n × 26 bytes: xxh3-128 of the transactionId (16) | kind u16 | txn start u32 | txn len u32
+--             (little-endian; start/len are bytes of p_txns)
+--   p_kind_*  the distinct (partition id, consumer group, lease id or NULL, status) of the items; an
+--             item's kind is its 1-based index into them
+--   p_txns    every item's transactionId as UTF-8, concatenated
+--   p_errors  the items' error texts, or NULL when none has one
+-- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
+-- after each cursor row's lock. Decoded here: the hashes, and the kinds when there are several; the
+-- transactionIds only when a cursor row's items are judged one by one (queen._ack_txns).
+CREATE OR REPLACE FUNCTION queen.ack_v3(
+    p_tenant        text,
+    p_items         bytea,
+    p_kind_pids     bigint[],
+    p_kind_groups   text[],
+    p_kind_leases   uuid[],
+    p_kind_statuses text[],
+    p_txns          bytea,
+    p_errors        text[],
+    p_now           timestamptz DEFAULT NULL
+) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
+                 o_noop integer[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n        integer;
+    v_pids     bigint[];
+    v_hashes   uuid[];
+    v_leases   uuid[];
+    v_groups   text[];
+    v_statuses text[];
+BEGIN
+    IF length(p_items) % 26 <> 0 THEN
+        RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
+    END IF;
+    v_n := length(p_items) / 26;
+    v_hashes := ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
+                        FROM generate_series(0, v_n - 1) AS i ORDER BY i);
+    IF cardinality(p_kind_pids) = 1 THEN  -- the common call: one partition, group, lease and status
+        v_pids := array_fill(p_kind_pids[1], ARRAY[v_n]);
+        v_groups := array_fill(p_kind_groups[1], ARRAY[v_n]);
+        v_leases := array_fill(p_kind_leases[1], ARRAY[v_n]);
+        v_statuses := array_fill(p_kind_statuses[1], ARRAY[v_n]);
+    ELSE
+        -- (PostgreSQL's | and << share one precedence: the shift is parenthesized)
+        SELECT coalesce(array_agg(p_kind_pids[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_groups[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_leases[x.k] ORDER BY x.i), '{}'),
+               coalesce(array_agg(p_kind_statuses[x.k] ORDER BY x.i), '{}')
+          INTO v_pids, v_groups, v_leases, v_statuses
+          FROM (SELECT i, get_byte(p_items, i * 26 + 16) + (get_byte(p_items, i * 26 + 17) << 8) AS k
+                  FROM generate_series(0, v_n - 1) AS i) AS x;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
+                                    p_errors, p_now, p_items, p_txns);
 END;
 $$;
 
