@@ -1,6 +1,6 @@
 """Plan mode of the hot procedures (issue 14): the ack and transaction procedures run with generic plans
 (``SET plan_cache_mode = force_generic_plan`` on the function). PL/pgSQL kept custom plans for their
-array-parameter statements and planned them again on every call (measured: 5-12 % of an ack's or a
+array-parameter statements and planned them again on every call (measured: 5-21 % of an ack's or a
 transaction's PostgreSQL CPU, /work/notes/plans.md). The guards here keep the SET clause, and check
 that the generic plans of the ack's statements still go through the keys (no scan of a whole table)."""
 
@@ -24,9 +24,9 @@ async def test_the_ack_and_transaction_functions_use_generic_plans(conn: asyncpg
 
 
 async def test_pop_v1_keeps_the_default_plan_mode(conn: asyncpg.Connection) -> None:
-    """pop_v1 is NOT forced: PL/pgSQL already plans its statements generically after five calls, forcing
-    measured equal, and a forced generic plan of the queue lookup (queue name OR namespace/task, one
-    statement) would not use the name key with many queues."""
+    """pop_v1 is NOT forced: PL/pgSQL already plans its discovery and claim generically after five calls
+    (forcing measured equal), and a forced generic plan of the queue lookup (queue name OR namespace/task,
+    one statement) cannot use the (tenant, name) key: it reads every queue of the tenant."""
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = 'queen.pop_v1'::regproc")
     assert config is None or not any(c.startswith("plan_cache_mode=") for c in config)
 

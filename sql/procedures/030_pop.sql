@@ -32,9 +32,10 @@
 --          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group
 --          creation).
 --          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
--- Plans:   the default plan_cache_mode (auto), on purpose: PL/pgSQL plans every statement here
---          generically after five calls already, forcing it measured equal, and a forced generic plan
---          of the queue lookup would not use the name key (/work/notes/plans.md).
+-- Plans:   the default plan_cache_mode (auto), on purpose: PL/pgSQL already plans the discovery and
+--          the claim generically after five calls (forcing measured equal), and keeps the queue lookup
+--          custom when it must: its generic plan cannot use the (tenant, name) key and reads every queue
+--          of the tenant (/work/notes/plans.md).
 -- Guarantees: a partition is leased to at most one holder at a time per group; an expired lease is
 --          claimable again and its range counts one more delivery attempt.
 

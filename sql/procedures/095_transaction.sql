@@ -37,8 +37,8 @@
 --          and timers read it after that).
 -- Plans:   transaction_v1 runs with plan_cache_mode = force_generic_plan, and so does everything it
 --          calls (the ack and KV/timer helpers inherit it; push_v1's core has its own): PL/pgSQL kept
---          custom plans for its array-parameter statements; measured ~12 % less PostgreSQL CPU for a
---          1-ack + 1-push bundle (/work/notes/plans.md).
+--          custom plans for its array-parameter statements; measured 7-19 % less PostgreSQL CPU for a
+--          1-ack + 1-push (+ 1 KV put) bundle (/work/notes/plans.md).
 
 DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
 
