@@ -25,8 +25,7 @@ async def test_the_ack_and_transaction_functions_use_generic_plans(conn: asyncpg
 
 async def test_pop_v1_keeps_the_default_plan_mode(conn: asyncpg.Connection) -> None:
     """pop_v1 is NOT forced: PL/pgSQL already plans its discovery and claim generically after five calls
-    (forcing measured equal), and a forced generic plan of the queue lookup (queue name OR namespace/task,
-    one statement) cannot use the (tenant, name) key: it reads every queue of the tenant."""
+    (forcing measured equal); the namespace/task lookup keeps its custom plans on the namespace key."""
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = 'queen.pop_v1'::regproc")
     assert config is None or not any(c.startswith("plan_cache_mode=") for c in config)
 
@@ -100,3 +99,29 @@ async def test_generic_ack_plans_use_the_keys(conn: asyncpg.Connection) -> None:
         "p00004",
         "p00005",
     ]
+
+
+async def test_pop_queue_lookup_has_a_generic_plan_on_the_key(conn: asyncpg.Connection) -> None:
+    """The queue lookup by name is its own statement: its generic plan reads the (tenant, name) key, so
+    PL/pgSQL need not plan it on every pop in a tenant with many queues (one statement with a CASE over
+    name or namespace/task had a generic plan reading every queue of the tenant)."""
+    await conn.execute(
+        "INSERT INTO queen.queues (tenant, name) SELECT 'default', 'z' || i FROM generate_series(1, 3000) i"
+    )
+    await fill(conn, "q", 2)
+    await conn.execute("ANALYZE queen.queues")
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with Plans(conn) as plans:
+        assert [r["partition_name"] for r in await pop(conn, "q", batch=1)] == ["p00000"]
+    lookups = []
+    for text in plans.notices:
+        if "{" in text:
+            doc = json.loads(text[text.index("{") :])
+            if "FROM queen.queues qq WHERE qq.tenant = p_tenant AND qq.name = p_queue" in " ".join(
+                doc["Query Text"].split()
+            ):
+                lookups.append(doc)
+    assert len(lookups) == 1, [json.loads(t[t.index("{") :])["Query Text"][:80] for t in plans.notices if "{" in t]
+    scans = [n for n in nodes(lookups[0]["Plan"]) if n.get("Relation Name") == "queues"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in scans] == [("Index Scan", "queues_tenant_name_key")]
+    assert all(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) <= 1 for n in scans)
