@@ -237,7 +237,9 @@ async def test_an_idle_queue_is_not_sampled_and_still_counts(
     assert lags[1] == pytest.approx(lags[0] + 60)  # carried through the idle minute, grown by it
 
 
-async def test_a_cursor_moved_without_an_ack_is_sampled_again(qhttp: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+async def test_a_cursor_moved_without_an_ack_is_sampled_again(
+    qhttp: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
     """Only moved queues are sampled, but "moved" is more than the pushed and acked counters: clearing a
     queue, seeking a group, creating or deleting a group change its backlog and lag with neither counter
     moving. Such a queue must be sampled again (else its backlog is carried forever)."""
