@@ -401,6 +401,9 @@ CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (mi
 -- Only for the release's own tables of low traffic (ACCESS EXCLUSIVE on stats_marks / tenant_minutes).
 ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;  -- NULL: not known yet, sampled
 ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+-- Revision 0008: sum(cursor_offset + 1) of the queue's cursors at the mark: a cursor created, deleted or moved
+-- without an ack (clear, seek) changes the backlog with neither counter moving (NULL: sampled again).
+ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS cursors_total bigint;
 ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
 ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
 -- Revision 0007: the (queue, group) pairs with a pending message, per tenant, as of the tenant's snapshot

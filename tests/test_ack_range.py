@@ -250,3 +250,23 @@ async def test_an_unknown_lease_state_is_never_taken_for_a_plain_batch(
     out, row = await both_ways(conn, pid, [(txns[0], None, "completed"), (txns[1], lease, "completed")])
     assert out[0]["success"] is True and out[1]["success"] is False and "lease" in out[1]["error"]
     assert row["cursor_offset"] == 11
+
+
+async def test_more_distinct_item_kinds_than_the_packed_format_holds_are_still_settled(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
+) -> None:
+    """A packed item's kind is a u16: a batch naming more than 65535 distinct (partition, group, lease,
+    status) kinds (here: partitions nobody has) must still be answered item by item, never a 500."""
+    pid, lease, txns = leased
+    acks = [{"transactionId": txns[0], "partitionId": str(pid), "leaseId": str(lease), "status": "completed"}]
+    acks += [{"transactionId": f"t{i}", "partitionId": str(10**6 + i), "status": "completed"} for i in range(70_000)]
+    r = await http.post("/api/v1/ack/batch", json={"consumerGroup": "g", "acknowledgments": acks}, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out) == 70_001 and out[0]["success"] is True and out[0]["error"] is None
+    assert not any(v["success"] for v in out[1:])
+    assert out[-1]["error"] == f"consumer group g has no cursor on partition {10**6 + 69_999}"
+    cursor = await conn.fetchval(
+        "SELECT cursor_offset FROM queen.log_consumers WHERE partition_id = $1 AND consumer_group = 'g'", pid
+    )
+    assert cursor == 11

@@ -235,3 +235,28 @@ async def test_an_idle_queue_is_not_sampled_and_still_counts(
     assert [(s["pushed"], s["acked"], s["backlog"]) for s in one["series"]] == [(3, 1, 2), (0, 0, 2), (0, 1, 1)]
     lags = [s["lagSeconds"] for s in one["series"]]
     assert lags[1] == pytest.approx(lags[0] + 60)  # carried through the idle minute, grown by it
+
+
+async def test_a_cursor_moved_without_an_ack_is_sampled_again(
+    qhttp: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """Only moved queues are sampled, but "moved" is more than the pushed and acked counters: clearing a
+    queue, seeking a group, creating or deleting a group change its backlog and lag with neither counter
+    moving. Such a queue must be sampled again (else its backlog is carried forever)."""
+    t0 = datetime.now(UTC) + timedelta(seconds=5)
+    m0 = minute(t0)
+    await push(qhttp, "c", [{"payload": i} for i in range(3)])
+    await pop(qhttp, "c", batch=1, autoAck=True)  # queue mode: 2 pending
+    assert await sample(conn, t0) == (1, 0)
+    assert await conn.fetchval("SELECT backlog FROM queen.stats_marks") == 2
+
+    r = await qhttp.delete("/api/v1/queues/c/clear")
+    assert r.status_code == 200, r.text
+    assert await sample(conn, m0 + timedelta(seconds=61)) == (1, 0)
+    assert await conn.fetchval("SELECT backlog FROM queen.stats_marks") == 0
+    window = {"from": iso(m0), "to": iso(m0 + timedelta(minutes=2))}
+    one = (await qhttp.get("/api/v1/status/analytics", params={**window, "queue": "c"})).json()
+    assert [s["backlog"] for s in one["series"]] == [2, 0]
+
+    # idle again: no new sample
+    assert await sample(conn, m0 + timedelta(seconds=121)) == (0, 0)

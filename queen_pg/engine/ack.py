@@ -22,6 +22,7 @@ from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 # the items packed (:class:`Packed`); one row of sparse verdicts (1-based indexes): refused + their
 # errors, leaseReleased, dlq, noop
 ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8)"
+ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 
@@ -96,7 +97,7 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_items", "_kinds", "_last", "_txn_at", "_txns", "erred")
+    __slots__ = ("_errors", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txns", "erred")
 
     def __init__(self) -> None:
         self._items: list[bytes] = []
@@ -104,6 +105,7 @@ class Packed:
         self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
+        self._kind_of: list[int] = []  # each item's kind (the packed u16 holds at most 65535 of them)
         self._errors: list[str | None] = []
         self.erred = False
 
@@ -116,11 +118,17 @@ class Packed:
         else:
             kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
             self._last = (pid, group, lease, status, kind)
-        self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind, self._txn_at, len(raw)))
+        self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind & 0xFFFF, self._txn_at, len(raw)))
+        self._kind_of.append(kind)
         self._txns.append(raw)
         self._txn_at += len(raw)
         self._errors.append(error)
         self.erred = self.erred or error is not None
+
+    @property
+    def packable(self) -> bool:
+        """Whether ``queen.ack_v3`` can take the items (its kind index is a u16); else :meth:`arrays`."""
+        return len(self._kinds) <= 0xFFFF
 
     def args(
         self,
@@ -141,7 +149,7 @@ class Packed:
                               list[str | None]]:  # fmt: skip
         """The same items as ``queen.ack_v1``'s parallel arrays (after the tenant)."""
         kinds = list(self._kinds)
-        per = [kinds[_ITEM.unpack(it)[1] - 1] for it in self._items]
+        per = [kinds[k - 1] for k in self._kind_of]
         return (
             [k[0] for k in per],
             [fast_uuid(it[:16]) for it in self._items],
@@ -193,7 +201,7 @@ async def ack_many(
                 continue
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
-    if sent and once is None:
+    if sent and once is None and pack.packable:
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args()))[0]
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
@@ -208,9 +216,12 @@ async def ack_many(
                 "dlq": n in dead_at,
                 "noop": n in noop_at,
             }
-    elif sent and once is not None:
-        rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
-        once.replayed = bool(rows) and rows[0]["replayed"]
+    elif sent:
+        if once is None:  # a batch naming more (partition, group, lease, status) kinds than ack_v3 holds
+            rows = await db.fetch(ACK_ROWS_SQL, tenant, *pack.arrays())
+        else:
+            rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
+            once.replayed = bool(rows) and rows[0]["replayed"]
         for row in rows:
             i = sent[row["idx"] - 1]
             results[i] = {

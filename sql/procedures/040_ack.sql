@@ -352,15 +352,16 @@ BEGIN
          WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp;
     END LOOP;
 
-    -- sparse: a fully accepted batch is five empty arrays (one small row to send and decode)
-    SELECT coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_error[g.i] IS NOT NULL), '{}'),
-           coalesce(array_agg(r_error[g.i] ORDER BY g.i) FILTER (WHERE r_error[g.i] IS NOT NULL), '{}'),
-           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_released[g.i]), '{}'),
-           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_dlq[g.i]), '{}'),
-           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE r_noop[g.i]), '{}')
+    -- sparse: a fully accepted batch is five empty arrays (one small row to send and decode). Read
+    -- with unnest, not r_error[g.i]: subscripting a text array walks it from the start (quadratic).
+    SELECT coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.err IS NOT NULL), '{}'),
+           coalesce(array_agg(g.err ORDER BY g.i) FILTER (WHERE g.err IS NOT NULL), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.rel), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.dead), '{}'),
+           coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.nop), '{}')
       INTO o_refused, o_errors, o_released, o_dlq, o_noop
-      FROM generate_series(1, v_n_items) AS g(i)
-     WHERE r_error[g.i] IS NOT NULL OR r_released[g.i] OR r_dlq[g.i] OR r_noop[g.i];
+      FROM unnest(r_error, r_released, r_dlq, r_noop) WITH ORDINALITY AS g(err, rel, dead, nop, i)
+     WHERE g.err IS NOT NULL OR g.rel OR g.dead OR g.nop;
     RETURN NEXT;
 END;
 $$;
@@ -388,11 +389,14 @@ BEGIN
     SELECT * INTO a FROM queen._ack_settle(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups,
                                            p_statuses, p_errors, p_now);
     RETURN QUERY
-    SELECT g.i, NOT coalesce(g.i = ANY (a.o_refused), false),
-           a.o_errors[array_position(a.o_refused, g.i)],
-           coalesce(g.i = ANY (a.o_released), false), coalesce(g.i = ANY (a.o_dlq), false),
-           coalesce(g.i = ANY (a.o_noop), false)
+    -- joins, not `= ANY`/array_position per item: those are quadratic in a batch of refused items
+    -- (each index is at most once in each array: no row is repeated)
+    SELECT g.i, e.i IS NULL, e.err, rl.i IS NOT NULL, d.i IS NOT NULL, nn.i IS NOT NULL
       FROM generate_series(1, coalesce(cardinality(p_partition_ids), 0)) AS g(i)
+      LEFT JOIN unnest(a.o_refused, a.o_errors) AS e(i, err) ON e.i = g.i
+      LEFT JOIN unnest(a.o_released) AS rl(i) ON rl.i = g.i
+      LEFT JOIN unnest(a.o_dlq) AS d(i) ON d.i = g.i
+      LEFT JOIN unnest(a.o_noop) AS nn(i) ON nn.i = g.i
      ORDER BY g.i;
 END;
 $$;

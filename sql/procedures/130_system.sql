@@ -13,7 +13,7 @@
 -- queen.stats_sample_v1(limit, min_gap_seconds, keep_seconds, now) -> (queues, pruned)
 --   Called by: the stats job (queen_pg/jobs/stats.py), every few seconds. Samples up to `limit` queues
 --   never sampled, or not sampled in the last min_gap_seconds AND active since (their pushed or acked
---   counter differs from their mark; found by one hashed pass over log_partitions and one over
+--   counter, or their cursors' sum(cursor_offset + 1), differs from their mark; found by one hashed pass over log_partitions and one over
 --   log_consumers, so an idle queue costs no sample and no write): never sampled first, then the
 --   longest ago. An idle queue keeps its mark (counters, backlog, oldest pending) and writes no
 --   stats_minutes row; its growth, if any, is counted whenever it is next sampled. It reads the
@@ -75,7 +75,8 @@ BEGIN
     WITH pushed_now AS (
         SELECT p.queue_id, sum(p.next_offset)::bigint AS pushed FROM queen.log_partitions p GROUP BY p.queue_id
     ), acked_now AS (
-        SELECT lc.queue_id, sum(lc.acked_total)::bigint AS acked FROM queen.log_consumers lc GROUP BY lc.queue_id
+        SELECT lc.queue_id, sum(lc.acked_total)::bigint AS acked, sum(lc.cursor_offset + 1)::bigint AS cursors
+          FROM queen.log_consumers lc GROUP BY lc.queue_id
     ), k AS (
         SELECT q.id, q.tenant, q.created_at, m.pushed_total AS m_pushed, m.acked_total AS m_acked
           FROM queen.queues q
@@ -84,11 +85,13 @@ BEGIN
           LEFT JOIN acked_now an ON an.queue_id = q.id
          WHERE m.sampled_at IS NULL OR m.backlog IS NULL
             OR (m.sampled_at <= v_now - make_interval(secs => p_min_gap_seconds)
-                AND (coalesce(pn.pushed, 0) <> m.pushed_total OR coalesce(an.acked, 0) <> m.acked_total))
+                AND (coalesce(pn.pushed, 0) <> m.pushed_total OR coalesce(an.acked, 0) <> m.acked_total
+                     -- a cursor created, deleted or moved without an ack (clear, seek, a group deleted)
+                     OR coalesce(an.cursors, 0) IS DISTINCT FROM m.cursors_total))
          ORDER BY m.sampled_at NULLS FIRST, q.id
          LIMIT greatest(p_limit, 1)
     ), cur AS (
-        SELECT k.id, k.tenant, w.pushed, a.acked,
+        SELECT k.id, k.tenant, w.pushed, a.acked, a.cursors,
                CASE WHEN k.m_pushed IS NOT NULL THEN greatest(w.pushed - k.m_pushed, 0)
                     WHEN k.created_at > v_now - interval '1 minute' THEN w.pushed ELSE 0 END AS d_pushed,
                CASE WHEN k.m_acked IS NOT NULL THEN greatest(a.acked - k.m_acked, 0)
@@ -104,7 +107,8 @@ BEGIN
                                0)::bigint AS retained
                  FROM queen.log_partitions p WHERE p.queue_id = k.id) AS w
          CROSS JOIN LATERAL (
-               SELECT coalesce(sum(lc.acked_total), 0)::bigint AS acked
+               SELECT coalesce(sum(lc.acked_total), 0)::bigint AS acked,
+                      coalesce(sum(lc.cursor_offset + 1), 0)::bigint AS cursors
                  FROM queen.log_consumers lc WHERE lc.queue_id = k.id) AS a
          CROSS JOIN LATERAL (
                SELECT max(per.lag)::bigint AS backlog, min(per.oldest) AS oldest
@@ -117,11 +121,13 @@ BEGIN
                         WHERE lc.queue_id = k.id
                         GROUP BY lc.consumer_group) AS per) AS g
     ), marks AS (
-        INSERT INTO queen.stats_marks AS m (queue_id, pushed_total, acked_total, sampled_at, backlog, oldest_at)
-        SELECT cur.id, cur.pushed, cur.acked, v_now, cur.backlog, cur.oldest FROM cur ORDER BY cur.id
+        INSERT INTO queen.stats_marks AS m (queue_id, pushed_total, acked_total, sampled_at, backlog, oldest_at,
+                                            cursors_total)
+        SELECT cur.id, cur.pushed, cur.acked, v_now, cur.backlog, cur.oldest, cur.cursors FROM cur ORDER BY cur.id
         ON CONFLICT ON CONSTRAINT stats_marks_pkey DO UPDATE
            SET pushed_total = excluded.pushed_total, acked_total = excluded.acked_total,
-               sampled_at = excluded.sampled_at, backlog = excluded.backlog, oldest_at = excluded.oldest_at
+               sampled_at = excluded.sampled_at, backlog = excluded.backlog, oldest_at = excluded.oldest_at,
+               cursors_total = excluded.cursors_total
         RETURNING 1
     ), tenant_minutes AS (
         INSERT INTO queen.tenant_minutes AS t (tenant, minute, pushed, acked)

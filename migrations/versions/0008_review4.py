@@ -1,0 +1,34 @@
+"""stats_marks.cursors_total: a queue whose cursors moved without an ack is sampled again
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-02
+
+The stats job samples a queue only when it moved since its mark (revision 0007). Its pushed and acked
+counters miss a cursor created, deleted or moved without an ack (a queue cleared, a group sought or
+deleted), which changes the queue's backlog and lag: the mark now also keeps the cursors'
+sum(cursor_offset + 1), and a queue whose sum differs (or is NULL, as after this revision) is sampled.
+The same change is in ``sql/schema.sql``.
+
+downgrade() drops the column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0008"
+down_revision: str | Sequence[str] | None = "0007"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql("ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS cursors_total bigint;")
+
+
+def downgrade() -> None:
+    execute_sql("ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS cursors_total;")
