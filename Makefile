@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
+# make run: 2 workers won every paired run on the 2-core box (benchmarks/results-workers.json; README)
+WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh
@@ -25,8 +27,8 @@ $(TSTAMP): pyproject.toml Makefile | $(BIN)/python
 
 install: $(TSTAMP) ## create .venv and install queen-pg with its test and dev extras
 
-run: $(STAMP) ## start the broker on :6632 (embedded PostgreSQL in ./.queen unless DATABASE_URL is set)
-	$(BIN)/queen-pg serve
+run: $(STAMP) ## start the broker on :6632, 2 workers (WORKERS=1 for one; embedded PostgreSQL in ./.queen unless DATABASE_URL is set)
+	$(BIN)/queen-pg serve --workers $(WORKERS)
 
 test: $(TSTAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the queen-mq client)
 	$(BIN)/python -m pytest
