@@ -48,6 +48,11 @@
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
 --          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md).
+-- Cost:    linear in the items, on both paths. The item path reads an item's fields in PL/pgSQL
+--          (p_txn_ids[o]: the parameters are expanded arrays, O(1) a read), never in a FOR-query's
+--          SELECT list: a cursor copies its parameters flat, and a flat text[] (or a uuid[] with NULLs)
+--          is walked from the start on every subscript (20,000 items: seconds). No `= ANY (array)` per
+--          item either (/work/notes/ackitems.md).
 
 CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
 RETURNS bigint
