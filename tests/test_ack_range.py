@@ -25,6 +25,7 @@ from tests.conftest import Broker
 from tests.helpers import pop, push
 
 ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # items packed (ack.Packed)
+ACK1 = "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # parallel arrays (Packed.arrays)
 ROW = (
     "SELECT cursor_offset, lease_id, lease_end, released_lease_id, attempts, fail_offset, failures, acked_total"
     " FROM queen.log_consumers WHERE partition_id = $1 AND consumer_group = 'g'"
@@ -270,3 +271,72 @@ async def test_more_distinct_item_kinds_than_the_packed_format_holds_are_still_s
         "SELECT cursor_offset FROM queen.log_consumers WHERE partition_id = $1 AND consumer_group = 'g'", pid
     )
     assert cursor == 11
+
+
+async def test_a_large_batch_judged_item_by_item_gets_every_verdict(
+    conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
+) -> None:
+    """20,000 items for one cursor row, of every kind the item path judges (unresolvable, below the
+    cursor, a nack of a committed offset, another lease, beyond the lease, `dlq` twice on one offset,
+    completed), interleaved: every verdict is the one its kind gets, through ack_v3 (packed) and ack_v1
+    (parallel arrays, the keyed and transaction paths). The item path reads each item's fields by its
+    index: once it walked the text arrays for every item (quadratic: 20,000 unresolvable items took
+    seconds of PostgreSQL time); a wrong index would show here as a wrong transactionId in an error."""
+    pid, lease, _ = leased  # cursor at 10, `lease` live on 10..109, t0..t199 pushed
+    other = uuid.uuid4()
+    items: list[Item] = []
+    want: list[dict[str, Any]] = []
+    dead: set[str] = set()
+    for i in range(20_000):
+        kind, j = i % 8, i % 100
+        ok = {"success": True, "error": None, "released": False, "dlq": False, "noop": False}
+        if kind == 0:
+            items.append((f"nope-{i}", lease, "completed"))
+            err = f"transactionId nope-{i} is unresolvable in partition {pid}"
+            want.append({**ok, "success": False, "error": err})
+        elif kind == 1:
+            items.append((f"t{j % 10}", None, "completed"))
+            want.append({**ok, "noop": True})
+        elif kind == 2:
+            items.append((f"t{j % 10}", lease, "failed"))
+            err = f"offset {j % 10} is already committed (the cursor is at 10): a nack cannot take it back"
+            want.append({**ok, "success": False, "error": err})
+        elif kind == 3:
+            items.append((f"t{10 + j}", other, "completed"))
+            want.append({**ok, "success": False, "error": "lease is not held (expired or taken by another consumer)"})
+        elif kind == 4:
+            items.append((f"t{110 + j % 90}", lease, "completed"))
+            want.append({**ok, "success": False, "error": "message is not part of this lease"})
+        elif kind == 5:  # dead-lettered once per offset: by the first item naming it
+            t = f"t{10 + (i // 8) % 50}"
+            items.append((t, lease, "dlq"))
+            want.append({**ok, "dlq": t not in dead})
+            dead.add(t)
+        else:
+            items.append((f"t{10 + j}", lease, "completed"))
+            want.append(ok)
+    want[-1]["released"] = True  # the cursor reached the lease's end: on the row's last item
+
+    got, row, written = await settle(conn, pid, items)
+    for v, w in zip(got, want, strict=True):
+        if w["error"] and "unresolvable" in w["error"]:
+            assert v["error"] is not None and v["error"].startswith(w["error"])
+            v = {**v, "error": w["error"]}
+        assert v == w
+    assert row["cursor_offset"] == 110 and row["lease_id"] is None and row["released_lease_id"] == lease
+    assert written == len(dead) == 50
+
+    pack = Packed()
+    for t, lse, status in items:
+        pack.add(pid, t, lse, "g", status, "boom")
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        rows = await conn.fetch(ACK1, *pack.arrays(), None)
+        dlq = await conn.fetch("SELECT transaction_id, msg_offset FROM queen.log_dlq ORDER BY msg_offset")
+    finally:
+        await tr.rollback()
+    assert [r["idx"] for r in rows] == list(range(1, 20_001))
+    keys = {"success": "success", "error": "error", "released": "lease_released", "dlq": "dlq", "noop": "noop"}
+    assert [{k: r[c] for k, c in keys.items()} for r in rows] == got
+    assert [(r["transaction_id"], r["msg_offset"]) for r in dlq] == [(f"t{o}", o) for o in range(10, 60)]

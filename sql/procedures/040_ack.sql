@@ -48,6 +48,11 @@
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
 --          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md).
+-- Cost:    linear in the items, on both paths. The item path reads an item's fields in PL/pgSQL
+--          (p_txn_ids[o]: the parameters are expanded arrays, O(1) a read), never in a FOR-query's
+--          SELECT list: a cursor copies its parameters flat, and a flat text[] (or a uuid[] with NULLs)
+--          is walked from the start on every subscript (20,000 items: seconds). No `= ANY (array)` per
+--          item either (/work/notes/ackitems.md).
 
 CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
 RETURNS bigint
@@ -118,6 +123,11 @@ DECLARE
     r_created   timestamptz[] := array_fill(NULL::timestamptz, ARRAY[v_n_items]);
     k           record;
     it          record;
+    it_ord      integer;    -- step 1's item: its index and its fields
+    it_hash     uuid;
+    it_txn      text;
+    it_lease    uuid;
+    it_status   text;
     c           queen.log_consumers%ROWTYPE;
     v_limit     integer;
     v_live      boolean;
@@ -127,7 +137,9 @@ DECLARE
     v_pend      integer[];  -- items at or above v_start that passed the checks
     v_nacks     bigint[];   -- their nack offsets
     v_next      bigint;
-    v_dead      bigint[];   -- offsets dead-lettered by this call on this row
+    v_dead      bigint;     -- the offset step 2 dead-lettered on this row (NULL: none)
+    v_dlq       integer[];  -- step 3: the `dlq` items under the new cursor ...
+    v_dlq_offs  bigint[];   -- ... and their offsets
     v_off       bigint;
     v_msgid     uuid;
     v_created   timestamptz;
@@ -170,7 +182,9 @@ BEGIN
         v_hi := NULL;
         v_pend := '{}';
         v_nacks := '{}';
-        v_dead := '{}';
+        v_dead := NULL;
+        v_dlq := '{}';
+        v_dlq_offs := '{}';
         f_off := NULL;
         f_ord := NULL;
 
@@ -208,16 +222,17 @@ BEGIN
                 p_txn_ids := queen._ack_txns(p_items, p_txns);
             END IF;
             -- 1. resolve and judge every item against the cursor as the call found it
-            FOR it IN
-                SELECT u AS ord, p_hashes[u] AS hash, p_txn_ids[u] AS txn, p_lease_ids[u] AS lease,
-                       p_statuses[u] AS status
-                  FROM unnest(k.ords) AS u
-            LOOP
-                v_last := it.ord;
-                v_is_nack := it.status IN ('failed', 'retry');
+            FOREACH o IN ARRAY k.ords LOOP
+                it_ord := o;
+                it_hash := p_hashes[o];
+                it_txn := p_txn_ids[o];
+                it_lease := p_lease_ids[o];
+                it_status := p_statuses[o];
+                v_last := it_ord;
+                v_is_nack := it_status IN ('failed', 'retry');
                 SELECT t.msg_offset, t.message_id, t.created_at INTO v_off, v_msgid, v_created
                   FROM queen.log_txns t
-                 WHERE t.partition_id = k.pid AND t.txn_hash = it.hash
+                 WHERE t.partition_id = k.pid AND t.txn_hash = it_hash
                    -- a copy this group passes over (a dead letter requeued for another group) is never
                    -- this group's message: resolving to it would commit past messages nobody read
                    AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps
@@ -227,24 +242,24 @@ BEGIN
                           CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
                  LIMIT 1;
                 IF NOT FOUND THEN
-                    r_error[it.ord] := format('transactionId %s is unresolvable in partition %s '
+                    r_error[it_ord] := format('transactionId %s is unresolvable in partition %s '
                                               '(never pushed there, or its hash is gone): nothing changed',
-                                              it.txn, k.pid);
+                                              it_txn, k.pid);
                     CONTINUE;
                 END IF;
-                r_off[it.ord] := v_off;
-                r_msgid[it.ord] := v_msgid;
-                r_created[it.ord] := v_created;
+                r_off[it_ord] := v_off;
+                r_msgid[it_ord] := v_msgid;
+                r_created[it_ord] := v_created;
 
-                IF it.lease IS NOT NULL THEN
-                    IF v_live AND c.lease_id = it.lease THEN
+                IF it_lease IS NOT NULL THEN
+                    IF v_live AND c.lease_id = it_lease THEN
                         IF v_off >= c.lease_end AND v_off >= v_start THEN
-                            r_error[it.ord] := 'message is not part of this lease';
+                            r_error[it_ord] := 'message is not part of this lease';
                             CONTINUE;
                         END IF;
-                    ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it.lease, false)
-                                                    OR coalesce(c.released_lease_id = it.lease, false))) THEN
-                        r_error[it.ord] := CASE WHEN c.lease_id = it.lease THEN 'lease expired'
+                    ELSIF NOT (v_off < v_start AND (coalesce(c.lease_id = it_lease, false)
+                                                    OR coalesce(c.released_lease_id = it_lease, false))) THEN
+                        r_error[it_ord] := CASE WHEN c.lease_id = it_lease THEN 'lease expired'
                             ELSE 'lease is not held (expired or taken by another consumer)' END;
                         CONTINUE;
                     END IF;
@@ -254,20 +269,20 @@ BEGIN
 
                 IF v_off < v_start THEN
                     IF v_is_nack THEN
-                        r_error[it.ord] := format('offset %s is already committed (the cursor is at %s): '
+                        r_error[it_ord] := format('offset %s is already committed (the cursor is at %s): '
                                                   'a nack cannot take it back', v_off, v_start);
                     ELSE
-                        r_noop[it.ord] := true;
+                        r_noop[it_ord] := true;
                     END IF;
                     CONTINUE;
                 END IF;
 
-                v_pend := v_pend || it.ord;
+                v_pend := v_pend || it_ord;
                 IF v_is_nack THEN
                     v_nacks := v_nacks || v_off;
-                    IF it.status = 'failed' AND (f_off IS NULL OR v_off < f_off) THEN
+                    IF it_status = 'failed' AND (f_off IS NULL OR v_off < f_off) THEN
                         f_off := v_off;
-                        f_ord := it.ord;
+                        f_ord := it_ord;
                     END IF;
                 ELSE
                     v_hi := greatest(v_hi, v_off);
@@ -293,7 +308,7 @@ BEGIN
                     VALUES (p_tenant, c.queue_id, k.pid, k.grp, f_off, r_msgid[f_ord], p_txn_ids[f_ord],
                             p_errors[f_ord], c.failures, r_created[f_ord], v_now);
                     r_dlq[f_ord] := true;
-                    v_dead := v_dead || f_off;
+                    v_dead := f_off;
                     c.fail_offset := NULL;
                     c.failures := 0;
                     -- done: the cursor moves on, up to the next nack
@@ -315,14 +330,25 @@ BEGIN
                 r_noop[o] := true;      -- above a nack: delivered again
                 CONTINUE;
             END IF;
-            IF p_statuses[o] = 'dlq' AND NOT r_off[o] = ANY (v_dead) THEN
-                INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
-                                           message_id, transaction_id, error, attempts, created_at, failed_at)
-                VALUES (p_tenant, c.queue_id, k.pid, k.grp, r_off[o], r_msgid[o], p_txn_ids[o], p_errors[o],
-                        greatest(c.attempts, 1), r_created[o], v_now);
-                r_dlq[o] := true;
-                v_dead := v_dead || r_off[o];
+            IF p_statuses[o] = 'dlq' AND r_off[o] IS DISTINCT FROM v_dead THEN
+                v_dlq := v_dlq || o;
+                v_dlq_offs := v_dlq_offs || r_off[o];
             END IF;
+        END LOOP;
+        -- one dead letter per offset, for the first item naming it, in item order: chosen in one
+        -- statement (a `= ANY (dead so far)` per item was quadratic in a batch of dlq items)
+        FOR it IN
+            SELECT x.o
+              FROM (SELECT DISTINCT ON (d.off) d.o FROM unnest(v_dlq, v_dlq_offs) AS d(o, off)
+                     ORDER BY d.off, d.o) AS x
+             ORDER BY x.o
+        LOOP
+            o := it.o;
+            INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
+                                       message_id, transaction_id, error, attempts, created_at, failed_at)
+            VALUES (p_tenant, c.queue_id, k.pid, k.grp, r_off[o], r_msgid[o], p_txn_ids[o], p_errors[o],
+                    greatest(c.attempts, 1), r_created[o], v_now);
+            r_dlq[o] := true;
         END LOOP;
 
         c.acked_total := c.acked_total + (v_new - v_start);
