@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import logging
 from collections.abc import Callable
 
 log = logging.getLogger("queen_pg.memtrim")
 
 
+@functools.cache  # find_library may run ldconfig: look it up once per process
 def _malloc_trim() -> Callable[[int], int] | None:
     name = ctypes.util.find_library("c")
     if not name:
