@@ -168,6 +168,9 @@ async def test_lagging_groups(http: httpx.AsyncClient, conn: asyncpg.Connection)
     await pop(http, "old", consumerGroup="slow", batch=1, autoAck=True)  # "a" done, "b" waits since 5 min
     await push(http, "fresh", [{"payload": 1}])
     await pop(http, "fresh", consumerGroup="slow", batch=1)  # leased, fresh: not lagging
+    # lagging reads the tenant's snapshot: recompute it now, so a job tick taken before the pushes
+    # above cannot answer for them
+    assert (await http.post("/api/v1/stats/refresh")).status_code == 200
 
     r = await http.get("/api/v1/consumer-groups/lagging", params={"minLagSeconds": 60})
     assert r.status_code == 200, r.text  # not taken for a group named "lagging"
