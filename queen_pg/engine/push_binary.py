@@ -56,19 +56,22 @@ def messages(groups: Sequence[Group], producer_sub: str | None) -> list[push_eng
 
 def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
     """``push_v3``'s arguments straight from the blobs (call only when :func:`stored_as_is`)."""
-    prepared = push_engine.PreparedPush([], [], [], [], [], [], [], [])
+    prepared = push_engine.PreparedPush([], [], [], [], [], [], [])
+    hashes: list[bytes] = []
     for n, g in enumerate(groups, 1):
         assert g.blob is not None
         prepared.queues.append(g.queue)
         prepared.partitions.append(g.partition)
         prepared.blobs.append(g.blob)
         prepared.sealed.append(False)  # stored as the client framed it: only for queues not encrypted
+        prepared.item_group.extend([n] * len(g.items))
         for it in g.items:
             assert it.message_id is not None and it.txn_hash is not None
-            prepared.item_group.append(n)
-            prepared.hashes.append(it.txn_hash)
+            hashes.append(it.txn_hash.bytes)
             prepared.msgids.append(it.message_id)
             prepared.txns.append(it.transaction_id)
+    prepared.hash_blob = b"".join(hashes)
+    prepared.msgid_blob = b"".join([m.bytes for m in prepared.msgids])
     return prepared
 
 
