@@ -100,9 +100,7 @@ class AckBatchBody(msgspec.Struct):
     consumerGroup: Name | None = None
 
 
-def new_messages(
-    items: list[PushItem], where: str, producer: str | None = None
-) -> list[push_engine.NewMessage]:
+def new_messages(items: list[PushItem], where: str, producer: str | None = None) -> list[push_engine.NewMessage]:
     """Decoded push items as the engine takes them (also used by the transaction route): ``where`` =
     the items' path in the body (``items``), an error names ``{where}.{i}``. The Struct said
     everything but the byte limits and whether the payload can be stored exactly; each distinct
@@ -112,6 +110,7 @@ def new_messages(
     out: list[push_engine.NewMessage] = []
     unset = msgspec.UNSET
     dumps = orjson.dumps
+    make = push_engine.NewMessage._make  # a tuple without NamedTuple.__new__'s Python frame
     for i, it in enumerate(items):
         queue, partition, txn = it.queue, it.partition, it.transactionId
         if (queue, partition) not in checked:
@@ -129,7 +128,7 @@ def new_messages(
         except orjson.JSONEncodeError:
             payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)  # raises, worded as for any body
         trace = uuid.UUID(it.traceId) if it.traceId else None
-        out.append(push_engine.NewMessage(queue, partition, payload, txn, trace, producer))
+        out.append(make((queue, partition, payload, txn, trace, producer, None)))
     return out
 
 

@@ -27,6 +27,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 import orjson
 import xxhash
 import zstandard
@@ -47,6 +48,7 @@ MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/body.py stored_js
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
+_DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # a new transactionId: printable (body.NewTxnId)
 _decompressor = zstandard.ZstdDecompressor()
 
@@ -159,8 +161,17 @@ def check_payload(payload: bytes) -> None:
     """Raises ValueError unless ``payload`` is one JSON document that comes back exactly (64-bit
     integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000 is fine
     (a payload lives in a segment, not a text column)."""
-    value = orjson.loads(payload)  # syntax, integers beyond 64 bits, lone surrogates, trailing data
-    if isinstance(value, (dict, list)) and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+    value = orjson.loads(payload)  # syntax, lone surrogates, trailing data
+    if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
+        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
+        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
+        try:
+            exact = msgspec.json.decode(payload)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(str(exc)) from None
+        orjson.dumps(exact)
+    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
+    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
         orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
 
 
