@@ -123,13 +123,21 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
     minted = codec.uuid7_blob(len(items))
     own_ids = False  # some item brought its message id: msgid_blob is joined from the items'
     at = 0
+    last_q: str | None = None
+    last_p: str | None = None
+    out: list[bytes] = []
+    seal = False
+    gid = 0
+    pack_plain = _PLAIN.pack
     for queue, partition, payload, txn, trace, sub, mid in items:
-        key = (queue, partition)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = len(groups)
-            frames.append([])
-            sealed.append(vault is not None and vault.encrypted(tenant, queue))
+        if queue != last_q or partition != last_p:  # a request's items mostly share one partition
+            key = (queue, partition)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = len(groups)
+                frames.append([])
+                sealed.append(vault is not None and vault.encrypted(tenant, queue))
+            last_q, last_p, out, seal, gid = queue, partition, frames[g], sealed[g], g + 1
         if mid is None:
             raw = minted[at : at + 16]
             mid = fast_uuid(raw)
@@ -140,14 +148,14 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
         if txn is None:
             txn = str(mid)
         t = txn.encode()
-        if trace is None and sub is None and not sealed[g]:
-            frames[g].append(_PLAIN.pack(len(t) + len(payload) + 19, 0, raw, len(t)) + t + payload)
+        if trace is None and sub is None and not seal:
+            out.append(pack_plain(len(t) + len(payload) + 19, 0, raw, len(t)) + t + payload)
         else:
-            if sealed[g]:
+            if seal:
                 assert vault is not None
                 payload = vault.seal(payload)
-            frames[g].append(codec.encode_frame(mid, txn, payload, trace, sub, sealed=sealed[g]))
-        item_group.append(g + 1)
+            out.append(codec.encode_frame(mid, txn, payload, trace, sub, sealed=seal))
+        item_group.append(gid)
         msgids.append(mid)
         txns.append(txn)
         encoded.append(t)
