@@ -223,7 +223,9 @@ async def test_binary_flag4_and_counts_answers(http: httpx.AsyncClient) -> None:
 
 
 def _frame(txn: bytes = b"t", payload: bytes = b"1", flags: int = 0, mid: bytes | None = None) -> bytes:
-    mid = mid or uuid.UUID(int=(7 << 76) | (2 << 62) | int.from_bytes(txn.ljust(8, b"_")[:8], "big")).bytes
+    # a valid version-7 id per transactionId (its first 6 bytes below the variant bits), so that each
+    # case is refused for its own fault, not for the id
+    mid = mid or uuid.UUID(int=(7 << 76) | (2 << 62) | int.from_bytes(txn.ljust(6, b"_")[:6], "big")).bytes
     body = bytes([flags]) + mid + struct.pack("<H", len(txn)) + txn + payload
     return struct.pack("<I", len(body)) + body
 
@@ -298,6 +300,8 @@ async def test_hostile_binary_push_is_400_with_offset_and_writes_nothing(
     assert err["code"] in ("bad_binary", "bad_request") and isinstance(err.get("offset", 0), int), err
     if err["code"] == "bad_binary":
         assert 0 <= err["offset"] <= len(_hostile()[name]) and "at byte" in err["error"], err
+    if name != "message id not v7":
+        assert "version-7" not in err["error"], err  # refused for the case's own fault
     assert await conn.fetchval("SELECT count(*) FROM queen.log_segments") == 0
     assert await conn.fetchval("SELECT count(*) FROM queen.queues") == 0
 

@@ -120,7 +120,9 @@ def _decode(raw: bytes, t: Any) -> Any:
     """Strict decoding, except that a number with an integral value (``5.0``) is an integer, as JSON
     Schema says: only then is the body decoded again with msgspec's lax rules. Through the twin type
     (above) when the body cannot hold a character the scanned patterns refuse."""
-    if _MAYBE_CONTROL.search(raw) is None:
+    # memchr first: most bodies hold no backslash and no DEL at all, and the regex's scan of a 20 kB
+    # body was ~1 µs per pushed message
+    if (b"\\" not in raw and b"\x7f" not in raw) or _MAYBE_CONTROL.search(raw) is None:
         try:
             return decoder(_twin(t)).decode(raw)
         except msgspec.MsgspecError:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -99,28 +100,36 @@ class AckBatchBody(msgspec.Struct):
     consumerGroup: Name | None = None
 
 
-def new_message(
-    it: PushItem, where: str, producer: str | None = None, checked: set[tuple[str, str]] | None = None
-) -> push_engine.NewMessage:
-    """A decoded push item as the engine takes it (also used by the transaction route). The Struct
-    said everything but the byte limits and whether the payload can be stored exactly. ``producer`` =
-    the token's sub (``producer_sub(request)``); a body ``producerSub`` is never read. ``checked``:
-    the (queue, partition) names already checked in this body (each distinct pair is checked once)."""
-    names = (it.queue, it.partition)
-    if checked is None or names not in checked:
-        check_name("queue", it.queue)
-        if it.partition != "Default":
-            check_name("partition", it.partition)
-        if checked is not None:
-            checked.add(names)
-    txn = it.transactionId
-    if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
-        raise bad_request(f"{where}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
-    # U+0000 is fine in a payload: it is stored in a segment, not a text column (a dead letter whose
-    # payload jsonb refuses is kept by dlq_fill without one)
-    payload = stored_json(it.data if it.payload is msgspec.UNSET else it.payload, f"{where}.payload", nul_ok=True)
-    trace = uuid.UUID(it.traceId) if it.traceId else None
-    return push_engine.NewMessage(it.queue, it.partition, payload, txn, trace, producer)
+def new_messages(items: list[PushItem], where: str, producer: str | None = None) -> list[push_engine.NewMessage]:
+    """Decoded push items as the engine takes them (also used by the transaction route): ``where`` =
+    the items' path in the body (``items``), an error names ``{where}.{i}``. The Struct said
+    everything but the byte limits and whether the payload can be stored exactly; each distinct
+    (queue, partition) is checked once. ``producer`` = the token's sub (``producer_sub(request)``);
+    a body ``producerSub`` is never read."""
+    checked: set[tuple[str, str]] = set()
+    out: list[push_engine.NewMessage] = []
+    unset = msgspec.UNSET
+    dumps = orjson.dumps
+    make = push_engine.NewMessage._make  # a tuple without NamedTuple.__new__'s Python frame
+    for i, it in enumerate(items):
+        queue, partition, txn = it.queue, it.partition, it.transactionId
+        if (queue, partition) not in checked:
+            check_name("queue", queue)
+            if partition != "Default":
+                check_name("partition", partition)
+            checked.add((queue, partition))
+        if txn is not None and len(txn) * 4 > MAX_TXN_BYTES and len(txn.encode()) > MAX_TXN_BYTES:
+            raise bad_request(f"{where}.{i}.transactionId: longer than {MAX_TXN_BYTES} bytes of UTF-8")
+        # U+0000 is fine in a payload: it is stored in a segment, not a text column (a dead letter whose
+        # payload jsonb refuses is kept by dlq_fill without one)
+        value = it.data if it.payload is unset else it.payload
+        try:
+            payload = dumps(value)
+        except orjson.JSONEncodeError:
+            payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)  # raises, worded as for any body
+        trace = uuid.UUID(it.traceId) if it.traceId else None
+        out.append(make((queue, partition, payload, txn, trace, producer, None)))
+    return out
 
 
 @router.post(
@@ -139,8 +148,7 @@ async def push(request: Request) -> Response:
         return await binary.push(request)  # QPB1 (WIRE §3.1)
     body = await read(request, PushBody)
     sub = producer_sub(request)
-    checked: set[tuple[str, str]] = set()
-    items = [new_message(it, f"items.{i}", sub, checked) for i, it in enumerate(body.items)]
+    items = new_messages(body.items, "items", sub)
     st = state(request)
     ten = tenant(request)
     once = await request_once(request, "push")  # a keyed push is applied once, and never fused

@@ -22,7 +22,7 @@ from queen_pg.api.common import (
 from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops
 from queen_pg.api.request_key import replay_headers, request_once
-from queen_pg.api.routes_data import AckPartitionId, AckStatus, PushItem, new_message
+from queen_pg.api.routes_data import AckPartitionId, AckStatus, PushItem, new_messages
 from queen_pg.api.routes_kv import TxKvOp
 from queen_pg.api.routes_system import refuse_push_in_maintenance
 from queen_pg.api.routes_timers import TimerOp
@@ -132,8 +132,7 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
             )
             slot += 1
         else:
-            for i, item in enumerate(op.items):
-                msg = new_message(item, f"operations.{n}.items.{i}", producer_sub(request))
+            for msg in new_messages(op.items, f"operations.{n}.items", producer_sub(request)):
                 pushes.append(tx_engine.TxPush(slot, msg))
                 slot += 1
     packed = None

@@ -27,6 +27,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 import orjson
 import xxhash
 import zstandard
@@ -47,6 +48,7 @@ MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/body.py stored_js
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
+_DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # a new transactionId: printable (body.NewTxnId)
 _decompressor = zstandard.ZstdDecompressor()
 
@@ -65,23 +67,26 @@ class TooLarge(Malformed):
 
 
 @dataclass(slots=True)
-class Item:
-    """One message of a group: its frame fields (flag 8), or its transactionId and payload (flag 4)."""
-
-    transaction_id: str  # "" = the broker mints one (flag 0/4 only)
-    payload: bytes
-    message_id: uuid.UUID | None = None  # client-minted (flag 8)
-    trace_id: uuid.UUID | None = None
-    txn_hash: uuid.UUID | None = None  # xxh3-128 of the transactionId (flag 8)
-
-
-@dataclass(slots=True)
 class Group:
+    """One (queue, partition) group of a body, its messages as columns (one entry per message, in
+    body order): no object per message."""
+
     queue: str
     partition: str
-    items: list[Item]
+    txns: list[str]  # "" = the broker mints one (flag 0/4 only)
+    payloads: list[bytes]
+    ids: bytes = b""  # flag 8: the client-minted message ids, 16 bytes each
+    hashes: bytes = b""  # flag 8: xxh3-128 of each transactionId, 16 bytes each
+    traces: list[uuid.UUID | None] | None = None  # flag 8 frames with trace ids (None: no frame has one)
     blob: bytes | None = None  # flag 8: the zstd frame as it came
     offset: int = 0  # where the group starts in the body
+
+    def __len__(self) -> int:
+        return len(self.txns)
+
+    def message_ids(self) -> list[uuid.UUID]:
+        ids = self.ids
+        return [fast_uuid(ids[i : i + 16]) for i in range(0, len(ids), 16)]
 
 
 @dataclass(slots=True)
@@ -156,8 +161,17 @@ def check_payload(payload: bytes) -> None:
     """Raises ValueError unless ``payload`` is one JSON document that comes back exactly (64-bit
     integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000 is fine
     (a payload lives in a segment, not a text column)."""
-    value = orjson.loads(payload)  # syntax, integers beyond 64 bits, lone surrogates, trailing data
-    if isinstance(value, (dict, list)) and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+    value = orjson.loads(payload)  # syntax, lone surrogates, trailing data
+    if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
+        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
+        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
+        try:
+            exact = msgspec.json.decode(payload)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(str(exc)) from None
+        orjson.dumps(exact)
+    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
+    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
         orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
 
 
@@ -169,12 +183,84 @@ def _check_txn(raw: bytes) -> str:
     return raw.decode()  # UnicodeDecodeError is a ValueError
 
 
-def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> list[Item]:
+# A frame without a trace id: u32 body_len | u8 flags | u8[16] message id | u16 transactionId length.
+_PLAIN_HEAD = struct.Struct("<IB16sH")
+_V7_BYTE6 = bytes(0x70 | x for x in range(16))  # byte 6 of a version-7 id
+_V7_BYTE8 = bytes(0x80 | x for x in range(64))  # byte 8: the RFC 4122 variant
+_CONTROL_BYTES = bytes([*range(0x20), 0x7F])
+
+
+@dataclass(slots=True)
+class Frames:
+    """A group's checked frames, as columns."""
+
+    txns: list[str]
+    payloads: list[bytes]
+    ids: bytes  # 16 bytes per frame
+    hashes: bytes  # xxh3-128 of each transactionId, 16 bytes per frame
+    traces: list[uuid.UUID | None] | None  # None: no frame has a trace id
+
+
+def _plain_frames(raw: bytes, n: int, seen: set[bytes]) -> Frames | None:
+    """The fast path of :func:`parse_frames`: ``n`` frames without trace ids, walked for their
+    lengths alone, every rule then checked once over all of them (ids' version and variant a column
+    at a time, repeats by a set, control characters and UTF-8 over the joined transactionIds). None
+    when anything is off (or a frame carries a trace id): the strict walk then finds the first fault
+    and words it. Adds the ids to ``seen`` only when it answers."""
+    end_all = len(raw)
+    unpack = _PLAIN_HEAD.unpack_from
+    mids: list[bytes] = []
+    traws: list[bytes] = []
+    payloads: list[bytes] = []
+    at = 0
+    for _ in range(n):
+        if at + 23 > end_all:
+            return None
+        body_len, flags, mid, tlen = unpack(raw, at)
+        end = at + 4 + body_len
+        p = at + 23 + tlen
+        if flags or body_len < 19 or end > end_all or p > end:
+            return None
+        mids.append(mid)
+        traws.append(raw[at + 23 : p])
+        payloads.append(raw[p:end])
+        at = end
+    if at != end_all:
+        return None
+    ids = b"".join(mids)
+    if ids[6::16].translate(None, _V7_BYTE6) or ids[8::16].translate(None, _V7_BYTE8):
+        return None
+    if len(set(mids)) != n or not seen.isdisjoint(mids) or b"" in traws:
+        return None
+    joined = b"".join(traws)
+    if len(joined.translate(None, _CONTROL_BYTES)) != len(joined):
+        return None
+    try:
+        # "\n" cannot be in a checked transactionId, and an ASCII byte ends any UTF-8 sequence: the
+        # joined text decodes exactly when every transactionId does
+        txns = b"\n".join(traws).decode().split("\n")
+        for payload in payloads:
+            check_payload(payload)
+    except (ValueError, TypeError):
+        return None
+    seen.update(mids)
+    digest = xxhash.xxh3_128_digest
+    return Frames(txns, payloads, ids, b"".join([digest(t) for t in traws]), None)
+
+
+def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> Frames:
     """The ``n`` QPF1 frames of a decompressed group, checked; their transactionIds hashed."""
     inn = _In(raw, src.base, src.where)
     if n * 23 > len(raw):  # u32 len | u8 flags | 16 id | u16 txn len: 23 bytes at least
         raise inn.fail(f"{n} frames cannot fit in {len(raw)} bytes", 0)
-    items: list[Item] = []
+    fast = _plain_frames(raw, n, seen)
+    if fast is not None:
+        return fast
+    txns: list[str] = []
+    payloads: list[bytes] = []
+    mids: list[bytes] = []
+    hashes: list[bytes] = []
+    traces: list[uuid.UUID | None] = []
     data = raw
     for k in range(n):
         start = inn.at
@@ -219,14 +305,19 @@ def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> list[Item]:
             check_payload(payload)
         except (ValueError, TypeError) as exc:
             raise inn.fail(f"frame {k}: the payload is not JSON that can be stored exactly ({exc})", pos) from None
-        items.append(Item(txn, payload, fast_uuid(mid), trace, fast_uuid(xxhash.xxh3_128_digest(traw))))
+        txns.append(txn)
+        payloads.append(payload)
+        mids.append(mid)
+        hashes.append(xxhash.xxh3_128_digest(traw))
+        traces.append(trace)
         inn.at = end
     if inn.left():
         raise inn.fail(f"{inn.left()} bytes after the {n} frames the count declares")
-    return items
+    has_trace = any(t is not None for t in traces)
+    return Frames(txns, payloads, b"".join(mids), b"".join(hashes), traces if has_trace else None)
 
 
-def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes]) -> tuple[bytes, list[Item]]:
+def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes]) -> tuple[bytes, Frames]:
     zlen = inn.u32(f"group {g}: compressed length")
     at = inn.at
     blob = inn.take(zlen, f"group {g}: zstd frame")
@@ -252,10 +343,11 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
     return blob, parse_frames(raw, n, _In(raw, inn.base + at, where), seen)
 
 
-def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> list[Item]:
+def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> tuple[list[str], list[bytes]]:
     if n * (6 if with_txn else 4) > inn.left():
         raise inn.fail(f"group {g}: {n} items cannot fit in the {inn.left()} bytes left")
-    items: list[Item] = []
+    txns: list[str] = []
+    payloads: list[bytes] = []
     for k in range(n):
         txn = ""
         if with_txn:
@@ -273,8 +365,9 @@ def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> list[Item]:
         except (ValueError, TypeError) as exc:
             what = f"group {g} item {k}: the payload is not JSON that can be stored exactly ({exc})"
             raise inn.fail(what, at + 4) from None
-        items.append(Item(txn, payload))
-    return items
+        txns.append(txn)
+        payloads.append(payload)
+    return txns, payloads
 
 
 def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool = False) -> list[Group]:
@@ -294,10 +387,11 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
         if n == 0:
             raise inn.fail(f"group {g}: no messages", inn.at - 4)
         if framed:
-            blob, items = _group_frames(inn, g, n, budget, seen)
-            groups.append(Group(queue, partition, items, blob, start))
+            blob, f = _group_frames(inn, g, n, budget, seen)
+            groups.append(Group(queue, partition, f.txns, f.payloads, f.ids, f.hashes, f.traces, blob, start))
         else:
-            groups.append(Group(queue, partition, _group_items(inn, g, n, with_txn), None, start))
+            txns, payloads = _group_items(inn, g, n, with_txn)
+            groups.append(Group(queue, partition, txns, payloads, offset=start))
     if inn.left():
         raise inn.fail(f"{inn.left()} bytes after the {count} groups")
     return groups

@@ -12,12 +12,14 @@ queue (nothing written), and the call is made again sealed as the database said.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from queen_pg.db.pool import Database, Record
+from queen_pg.db.types import fast_uuid
 from queen_pg.engine import codec
 from queen_pg.engine.outcomes import Once
 from queen_pg.security import crypto
@@ -26,8 +28,9 @@ PUSH_SQL = "SELECT * FROM queen.push_v3($1, $2, $3, $4, $5, $6, $7, NULL, NULL, 
 PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)"
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
+class NewMessage(NamedTuple):
+    """One message to append (a tuple: one is built per pushed message)."""
+
     queue: str
     partition: str
     payload: bytes  # the payload as JSON text
@@ -39,16 +42,24 @@ class NewMessage:
 
 @dataclass(slots=True)
 class PreparedPush:
-    """Items packed for queen.push_v1: one zstd blob per (queue, partition) group, one hash per item."""
+    """Items packed for queen.push_v1/v3: one zstd blob per (queue, partition) group; per item its
+    group, message id and transactionId, and (16 bytes each, in item order) the xxh3-128 hashes of
+    the transactionIds and the message ids."""
 
     queues: list[str]
     partitions: list[str]
     blobs: list[bytes]
     item_group: list[int]
-    hashes: list[uuid.UUID]
     msgids: list[uuid.UUID]
     txns: list[str]
     sealed: list[bool]  # per group: its payloads are sealed (the queue is encrypted, as far as we know)
+    hash_blob: bytes = b""
+    msgid_blob: bytes = b""
+
+    @property
+    def hashes(self) -> list[uuid.UUID]:
+        h = self.hash_blob
+        return [fast_uuid(h[i : i + 16]) for i in range(0, len(h), 16)]
 
     def args(self) -> tuple[Any, ...]:
         """queen.push_v1's arguments after the tenant, but ``sealed`` (passed last: :attr:`sealed`)."""
@@ -56,14 +67,7 @@ class PreparedPush:
 
     def args_v3(self) -> tuple[Any, ...]:
         """queen.push_v3's arguments after the tenant, but ``sealed``: hashes and ids as 16 × n bytes."""
-        return (
-            self.queues,
-            self.partitions,
-            self.blobs,
-            self.item_group,
-            b"".join([h.bytes for h in self.hashes]),
-            b"".join([m.bytes for m in self.msgids]),
-        )
+        return (self.queues, self.partitions, self.blobs, self.item_group, self.hash_blob, self.msgid_blob)
 
 
 # One item's verdict: (status, message id, partition id, offset); a duplicate's are the original's.
@@ -75,10 +79,18 @@ def placed(prepared: PreparedPush, row: Record) -> list[Placed]:
     group's base plus the queued items of its group before it; a duplicate is listed by index."""
     pids: list[int] = row["partition_ids"]
     nxt: list[int] = list(row["base_offsets"])
-    dups = dict(zip(row["dup_idx"], zip(row["dup_msgid"], row["dup_offset"], strict=True), strict=True))
-    out: list[Placed] = []
+    dup_idx = row["dup_idx"]
+    if not dup_idx:
+        out: list[Placed] = []
+        for g, mid in zip(prepared.item_group, prepared.msgids, strict=True):
+            off = nxt[g - 1]
+            nxt[g - 1] = off + 1
+            out.append(("queued", mid, pids[g - 1], off))
+        return out
+    dups = dict(zip(dup_idx, zip(row["dup_msgid"], row["dup_offset"], strict=True), strict=True))
+    out = []
     for i, (g, mid) in enumerate(zip(prepared.item_group, prepared.msgids, strict=True), 1):
-        dup = dups.get(i) if dups else None
+        dup = dups.get(i)
         if dup is None:
             off = nxt[g - 1]
             nxt[g - 1] = off + 1
@@ -93,35 +105,71 @@ def rows_placed(rows: Sequence[Record]) -> list[Placed]:
     return [(r["status"], r["message_id"], r["partition_id"], r["msg_offset"]) for r in rows]
 
 
+_PLAIN = struct.Struct("<IB16sH")  # a QPF1 frame's head without trace id or producerSub (codec.encode_frame)
+
+
 def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: str = "") -> PreparedPush:
-    """Pack ``items``; with a ``vault``, the payloads of the queues it believes encrypted are sealed."""
+    """Pack ``items``; with a ``vault``, the payloads of the queues it believes encrypted are sealed.
+    The ids of the items without one are minted at once (``codec.uuid7_blob``), the transactionIds
+    hashed in one pass after the loop, and a plain frame (no trace id, no producerSub, not sealed)
+    packed with one struct call."""
     groups: dict[tuple[str, str], int] = {}
     frames: list[list[bytes]] = []
-    prepared = PreparedPush([], [], [], [], [], [], [], [])
-    for item in items:
-        key = (item.queue, item.partition)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = len(groups)
-            frames.append([])
-            prepared.sealed.append(vault is not None and vault.encrypted(tenant, item.queue))
-        mid = item.message_id or codec.uuid7()
-        txn = item.transaction_id or str(mid)
-        payload = item.payload
-        if prepared.sealed[g]:
-            assert vault is not None
-            payload = vault.seal(payload)
-        frames[g].append(
-            codec.encode_frame(mid, txn, payload, item.trace_id, item.producer_sub, sealed=prepared.sealed[g])
-        )
-        prepared.item_group.append(g + 1)
-        prepared.hashes.append(codec.txn_hash(txn))
-        prepared.msgids.append(mid)
-        prepared.txns.append(txn)
-    prepared.queues = [k[0] for k in groups]
-    prepared.partitions = [k[1] for k in groups]
-    prepared.blobs = [codec.pack(f) for f in frames]
-    return prepared
+    sealed: list[bool] = []
+    item_group: list[int] = []
+    msgids: list[uuid.UUID] = []
+    txns: list[str] = []
+    encoded: list[bytes] = []
+    minted = codec.uuid7_blob(len(items))
+    own_ids = False  # some item brought its message id: msgid_blob is joined from the items'
+    at = 0
+    last_q: str | None = None
+    last_p: str | None = None
+    out: list[bytes] = []
+    seal = False
+    gid = 0
+    pack_plain = _PLAIN.pack
+    for queue, partition, payload, txn, trace, sub, mid in items:
+        if queue != last_q or partition != last_p:  # a request's items mostly share one partition
+            key = (queue, partition)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = len(groups)
+                frames.append([])
+                sealed.append(vault is not None and vault.encrypted(tenant, queue))
+            last_q, last_p, out, seal, gid = queue, partition, frames[g], sealed[g], g + 1
+        if mid is None:
+            raw = minted[at : at + 16]
+            mid = fast_uuid(raw)
+        else:
+            raw = mid.bytes
+            own_ids = True
+        at += 16
+        if txn is None:
+            txn = str(mid)
+        t = txn.encode()
+        if trace is None and sub is None and not seal:
+            out.append(pack_plain(len(t) + len(payload) + 19, 0, raw, len(t)) + t + payload)
+        else:
+            if seal:
+                assert vault is not None
+                payload = vault.seal(payload)
+            out.append(codec.encode_frame(mid, txn, payload, trace, sub, sealed=seal))
+        item_group.append(gid)
+        msgids.append(mid)
+        txns.append(txn)
+        encoded.append(t)
+    return PreparedPush(
+        [k[0] for k in groups],
+        [k[1] for k in groups],
+        [codec.pack(f) for f in frames],
+        item_group,
+        msgids,
+        txns,
+        sealed,
+        codec.txn_hashes(encoded),
+        b"".join([m.bytes for m in msgids]) if own_ids else minted,
+    )
 
 
 def result(
