@@ -40,8 +40,13 @@ from queen_pg.embedded_pg import EmbeddedPostgres
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
 
 PAYLOAD = json.dumps(
-    {"orderId": 123456, "customer": "c-0042", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}],
-     "total": 42.5, "note": "benchmark payload of a typical size"}  # fmt: skip
+    {
+        "orderId": 123456,
+        "customer": "c-0042",
+        "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}],
+        "total": 42.5,
+        "note": "benchmark payload of a typical size",
+    }
 ).encode()
 
 
@@ -117,12 +122,12 @@ async def run_case(conn: asyncpg.Connection, pid: int, key: str, case: Case, cal
     }
 
 
-async def bench(dsn: str, push_sql: Path | None, cases: str, calls: int | None, warmup: int) -> list[dict[str, Any]]:
+async def bench(dsn: str, push_sql: str | None, cases: str, calls: int | None, warmup: int) -> list[dict[str, Any]]:
     conn = await asyncpg.connect(dsn)
     try:
         await apply_sql(conn)
         if push_sql is not None:
-            await conn.execute(push_sql.read_text())
+            await conn.execute(push_sql)
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         return [await run_case(conn, pid, k, CASES[k], calls or CASES[k].calls, warmup) for k in cases]
     finally:
@@ -140,12 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if bad := set(args.cases) - set(CASES):
         ap.error(f"unknown cases: {''.join(sorted(bad))}")
+    push_sql = args.push_sql.read_text() if args.push_sql is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpush-"))
     tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
     pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync)
     try:
         pg.start()
-        results = asyncio.run(bench(pg.admin_dsn(), args.push_sql, args.cases, args.calls, args.warmup))
+        results = asyncio.run(bench(pg.admin_dsn(), push_sql, args.cases, args.calls, args.warmup))
     finally:
         pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -253,8 +253,10 @@ async def test_one_group_path_answers_and_stores_what_the_general_path_does(
 ) -> None:
     import datetime
 
-    await conn.execute("SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", "1q")
-    await conn.execute("SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", "3q")
+    for name in ("1q", "3q"):
+        await conn.execute(
+            "SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", name
+        )
     t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
     minted_v1: dict[uuid.UUID, tuple[int, int]] = {}
     minted_v3: dict[uuid.UUID, tuple[int, int]] = {}

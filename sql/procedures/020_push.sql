@@ -210,7 +210,11 @@ $$;
 --          group's base plus the number of queued items of its group before it, in item order; its
 --          message id is the one it was given), and only the duplicates, in item order: dup_idx
 --          (1-based item index), dup_msgid and dup_offset (the original's, as push_v1 answers them).
--- Locks, guarantees, errors: push_v1's (queen._push_core).
+-- Locks, guarantees, errors: push_v1's (queen._push_core). One group whose partition exists (the common
+--          case: a batch, or fused 1-item requests to one partition) takes a path of its own below, with
+--          the same locks, guarantees and answers in 3-5 statements instead of ~15 (a 1-item call:
+--          ~450 -> ~200 us of PostgreSQL CPU, benchmarks/sql_push.py); p_item_group is then not read
+--          (every item is group 1).
 CREATE OR REPLACE FUNCTION queen.push_v3(
     p_tenant      text,
     p_queues      text[],
