@@ -291,7 +291,10 @@ async def test_one_group_path_answers_and_stores_what_the_general_path_does(
     assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
 
 
-async def test_one_group_path_creates_nothing_itself_and_refuses_a_sealing_mismatch(conn: asyncpg.Connection) -> None:
+@pytest.mark.parametrize("n", [1, 3])  # the one-item statements and the set statement
+async def test_one_group_path_creates_nothing_itself_and_refuses_a_sealing_mismatch(
+    conn: asyncpg.Connection, n: int
+) -> None:
     # a new queue and partition: created (the general path), then the one-group path appends
     first = prepared_call([("q", "a", "x")], "")
     (row,) = await conn.fetch(V3, *first.args_v3())
@@ -301,7 +304,7 @@ async def test_one_group_path_creates_nothing_itself_and_refuses_a_sealing_misma
     assert (list(row["base_offsets"]), list(row["dup_idx"]), list(row["dup_msgid"])) == ([1], [2], [first.msgids[0]])
     # sealed items to a plain queue: refused, nothing written
     before = await state(conn, "q")
-    third = prepared_call([("q", "a", "z")], "")
+    third = prepared_call([("q", "a", f"z{i}") for i in range(n)], "")
     with pytest.raises(asyncpg.PostgresError, match="encryption_mismatch") as exc:
         await conn.fetch(
             "SELECT * FROM queen.push_v3('default', $1, $2, $3, $4, $5, $6, NULL, NULL, $7)", *third.args_v3(), [True]
@@ -311,7 +314,8 @@ async def test_one_group_path_creates_nothing_itself_and_refuses_a_sealing_misma
     assert await conn.fetchval("SELECT count(*) FROM queen.log_txns") == 2
 
 
-async def test_one_group_path_wakes_caught_up_cursors(conn: asyncpg.Connection) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+async def test_one_group_path_wakes_caught_up_cursors(conn: asyncpg.Connection, n: int) -> None:
     p = prepared_call([("q", "a", "x")], "")
     await conn.fetch(V3, *p.args_v3())
     await conn.execute(
@@ -319,10 +323,11 @@ async def test_one_group_path_wakes_caught_up_cursors(conn: asyncpg.Connection) 
         " SELECT p.id, 'g', p.queue_id, 'default', 1, NULL FROM queen.log_partitions p"
     )
     assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is None  # caught up
-    p = prepared_call([("q", "a", "x")], "")  # a duplicate only: no message, the cursor stays caught up
-    await conn.fetch(V3, *p.args_v3())
+    p = prepared_call([("q", "a", "x")] * n, "")  # duplicates only: no message, the cursor stays caught up
+    (row,) = await conn.fetch(V3, *p.args_v3())
+    assert list(row["dup_idx"]) == list(range(1, n + 1))
     assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is None
-    p = prepared_call([("q", "a", "y")], "")
+    p = prepared_call([("q", "a", f"y{i}") for i in range(n)], "")
     await conn.fetch(V3, *p.args_v3())
     assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is not None
 
