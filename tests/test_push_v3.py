@@ -225,3 +225,122 @@ def test_uuid7_layout() -> None:
     # every bit below the timestamp but the version (76-79) and variant (62-63) varies
     assert random_bits | (0xF << 76) | (0x3 << 62) == (1 << 80) - 1
     assert [i for i in ids if str(i) != str(uuid.UUID(bytes=i.bytes))] == []
+
+
+# The one-group path of push_v3 (every item to one existing partition: three statements instead of
+# _push_core's dozen) against the general path (push_v1 -> _push_core), call by call.
+V1_AT = "SELECT * FROM queen.push_v1('default', $1, $2, $3, $4, $5, $6, $7)"
+V3_AT = "SELECT * FROM queen.push_v3('default', $1, $2, $3, $4, $5, $6, $7)"
+
+
+def one_group_calls(seed: int) -> list[tuple[int, list[tuple[str, str, str]]]]:
+    """(seconds since the start, items) calls to ONE partition per call (q/a, q/b, r/a), transactionIds
+    from a small pool: duplicates inside a call, of earlier calls, and after the dedup window (60 s)."""
+    rnd = random.Random(seed)
+    out = []
+    t = 0
+    for _ in range(14):
+        t += rnd.choice([1, 5, 70])  # 70 s: the window of earlier pushes has passed
+        q, p = rnd.choice([("q", "a"), ("q", "b"), ("r", "a")])
+        n = rnd.choice([1, 1, 2, 8, 30])
+        out.append((t, [(q, p, f"t{rnd.randint(0, 12)}") for _ in range(n)]))
+    return out
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6, 7])
+async def test_one_group_path_answers_and_stores_what_the_general_path_does(
+    conn: asyncpg.Connection, seed: int
+) -> None:
+    import datetime
+
+    for name in ("1q", "3q"):
+        await conn.execute(
+            "SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", name
+        )
+    t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    minted_v1: dict[uuid.UUID, tuple[int, int]] = {}
+    minted_v3: dict[uuid.UUID, tuple[int, int]] = {}
+    dups = queued_again = 0
+    seen: set[str] = set()
+    for c, (t, items) in enumerate(one_group_calls(seed)):
+        now = t0 + datetime.timedelta(seconds=t)
+        p1 = prepared_call(items, "1")
+        v1 = push_engine.rows_placed(await conn.fetch(V1_AT, *p1.args(), now))
+        p3 = prepared_call(items, "3")
+        (row,) = await conn.fetch(V3_AT, *p3.args_v3(), now)
+        v3 = push_engine.placed(p3, row)
+        for i, (a, b) in enumerate(zip(v1, v3, strict=True)):
+            assert (a[0], a[3]) == (b[0], b[3]), (c, i, items[i])  # status, offset
+            if a[0] == "queued":
+                assert a[1] == p1.msgids[i] and b[1] == p3.msgids[i]
+                minted_v1[a[1]] = minted_v3[b[1]] = (c, i)
+                queued_again += items[i] in seen
+                seen.add(items[i])
+            else:
+                dups += 1
+                assert minted_v1[a[1]] == minted_v3[b[1]]  # the same original
+    assert dups > 5 and queued_again > 0  # duplicates, and repeats queued again after the window
+    assert await state(conn, "1") == await state(conn, "3")
+    # the stored hashes, ids and times too (the general path's are the reference)
+    q = """SELECT substr(q.name, 2), p.name, t.msg_offset, t.txn_hash, t.created_at, s.created_at, s.dropped
+             FROM queen.log_txns t JOIN queen.log_partitions p ON p.id = t.partition_id
+             JOIN queen.queues q ON q.id = p.queue_id
+             JOIN queen.log_segments s ON s.partition_id = p.id AND t.msg_offset >= s.base_offset
+                                      AND t.msg_offset < s.end_offset
+            WHERE q.name LIKE $1 || '%' ORDER BY 1, 2, 3"""
+    assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
+
+
+@pytest.mark.parametrize("n", [1, 3])  # the one-item statements and the set statement
+async def test_one_group_path_creates_nothing_itself_and_refuses_a_sealing_mismatch(
+    conn: asyncpg.Connection, n: int
+) -> None:
+    # a new queue and partition: created (the general path), then the one-group path appends
+    first = prepared_call([("q", "a", "x")], "")
+    (row,) = await conn.fetch(V3, *first.args_v3())
+    assert list(row["base_offsets"]) == [0]
+    second = prepared_call([("q", "a", "y"), ("q", "a", "x")], "")
+    (row,) = await conn.fetch(V3, *second.args_v3())
+    assert (list(row["base_offsets"]), list(row["dup_idx"]), list(row["dup_msgid"])) == ([1], [2], [first.msgids[0]])
+    # sealed items to a plain queue: refused, nothing written
+    before = await state(conn, "q")
+    third = prepared_call([("q", "a", f"z{i}") for i in range(n)], "")
+    with pytest.raises(asyncpg.PostgresError, match="encryption_mismatch") as exc:
+        await conn.fetch(
+            "SELECT * FROM queen.push_v3('default', $1, $2, $3, $4, $5, $6, NULL, NULL, $7)", *third.args_v3(), [True]
+        )
+    assert exc.value.detail == '{"q": false}'
+    assert await state(conn, "q") == before
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_txns") == 2
+
+
+@pytest.mark.parametrize("n", [1, 3])
+async def test_one_group_path_wakes_caught_up_cursors(conn: asyncpg.Connection, n: int) -> None:
+    p = prepared_call([("q", "a", "x")], "")
+    await conn.fetch(V3, *p.args_v3())
+    await conn.execute(
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset, head_at)"
+        " SELECT p.id, 'g', p.queue_id, 'default', 1, NULL FROM queen.log_partitions p"
+    )
+    assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is None  # caught up
+    p = prepared_call([("q", "a", "x")] * n, "")  # duplicates only: no message, the cursor stays caught up
+    (row,) = await conn.fetch(V3, *p.args_v3())
+    assert list(row["dup_idx"]) == list(range(1, n + 1))
+    assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is None
+    p = prepared_call([("q", "a", f"y{i}") for i in range(n)], "")
+    await conn.fetch(V3, *p.args_v3())
+    assert await conn.fetchval("SELECT head_at FROM queen.log_consumers") is not None
+
+
+async def test_deleting_a_queue_deletes_its_txns(conn: asyncpg.Connection) -> None:
+    """log_txns has no foreign key (revision 0009): delete_queue_v1 deletes the rows itself."""
+    for q in ("q", "r"):
+        p = prepared_call([(q, "a", "x"), (q, "b", "y")], "")
+        await conn.fetch(V3, *p.args_v3())
+    assert await conn.fetchval("SELECT queen.delete_queue_v1('default', 'q')") is True
+    orphans = await conn.fetchval(
+        "SELECT count(*) FROM queen.log_txns t"
+        " WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.id = t.partition_id)"
+    )
+    assert orphans == 0
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_txns") == 2

@@ -86,6 +86,9 @@ BEGIN
     PERFORM 1 FROM queen.log_partitions lp WHERE lp.queue_id = v_qid ORDER BY lp.id FOR UPDATE;
     PERFORM 1 FROM queen.log_consumers lc WHERE lc.queue_id = v_qid
      ORDER BY lc.partition_id, lc.consumer_group FOR UPDATE;
+    -- log_txns has no foreign key (sql/schema.sql, revision 0009): its rows go here, under the
+    -- partition rows locked above (every writer of log_txns holds its partition row).
+    DELETE FROM queen.log_txns t USING queen.log_partitions lp WHERE lp.queue_id = v_qid AND t.partition_id = lp.id;
     DELETE FROM queen.queues WHERE id = v_qid;
     -- log_dlq has no foreign keys (docs/locks.md): its rows go here, in a statement that starts after
     -- the cascade above waited for every ack holding a cursor row of the queue, so it sees their rows.

@@ -1,0 +1,170 @@
+"""Direct SQL micro-benchmark of ``queen.push_v3``: PostgreSQL CPU per pushed message, no broker, no HTTP.
+
+Starts an embedded PostgreSQL in a temporary dir (as benchmarks/broker.py does), applies the schema, and
+calls push_v3 over asyncpg exactly as queen_pg/engine/push.py does (the same ``prepare()``: realistic
+zstd blob of QPF1 frames, xxh3 hashes, uuid7 message ids; the same SQL text). For each case it reports
+the backend's CPU per message and per call (from /proc/<backend pid>/schedstat, ns resolution; read
+through ``SELECT pg_backend_pid()``) and the wall time per call (median and p90). Each call is its own
+transaction (autocommit), as in the broker.
+
+Cases: ``a`` 1 call of 100 items to one (queue, partition); ``b`` 1 call of 1 item; ``c`` 1 call of
+8 groups × 1 item; ``d`` 1 call of 8 items to one partition (fused 1-item requests); ``e`` as ``a`` with
+every other item repeating a transactionId of the previous call (duplicates answered from log_txns).
+
+``--push-sql FILE`` applies another 020_push.sql over the schema (A/B against an older commit:
+``git show REV:sql/procedures/020_push.sql > /tmp/old.sql``). The figures are a lower bound on a shared
+machine: the load average is printed with them.
+
+    python -m benchmarks.sql_push [--cases abc] [--calls N] [--push-sql FILE] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from benchmarks.broker import free_port
+from queen_pg.db.apply import apply_sql
+from queen_pg.embedded_pg import EmbeddedPostgres
+from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
+
+PAYLOAD = json.dumps(
+    {
+        "orderId": 123456,
+        "customer": "c-0042",
+        "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}],
+        "total": 42.5,
+        "note": "benchmark payload of a typical size",
+    }
+).encode()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    groups: int  # distinct (queue, partition) per call
+    per_group: int  # items per group
+    calls: int  # default number of measured calls
+    dups: bool = False  # every other item repeats a transactionId of the previous call
+
+
+CASES = {
+    "a": Case("a: 1 call x 100 items, 1 group", 1, 100, 300),
+    "b": Case("b: 1 call x 1 item", 1, 1, 2000),
+    "c": Case("c: 1 call x 8 groups x 1 item", 8, 1, 1000),
+    "d": Case("d: 1 call x 8 items, 1 group", 1, 8, 1000),
+    "e": Case("e: as a, half duplicates of the previous call", 1, 100, 300, dups=True),
+}
+
+
+def backend_cpu_ns(pid: int) -> int:
+    """CPU time of a process so far in ns (/proc/<pid>/schedstat; /proc/<pid>/stat ticks as a fallback)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except OSError:
+        with open(f"/proc/{pid}/stat", "rb") as fb:
+            s = fb.read()
+        fields = s[s.rfind(b")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def items_for(case: Case, tag: str, call: int, prev: list[str]) -> tuple[list[NewMessage], list[str]]:
+    out: list[NewMessage] = []
+    txns: list[str] = []
+    for g in range(case.groups):
+        for k in range(case.per_group):
+            i = g * case.per_group + k
+            txn = prev[i] if case.dups and prev and i % 2 == 1 else f"{tag}-{call}-{i}"
+            txns.append(txn)
+            out.append(NewMessage(f"q-{tag}-{g}", "p0", PAYLOAD, txn, None))
+    return out, txns
+
+
+async def run_case(conn: asyncpg.Connection, pid: int, key: str, case: Case, calls: int, warmup: int) -> dict[str, Any]:
+    stmt = await conn.prepare(PUSH_SQL)
+    prev: list[str] = []
+    walls: list[float] = []
+    cpu0 = 0
+    for call in range(warmup + calls):
+        items, txns = items_for(case, key, call, prev)
+        prev = txns
+        args = prepare(items).args_v3()
+        sealed = [False] * case.groups
+        if call == warmup:
+            cpu0 = backend_cpu_ns(pid)
+        t0 = time.perf_counter()
+        row = await stmt.fetchrow("t", *args, sealed)
+        walls.append(time.perf_counter() - t0)
+        assert row is not None and len(row["partition_ids"]) == case.groups
+    cpu = backend_cpu_ns(pid) - cpu0
+    walls = sorted(walls[warmup:])
+    n = case.groups * case.per_group
+    return {
+        "case": case.name,
+        "calls": calls,
+        "items_per_call": n,
+        "pg_cpu_us_per_msg": round(cpu / 1000 / calls / n, 2),
+        "pg_cpu_us_per_call": round(cpu / 1000 / calls, 1),
+        "wall_us_per_call_p50": round(statistics.median(walls) * 1e6, 1),
+        "wall_us_per_call_p90": round(walls[int(len(walls) * 0.9)] * 1e6, 1),
+    }
+
+
+async def bench(dsn: str, push_sql: str | None, cases: str, calls: int | None, warmup: int) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await apply_sql(conn)
+        if push_sql is not None:
+            await conn.execute(push_sql)
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        return [await run_case(conn, pid, k, CASES[k], calls or CASES[k].calls, warmup) for k in cases]
+    finally:
+        await conn.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sql_push", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="abc", help="which cases to run, in order (letters of abcde; default abc)")
+    ap.add_argument("--calls", type=int, default=None, help="measured calls per case (default: per case, 300-2000)")
+    ap.add_argument("--warmup", type=int, default=50, help="unmeasured calls first (plans, caches; default 50)")
+    ap.add_argument("--push-sql", type=Path, default=None, help="apply this 020_push.sql over the schema (A/B)")
+    ap.add_argument("--fsync", action="store_true", help="keep fsync on (default: the test fixtures' fast mode)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    if bad := set(args.cases) - set(CASES):
+        ap.error(f"unknown cases: {''.join(sorted(bad))}")
+    push_sql = args.push_sql.read_text() if args.push_sql is not None else None
+    tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpush-"))
+    tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
+    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync)
+    try:
+        pg.start()
+        results = asyncio.run(bench(pg.admin_dsn(), push_sql, args.cases, args.calls, args.warmup))
+    finally:
+        pg.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    load = os.getloadavg()[0]
+    for r in results:
+        print(
+            f"{r['case']:<48} pg {r['pg_cpu_us_per_msg']:>8.2f} us/msg {r['pg_cpu_us_per_call']:>8.1f} us/call"
+            f"   wall p50 {r['wall_us_per_call_p50']:>8.1f} p90 {r['wall_us_per_call_p90']:>8.1f} us/call"
+        )
+    print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"load1": load, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
