@@ -111,7 +111,8 @@ async def test_close_waits_for_a_call_on_the_hot_connection(db_url: str, conn: a
 
 async def _active(conn: asyncpg.Connection, text: str) -> bool:
     n = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE state = 'active' AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
         text,
     )
     return bool(n)
