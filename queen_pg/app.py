@@ -5,6 +5,7 @@ The lifespan opens the pool (applying ``sql/`` first unless disabled) and closes
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -72,6 +73,16 @@ def _limiter_config(settings: Settings) -> LimiterConfig:
         max_queue=settings.limiter_queue,
         max_wait_s=settings.admit_hold_ms / 1000,
     )
+
+
+# FastAPI's native OpenTelemetry (newer releases) asks the global providers on every request (~20 µs of
+# a lone push's CPU) though the broker exports none: off (/metrics is the broker's telemetry). Older
+# FastAPI releases have no such argument.
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -157,6 +168,7 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         description="A message broker whose only durable state lives in PostgreSQL.",
         lifespan=lifespan,
+        **_NO_TELEMETRY,
         docs_url=None,  # /docs and /redoc with their assets served here, not from a CDN: api/docs.py
         redoc_url=None,
     )

@@ -23,8 +23,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,12 +224,16 @@ class Limiter:
         if self._sem.capacity > before:
             self._sem.grant()
 
-    @asynccontextmanager
-    async def acquire(self) -> AsyncIterator[None]:
-        """Hold one permit of this family around one engine call. Waits in line up to ``max_wait_s``
-        (jittered); refused with 429 ``overloaded`` when the wait runs out or the line is full. The
-        time the permit was held is the sample fed to :meth:`observe` (not on 5xx or cancellation:
-        an unavailable database says nothing about its queue)."""
+    def acquire(self) -> _Permit:
+        """Hold one permit of this family around one engine call (``async with``). Waits in line up to
+        ``max_wait_s`` (jittered); refused with 429 ``overloaded`` when the wait runs out or the line is
+        full. The time the permit was held is the sample fed to :meth:`observe` (not on 5xx or
+        cancellation: an unavailable database says nothing about its queue). A plain class, not a
+        generator-based context manager: it is on every data-plane call."""
+        return _Permit(self)
+
+    async def _enter(self) -> tuple[int, float]:
+        """Take a permit; (permits held then, start time) for the sample."""
         if self._sem.try_acquire(1):
             self._log.admitted()
         else:
@@ -248,22 +251,13 @@ class Limiter:
                     detail=f"the broker is overloaded ({self.family}: {why}); retry later",
                     retry_after=retry_after(self._rng),
                 ) from None
-        in_flight = self.in_flight
-        start = self._clock()
-        sample = False
-        try:
-            yield
-            sample = True
-        except Verdict:
-            sample = True  # a decided refusal is a full round trip
-            raise
-        except QueenError as exc:
-            sample = exc.status < 500
-            raise
-        finally:
-            if sample:
-                self.observe(self._clock() - start, in_flight)
-            self._sem.release(1)
+        return self.in_flight, self._clock()
+
+    def _exit(self, in_flight: int, start: float, exc: BaseException | None) -> None:
+        # a decided refusal (Verdict) is a full round trip; a 5xx or a cancellation says nothing
+        if exc is None or isinstance(exc, Verdict) or (isinstance(exc, QueenError) and exc.status < 500):
+            self.observe(self._clock() - start, in_flight)
+        self._sem.release(1)
 
     def snapshot(self) -> dict[str, float]:
         """For /metrics: current limit, permits held, callers waiting, rtt_min and rtt (seconds), and
@@ -277,6 +271,23 @@ class Limiter:
             "rtt_seconds": self._rtt,
             "rejected_total": float(self._log.total),
         }
+
+
+class _Permit:
+    """``async with limiter.acquire():`` one permit, given back on the way out."""
+
+    __slots__ = ("in_flight", "limiter", "start")
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+        self.in_flight = 0
+        self.start = 0.0
+
+    async def __aenter__(self) -> None:
+        self.in_flight, self.start = await self.limiter._enter()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        self.limiter._exit(self.in_flight, self.start, exc)
 
 
 def build_limiters(config: LimiterConfig) -> dict[str, Limiter]:

@@ -1,12 +1,16 @@
-"""The pool's release: one statement per call, no reset query behind it (queen_pg/db/pool.py)."""
+"""The pool's release: one statement per call, no reset query behind it; the hot connection
+(queen_pg/db/pool.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import asyncpg
+import pytest
 
 from queen_pg.db.pool import Database
+from queen_pg.errors import QueenError
+from tests.helpers import until
 
 
 async def _last_queries(conn: asyncpg.Connection) -> list[str]:
@@ -37,3 +41,78 @@ async def test_a_transaction_left_open_is_still_rolled_back_on_release(db: Datab
                                   for _ in range(3)))  # fmt: skip
     assert all(r[0]["n"] == 0 for r in rows)  # the insert was rolled back, not committed by a later call
     assert await conn.fetchval("SELECT count(*) FROM t") == 0
+
+
+# --- the hot connection: a lone call skips the pool's acquire and release -----------------------------
+
+
+async def _pid(db: Database) -> int:
+    return int(await db.fetchval("SELECT pg_backend_pid()"))
+
+
+async def test_calls_one_at_a_time_stay_on_one_connection_kept_out_of_the_pool(db: Database) -> None:
+    first = await _pid(db)
+    assert [await _pid(db) for _ in range(5)] == [first] * 5
+    # between calls the hot connection stays checked out: no acquire or release per call
+    assert db.pool.get_size() == 1 and db.pool.get_idle_size() == 0
+
+
+async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(db: Database) -> None:
+    await _pid(db)  # the hot connection exists
+    pids = await asyncio.gather(*(db.fetchval("SELECT pg_backend_pid() FROM pg_sleep(0.2)") for _ in range(4)))
+    assert len(set(pids)) == 4  # one each: none waited for another's connection
+    assert db.pool.get_size() == 4  # the pool's size still counts (and bounds) the hot one
+
+
+async def test_an_error_raised_by_postgresql_keeps_the_hot_connection(db: Database) -> None:
+    before = await _pid(db)
+    with pytest.raises(QueenError):
+        await db.fetch("SELECT 1 / 0")  # not a catalog refusal: an internal error, the statement rolled back
+    assert await _pid(db) == before
+
+
+async def test_a_cancelled_call_hands_the_hot_connection_back_and_the_next_call_is_clean(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    await conn.execute("CREATE TABLE t (x int)")
+    task = asyncio.create_task(db.fetch("INSERT INTO t SELECT 1 FROM pg_sleep(5)"))
+    await until(lambda: _active(conn, "pg_sleep(5)"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # the pool's release waited out the cancellation: the next call answers, and the insert never happened
+    assert await db.fetchval("SELECT count(*) FROM t") == 0
+    assert await db.fetchval("SELECT 'after'") == "after"
+
+
+async def test_a_backend_killed_under_the_hot_connection_costs_one_call_at_most(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    victim = await _pid(db)
+    assert await conn.fetchval("SELECT pg_terminate_backend($1)", victim)
+    outcomes: list[str] = []
+    for _ in range(2):
+        try:
+            pid = await _pid(db)
+            outcomes.append("ok" if pid != victim else "same")
+        except QueenError as exc:
+            outcomes.append(exc.code)
+    assert outcomes in (["db_unavailable", "ok"], ["ok", "ok"])  # never the dead one again, never a 500
+
+
+async def test_close_waits_for_a_call_on_the_hot_connection(db_url: str, conn: asyncpg.Connection) -> None:
+    d = Database(db_url, 2)
+    await d.open(apply_schema=False)
+    call = asyncio.create_task(d.fetchval("SELECT 'done' FROM pg_sleep(0.3)"))
+    await until(lambda: _active(conn, "pg_sleep(0.3)"))  # the call is on the hot connection
+    await asyncio.wait_for(d.close(), 10)  # the call gives the connection back: close does not hang
+    assert call.done() and call.result() == "done"
+
+
+async def _active(conn: asyncpg.Connection, text: str) -> bool:
+    n = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE state = 'active' AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
+        text,
+    )
+    return bool(n)

@@ -215,6 +215,29 @@ async def test_inbound_connections_beyond_the_cap_are_closed_and_counted() -> No
         await _stop(tasks)
 
 
+async def test_a_frame_for_an_idle_peer_is_written_at_once_and_queued_only_behind_others() -> None:
+    pa, pb = free_port(), free_port()
+    ha, hb = Heard(), Heard()
+    a, b = ha.mesh(pa, [pb]), hb.mesh(pb, [])
+    tasks = await _running(a, b)
+    try:
+        await eventually(lambda: a.connected == 1, "a dialled b")
+        peer = a.peers[f"127.0.0.1:{pb}"]
+        sent = a.frames_sent
+        peer.offer(frames.encode(frames.WAKE, [["t", "q1"]], SECRET))
+        # written in the offering call: no outbox, no writer task between the publisher and the socket
+        assert a.frames_sent == sent + 1 and peer.outbox.qsize() == 0
+        await eventually(lambda: hb.wakes == [("t", "q1")], "b heard it")
+        # a frame offered while another waits in the outbox queues behind it: order is kept
+        peer.outbox.put_nowait(frames.encode(frames.WAKE, [["t", "q2"]], SECRET))
+        peer.offer(frames.encode(frames.WAKE, [["t", "q3"]], SECRET))
+        await eventually(lambda: len(hb.wakes) == 3, "b heard both")
+        assert hb.wakes == [("t", "q1"), ("t", "q2"), ("t", "q3")]
+        assert a.dropped == {}
+    finally:
+        await _stop(tasks)
+
+
 async def test_publishing_never_waits_for_a_slow_or_absent_peer() -> None:
     h = Heard()
     m = h.mesh(free_port(), [])
