@@ -193,8 +193,19 @@ class Database:
             return rows
         finally:
             self._hot_busy = False
-            if not healthy or self._closing or (self._hot is not None and self._hot.is_closed()):
+            if not healthy or self._closing or self._hot_gone():
                 await self._give_back_hot()  # the pool's release waits, rolls back or terminates
+
+    def _hot_gone(self) -> bool:
+        """Whether the hot connection can serve no more calls: closed, or already taken back by the pool
+        (asyncpg detaches a proxy whose connection was lost; asking it anything then raises)."""
+        conn = self._hot
+        if conn is None:
+            return False
+        try:
+            return conn.is_closed()
+        except asyncpg.InterfaceError:
+            return True
 
     @staticmethod
     def _mapped(exc: BaseException) -> QueenError:
