@@ -203,7 +203,7 @@ class Database:
         if conn is None:
             return False
         try:
-            return conn.is_closed()
+            return bool(conn.is_closed())
         except asyncpg.InterfaceError:
             return True
 
