@@ -5,7 +5,6 @@ transaction), hostile ones included; then the same through real HTTP."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx

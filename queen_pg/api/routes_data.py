@@ -53,7 +53,8 @@ _STATUS_WORDS = tuple(ack_engine.STATUSES)
 # case-insensitive, as clients send it; JSON Schema regexes have no flags, hence [Cc][Oo]...
 _STATUS_PATTERN = "^(?:" + "|".join("".join(f"[{c.upper()}{c}]" for c in w) for w in _STATUS_WORDS) + ")$"
 AckStatus = Annotated[
-    str, msgspec.Meta(pattern=_STATUS_PATTERN, description="completed (or success), failed, retry, dlq; any letter case")
+    str,
+    msgspec.Meta(pattern=_STATUS_PATTERN, description="completed (or success), failed, retry, dlq; any letter case"),
 ]
 # the usual lower-case spellings are checked without a regex per item (any other case: the pattern decides)
 narrow(_STATUS_PATTERN, Literal.__getitem__(_STATUS_WORDS))

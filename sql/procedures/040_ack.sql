@@ -80,6 +80,9 @@ $$;
 -- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
 DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+-- p_uniform was added (trailing, defaulted): the 11-argument form would make calls ambiguous
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea);
 
 CREATE OR REPLACE FUNCTION queen._ack_txns(p_items bytea, p_txns bytea)
 RETURNS text[]
@@ -107,7 +110,8 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_errors         text[],
     p_now            timestamptz DEFAULT NULL,
     p_items          bytea DEFAULT NULL,
-    p_txns           bytea DEFAULT NULL
+    p_txns           bytea DEFAULT NULL,
+    p_uniform        boolean DEFAULT false  -- every item names one partition, group, lease and status
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
@@ -195,6 +199,21 @@ BEGIN
         --    not held) is judged item by item below, as before.
         v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
                              WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
+        v_fast := false;
+        IF p_uniform AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
+           AND (p_lease_ids[1] IS NULL OR p_lease_ids[1] = c.lease_id) THEN
+            -- the usual batch (one kind, `completed`, the live lease, no passed-over offsets): one index
+            -- scan resolves every hash to its oldest offset at or above the cursor; the range ack holds
+            -- when each distinct hash has one and, under a lease, all of them are inside it
+            SELECT count(*), max(m.off) INTO v_unres, v_max
+              FROM (SELECT min(t.msg_offset) AS off FROM queen.log_txns t
+                     WHERE t.partition_id = k.pid AND t.txn_hash = ANY (p_hashes) AND t.msg_offset >= v_start
+                     GROUP BY t.txn_hash) m;
+            v_fast := v_unres = (SELECT count(DISTINCT h) FROM unnest(p_hashes) AS h)
+                      AND (p_lease_ids[1] IS NULL OR v_max < c.lease_end);
+            v_unres := 0;
+        END IF;
+        IF NOT v_fast THEN
         SELECT count(*) FILTER (WHERE r.off IS NULL), max(r.off),
                -- coalesce: bool_and skips NULLs, and an unknown (a NULL column) is never "plain"
                bool_and(coalesce(r.off >= v_start AND p_statuses[u.ord] = 'completed'
@@ -214,6 +233,7 @@ BEGIN
                  ORDER BY (t.msg_offset < v_start),
                           CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
                  LIMIT 1) r ON true;
+        END IF;
         IF v_unres = 0 AND v_fast THEN
             v_hi := v_max;
             v_last := k.ords[cardinality(k.ords)];
@@ -482,7 +502,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
-                                    p_errors, p_now, p_items, p_txns);
+                                    p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1);
 END;
 $$;
 
