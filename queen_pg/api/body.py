@@ -98,6 +98,8 @@ def _clean(raw: bytes) -> bool:
     if b"\\" not in raw and b"\x7f" not in raw:
         return True
     return _MAYBE_CONTROL.search(raw) is None
+
+
 _META_FIELDS = ("gt", "ge", "lt", "le", "multiple_of", "pattern", "max_length", "min_length", "tz", "title",
                 "description", "examples", "extra_json_schema", "extra")  # fmt: skip
 
