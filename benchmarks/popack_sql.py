@@ -11,8 +11,8 @@ import asyncio
 import json
 import sys
 import time
-import uuid
 import urllib.request
+import uuid
 
 import asyncpg
 
