@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -20,7 +21,10 @@ from benchmarks.broker import BrokerProcess
 from benchmarks.procstat import TICK
 from queen_pg.engine import codec
 from queen_pg.engine.ack import ACK_SQL, Packed
+from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
+
+HINT = os.environ.get("POPACK_HINT", "1") == "1"  # 0: ack without the lease book's hint
 
 
 def _ticks(pid: int) -> int:
@@ -64,7 +68,10 @@ async def _run(dsn: str, queue: str, total: int, max_pops: int = 0) -> dict[str,
                     pack.add(row["partition_id"], fr.transaction_id, lease, QUEUE_MODE, "completed", None)
                     msgs += 1
         t0 = _ticks(ack_pid)
-        res = await ackc.fetch(ACK_SQL, "default", *pack.args())
+        book = LeaseBook()
+        if HINT:
+            book.remember(lease, rows)
+        res = await ackc.fetch(ACK_SQL, "default", *pack.args(), pack.hint(book) if HINT else None)
         ack_t += _ticks(ack_pid) - t0
         acks += 1
         assert not res[0]["o_refused"], res

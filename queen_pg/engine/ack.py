@@ -16,12 +16,13 @@ import xxhash
 
 from queen_pg.db.pool import Database
 from queen_pg.db.types import fast_uuid
+from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
-# the items packed (:class:`Packed`); one row of sparse verdicts (1-based indexes): refused + their
-# errors, leaseReleased, dlq, noop
-ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8)"
+# the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
+# of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop
+ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"  # noqa: E501
 ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
@@ -97,11 +98,12 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txns", "erred")
+    __slots__ = ("_errors", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
 
     def __init__(self) -> None:
         self._items: list[bytes] = []
         self._txns: list[bytes] = []
+        self._txn_ids: list[str] = []
         self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
@@ -121,9 +123,20 @@ class Packed:
         self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind & 0xFFFF, self._txn_at, len(raw)))
         self._kind_of.append(kind)
         self._txns.append(raw)
+        self._txn_ids.append(transaction_id)
         self._txn_at += len(raw)
         self._errors.append(error)
         self.erred = self.erred or error is not None
+
+    def hint(self, book: LeaseBook) -> list[int] | None:
+        """``queen.ack_v3``'s p_hint for items of one kind, ``completed`` under a lease, that ``book``
+        resolves from the lease it handed out (queen_pg/engine/leases.py); else None."""
+        if len(self._kinds) != 1 or self._last is None:
+            return None
+        pid, _group, lease, status, _kind = self._last
+        if lease is None or status != "completed":
+            return None
+        return book.hint(lease, pid, self._txn_ids)
 
     @property
     def packable(self) -> bool:
@@ -202,7 +215,8 @@ async def ack_many(
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
     if sent and once is None and pack.packable:
-        refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args()))[0]
+        hint = pack.hint(book_of(db))
+        refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
         for n, i in enumerate(sent, 1):

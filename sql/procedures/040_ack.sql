@@ -83,9 +83,20 @@ $$;
 -- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
 DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
--- p_uniform was added (trailing, defaulted): the 11-argument form would make calls ambiguous
+-- p_uniform and p_hint were added (trailing, defaulted): the shorter forms would make calls ambiguous
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
                                           bytea, bytea);
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea, boolean);
+DROP FUNCTION IF EXISTS queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz);
+
+CREATE OR REPLACE FUNCTION queen._ack_hashes(p_items bytea)
+RETURNS uuid[]
+LANGUAGE sql IMMUTABLE AS $$
+-- The xxh3-128 hashes of queen.ack_v3's packed items (bytes 0..15 of each), in item order.
+SELECT ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
+               FROM generate_series(0, length(p_items) / 26 - 1) AS i ORDER BY i)
+$$;
 
 CREATE OR REPLACE FUNCTION queen._ack_txns(p_items bytea, p_txns bytea)
 RETURNS text[]
@@ -114,7 +125,8 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_now            timestamptz DEFAULT NULL,
     p_items          bytea DEFAULT NULL,
     p_txns           bytea DEFAULT NULL,
-    p_uniform        boolean DEFAULT false  -- every item names one partition, group, lease and status
+    p_uniform        boolean DEFAULT false, -- every item names one partition, group, lease and status
+    p_hint           bigint[] DEFAULT NULL  -- queen.ack_v3's p_hint (uniform calls only)
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
@@ -205,8 +217,24 @@ BEGIN
         v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
                              WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
         v_fast := false;
-        IF p_uniform AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
+        IF p_uniform AND p_hint IS NOT NULL AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
+           AND p_lease_ids[1] = c.lease_id AND p_hint[1] <= v_start AND p_hint[2] >= v_start
+           AND p_hint[3] < c.lease_end
+           -- (the segment holding p_hint[2]: the newest starting at or below it, one index probe)
+           AND (SELECT s.end_offset FROM queen.log_segments s
+                 WHERE s.partition_id = k.pid AND s.base_offset <= p_hint[2]
+                 ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2] THEN
+            -- the broker resolved every item from the lease it handed out (queen_pg/engine/leases.py): it
+            -- knew every offset of [p_hint[1], lease_end), so with the cursor at or above p_hint[1] and no
+            -- passed-over offsets, each item's oldest offset at or above the cursor is the one it found,
+            -- all inside the live lease; the segments from p_hint[2] on are still there (retention takes
+            -- the oldest first), so are their hashes. No hash is looked up.
+            v_unres := 0;
+            v_max := p_hint[3];
+            v_fast := true;
+        ELSIF p_uniform AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
            AND (p_lease_ids[1] IS NULL OR p_lease_ids[1] = c.lease_id) THEN
+            p_hashes := coalesce(p_hashes, queen._ack_hashes(p_items));
             -- the usual batch (one kind, `completed`, the live lease, no passed-over offsets): one index
             -- scan resolves every hash to its oldest offset at or above the cursor; the range ack holds
             -- when each distinct hash has one and, under a lease, all of them are inside it
@@ -221,6 +249,7 @@ BEGIN
             v_unres := 0;
         END IF;
         IF NOT v_fast THEN
+        p_hashes := coalesce(p_hashes, queen._ack_hashes(p_items));  -- decoded only when looked up
         SELECT count(*) FILTER (WHERE r.off IS NULL), max(r.off),
                -- coalesce: bool_and skips NULLs, and an unknown (a NULL column) is never "plain"
                bool_and(coalesce(r.off >= v_start AND p_statuses[u.ord] = 'completed'
@@ -476,8 +505,17 @@ $$;
 --             item's kind is its 1-based index into them
 --   p_txns    every item's transactionId as UTF-8, concatenated
 --   p_errors  the items' error texts, or NULL when none has one
+--   p_hint    NULL, or {lease start, lowest offset, highest offset} when the items are of one kind
+--             (`completed` under a lease) and the broker resolved every one of them from the lease it
+--             handed out (queen_pg/engine/leases.py): the start of the range whose every offset it knew
+--             and the span of the items' offsets. That every item is one of those offsets is the
+--             broker's word (it sends no hint for an item it did not lease); the rest is checked here:
+--             queen._ack_settle uses the hint only with the cursor inside the range, the lease live,
+--             no passed-over offsets and the segments still there; else the hashes are looked up as
+--             without it. Same verdicts either way (tests/test_ack_hint.py).
 -- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
--- after each cursor row's lock. Decoded here: the hashes, and the kinds when there are several; the
+-- after each cursor row's lock. Decoded here: the kinds when there are several, and the hashes unless
+-- a hint may spare them (then queen._ack_settle decodes them if it looks them up after all); the
 -- transactionIds only when a cursor row's items are judged one by one (queen._ack_txns).
 CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_tenant        text,
@@ -488,7 +526,8 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_kind_statuses text[],
     p_txns          bytea,
     p_errors        text[],
-    p_now           timestamptz DEFAULT NULL
+    p_now           timestamptz DEFAULT NULL,
+    p_hint          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
@@ -504,8 +543,9 @@ BEGIN
         RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
     END IF;
     v_n := length(p_items) / 26;
-    v_hashes := ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
-                        FROM generate_series(0, v_n - 1) AS i ORDER BY i);
+    IF p_hint IS NULL OR cardinality(p_kind_pids) <> 1 THEN
+        v_hashes := queen._ack_hashes(p_items);
+    END IF;  -- else queen._ack_settle decodes them if the hint does not decide
     IF cardinality(p_kind_pids) = 1 THEN  -- the common call: one partition, group, lease and status
         v_pids := array_fill(p_kind_pids[1], ARRAY[v_n]);
         v_groups := array_fill(p_kind_groups[1], ARRAY[v_n]);
@@ -523,7 +563,8 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
-                                    p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1);
+                                    p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1,
+                                    CASE WHEN cardinality(p_kind_pids) = 1 THEN p_hint END);
 END;
 $$;
 
