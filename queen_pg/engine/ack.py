@@ -22,7 +22,9 @@ from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
 # of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop
-ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"  # noqa: E501
+ACK_SQL = (
+    "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"
+)
 ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
