@@ -95,6 +95,12 @@ async def test_the_book_resolves_what_it_leased_and_nothing_else(
     small.remember(lease, rows)
     small.remember(other, rows)
     assert len(small) == 1 and small.hint(lease, pid, txns) is None and small.hint(other, pid, txns) == [10, 10, 109]
+    two = LeaseBook()
+    two.remember(lease, [*rows, dict(rows[0]) | {"partition_id": pid + 1}])
+    two.settled(lease, pid)
+    assert len(two) == 1 and two.hint(lease, pid, txns) is None  # the other partition's part stays
+    two.settled(lease, pid + 1)
+    assert len(two) == 0 and two.bytes == 0
     none = LeaseBook(max_bytes=0)
     none.remember(lease, rows)
     assert len(none) == 0
@@ -162,6 +168,7 @@ async def test_acks_over_http_use_the_book_of_the_broker_that_leased(broker: Bro
     r = await http.post("/api/v1/ack/batch", json={"acknowledgments": acks})
     assert all(x["success"] and not x["noop"] for x in r.json()) and r.json()[-1]["leaseReleased"]
     assert book.hits == hits + 1
+    assert all(lid != uuid.UUID(got["leaseId"]) for lid in book._leases)  # released: forgotten
     assert (await http.get("/api/v1/pop/queue/hq", params={"wait": "false"})).status_code == 204  # all committed
     # framed pops are remembered too
     await push(http, "hq", [{"payload": {"i": i}, "transactionId": f"f{i}"} for i in range(10)])

@@ -140,6 +140,11 @@ class Packed:
             return None
         return book.hint(lease, pid, self._txn_ids)
 
+    def settled(self, book: LeaseBook) -> None:
+        """The one kind's lease was released on its partition: the book forgets it there."""
+        if self._last is not None and self._last[2] is not None:
+            book.settled(self._last[2], self._last[0])
+
     @property
     def packable(self) -> bool:
         """Whether ``queen.ack_v3`` can take the items (its kind index is a u16); else :meth:`arrays`."""
@@ -217,8 +222,11 @@ async def ack_many(
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
     if sent and once is None and pack.packable:
-        hint = pack.hint(book_of(db))
+        book = book_of(db)
+        hint = pack.hint(book)
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
+        if hint is not None and released:
+            pack.settled(book)
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
         for n, i in enumerate(sent, 1):

@@ -120,6 +120,14 @@ class LeaseBook:
         if got is not None:
             self.bytes -= got[1]
 
+    def settled(self, lease: uuid.UUID, pid: int) -> None:
+        """The lease on ``pid`` was released (its ack reached the end, or a nack): nothing more to resolve
+        there; the lease goes when none of its partitions is left."""
+        got = self._leases.get(lease)
+        if got is None or got[0].pop(pid, None) is None or got[0]:
+            return
+        self.forget(lease)
+
     def hint(self, lease: uuid.UUID, pid: int, transaction_ids: Sequence[str]) -> list[int] | None:
         """``[lease_start, lowest, highest]`` offset of the items in the partition's leased range, or
         None when the lease or partition is not known here or an item is not among its frames."""
