@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from queen_pg.engine import leases
-from queen_pg.engine.ack import ACK_SQL, Packed
+from queen_pg.engine.ack import ACK_SQL, AckItem, Packed, ack_many
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL
 from tests.conftest import Broker
@@ -177,3 +177,32 @@ async def test_acks_over_http_use_the_book_of_the_broker_that_leased(broker: Bro
     lease = next(iter(reversed(book._leases)))
     pid = next(iter(book._leases[lease][0]))
     assert book.hint(lease, pid, [f"f{i}" for i in range(10)]) is not None
+
+
+async def test_fused_acks_of_several_leases_use_each_row_s_hint(broker: Broker, http: httpx.AsyncClient) -> None:
+    """Requests fused into one ack_v3 call (engine/fusion.py): each cursor row whose items are of one
+    kind gets its kind's hint; a row shared by two kinds (two statuses) is looked up."""
+    db = broker.app.state.queen.db
+    book = leases.book_of(db)
+    got = {}
+    for part in ("a", "b", "c"):
+        await push(http, "fq", [{"partition": part, "payload": {"i": i}, "transactionId": f"{part}{i}"}
+                                for i in range(20)])  # fmt: skip
+        got[part] = (
+            await http.get(f"/api/v1/pop/queue/fq/partition/{part}", params={"batch": 20, "wait": "false"})
+        ).json()
+
+    def items(part: str, status: str = "completed", n: int = 20) -> list[AckItem]:
+        return [AckItem(m["transactionId"], m["partitionId"], status, None, None, m["leaseId"])
+                for m in got[part]["messages"][:n]]  # fmt: skip
+
+    hits = book.hits
+    # c: 10 completed and its 11th as retry, two kinds on one row: judged by the look-up (cursor at 10)
+    out = await ack_many(db, "default", [items("a"), items("b")[:15], [*items("c", n=10), *items("c", "retry")[10:11]]])
+    # the book resolved a, b and c's completed kind; ack_v3 uses a's and b's only (c's row has two kinds)
+    assert book.hits == hits + 3
+    assert all(r["success"] for req in out for r in req)
+    assert out[0][-1]["leaseReleased"] and not out[1][-1]["leaseReleased"] and out[2][-1]["leaseReleased"]
+    rows = await db.fetch("SELECT p.name, lc.cursor_offset FROM queen.log_consumers lc "
+                          "JOIN queen.log_partitions p ON p.id = lc.partition_id ORDER BY 1")  # fmt: skip
+    assert [(r["name"], r["cursor_offset"]) for r in rows] == [("a", 20), ("b", 15), ("c", 10)]

@@ -100,12 +100,13 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
+    __slots__ = ("_errors", "_hinted", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
 
     def __init__(self) -> None:
         self._items: list[bytes] = []
         self._txns: list[bytes] = []
         self._txn_ids: list[str] = []
+        self._hinted: list[tuple[uuid.UUID, int]] = []  # (lease, partition) of the kinds :meth:`hint` hinted
         self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
@@ -130,20 +131,39 @@ class Packed:
         self._errors.append(error)
         self.erred = self.erred or error is not None
 
-    def hint(self, book: LeaseBook) -> list[int] | None:
-        """``queen.ack_v3``'s p_hint for items of one kind, ``completed`` under a lease, that ``book``
-        resolves from the lease it handed out (queen_pg/engine/leases.py); else None."""
-        if len(self._kinds) != 1 or self._last is None:
-            return None
-        pid, _group, lease, status, _kind = self._last
-        if lease is None or status != "completed":
-            return None
-        return book.hint(lease, pid, self._txn_ids)
+    MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
 
-    def settled(self, book: LeaseBook) -> None:
-        """The one kind's lease was released on its partition: the book forgets it there."""
-        if self._last is not None and self._last[2] is not None:
-            book.settled(self._last[2], self._last[0])
+    def hint(self, book: LeaseBook) -> list[int | None] | None:
+        """``queen.ack_v3``'s p_hint: per kind (3 values, in kind order) the span ``book`` resolves for
+        a ``completed`` kind under a lease it handed out (queen_pg/engine/leases.py), NULLs for the
+        others; None when no kind has one."""
+        kinds = list(self._kinds)
+        if not kinds or len(kinds) > self.MAX_HINTED_KINDS:
+            return None
+        if len(kinds) == 1:
+            per: list[list[str]] = [self._txn_ids]
+        else:
+            per = [[] for _ in kinds]
+            for k, t in zip(self._kind_of, self._txn_ids, strict=True):
+                per[k - 1].append(t)
+        out: list[int | None] = []
+        self._hinted = []
+        for (pid, _group, lease, status), txns in zip(kinds, per, strict=True):
+            got = None
+            if lease is not None and status == "completed":
+                got = book.hint(lease, pid, txns)
+                if got is not None:
+                    self._hinted.append((lease, pid))
+            out += got if got is not None else (None, None, None)
+        return out if self._hinted else None
+
+    def settled(self, book: LeaseBook, released: bool) -> None:
+        """After the call: a hinted kind's lease was released on its partition (``released``: some
+        lease was, and with one kind it is that one; with several, the book keeps them until the LRU
+        drops them): the book forgets it there."""
+        if released and len(self._kinds) == 1:
+            for lease, pid in self._hinted:
+                book.settled(lease, pid)
 
     @property
     def packable(self) -> bool:
@@ -225,8 +245,8 @@ async def ack_many(
         book = book_of(db)
         hint = pack.hint(book)
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
-        if hint is not None and released:
-            pack.settled(book)
+        if hint is not None:
+            pack.settled(book, bool(released))
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
         for n, i in enumerate(sent, 1):

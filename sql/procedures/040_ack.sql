@@ -88,6 +88,8 @@ DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[]
                                           bytea, bytea);
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
                                           bytea, bytea, boolean);
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea, boolean, bigint[]);
 DROP FUNCTION IF EXISTS queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz);
 
 CREATE OR REPLACE FUNCTION queen._ack_hashes(p_items bytea)
@@ -126,7 +128,12 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_items          bytea DEFAULT NULL,
     p_txns           bytea DEFAULT NULL,
     p_uniform        boolean DEFAULT false, -- every item names one partition, group, lease and status
-    p_hint           bigint[] DEFAULT NULL  -- queen.ack_v3's p_hint (uniform calls only)
+    -- queen.ack_v3's hints: the cursor rows (partition, group) whose items are all of one kind that
+    -- has one, and that kind's index into p_hints (3 values per kind, queen.ack_v3's p_hint)
+    p_hint_pids      bigint[] DEFAULT NULL,
+    p_hint_groups    text[] DEFAULT NULL,
+    p_hint_kinds     integer[] DEFAULT NULL,
+    p_hints          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
@@ -175,6 +182,8 @@ DECLARE
     v_fast      boolean;
     v_plain     boolean := true;   -- every row took the range ack: the answer is at most leaseReleased
     v_rel       integer[] := '{}';
+    v_h         bigint[];   -- this row's hint {start, lowest, highest}, or NULL
+    i_h         integer;
 BEGIN
     FOR k IN
         SELECT u.pid, u.grp, array_agg(u.ord::integer ORDER BY u.ord) AS ords
@@ -217,20 +226,27 @@ BEGIN
         v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
                              WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
         v_fast := false;
-        IF p_uniform AND p_hint IS NOT NULL AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
-           AND p_lease_ids[1] = c.lease_id AND p_hint[1] <= v_start AND p_hint[2] >= v_start
-           AND p_hint[3] < c.lease_end
-           -- (the segment holding p_hint[2]: the newest starting at or below it, one index probe)
+        v_h := NULL;
+        FOR i_h IN 1 .. coalesce(cardinality(p_hint_pids), 0) LOOP
+            IF p_hint_pids[i_h] = k.pid AND p_hint_groups[i_h] = k.grp THEN
+                v_h := p_hints[(p_hint_kinds[i_h] - 1) * 3 + 1 : p_hint_kinds[i_h] * 3];
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_h[3] IS NOT NULL AND NOT v_passes AND v_live AND p_statuses[k.ords[1]] = 'completed'
+           AND p_lease_ids[k.ords[1]] = c.lease_id AND v_h[1] <= v_start AND v_h[2] >= v_start
+           AND v_h[3] < c.lease_end
+           -- (the segment holding v_h[2]: the newest starting at or below it, one index probe)
            AND (SELECT s.end_offset FROM queen.log_segments s
-                 WHERE s.partition_id = k.pid AND s.base_offset <= p_hint[2]
-                 ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2] THEN
+                 WHERE s.partition_id = k.pid AND s.base_offset <= v_h[2]
+                 ORDER BY s.base_offset DESC LIMIT 1) > v_h[2] THEN
             -- the broker resolved every item from the lease it handed out (queen_pg/engine/leases.py): it
-            -- knew every offset of [p_hint[1], lease_end), so with the cursor at or above p_hint[1] and no
+            -- knew every offset of [v_h[1], lease_end), so with the cursor at or above v_h[1] and no
             -- passed-over offsets, each item's oldest offset at or above the cursor is the one it found,
-            -- all inside the live lease; the segments from p_hint[2] on are still there (retention takes
+            -- all inside the live lease; the segments from v_h[2] on are still there (retention takes
             -- the oldest first), so are their hashes. No hash is looked up.
             v_unres := 0;
-            v_max := p_hint[3];
+            v_max := v_h[3];
             v_fast := true;
         ELSIF p_uniform AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
            AND (p_lease_ids[1] IS NULL OR p_lease_ids[1] = c.lease_id) THEN
@@ -505,9 +521,9 @@ $$;
 --             item's kind is its 1-based index into them
 --   p_txns    every item's transactionId as UTF-8, concatenated
 --   p_errors  the items' error texts, or NULL when none has one
---   p_hint    NULL, or {lease start, lowest offset, highest offset} when the items are of one kind
---             (`completed` under a lease) and the broker resolved every one of them from the lease it
---             handed out (queen_pg/engine/leases.py): the start of the range whose every offset it knew
+--   p_hint    NULL, or per kind (3 values each, in kind order; NULLs for a kind without) {lease start,
+--             lowest offset, highest offset} when the kind is `completed` under a lease and the broker
+--             resolved every one of its items from the lease it handed out (queen_pg/engine/leases.py): the start of the range whose every offset it knew
 --             and the span of the items' offsets. That every item is one of those offsets is the
 --             broker's word (it sends no hint for an item it did not lease); the rest is checked here:
 --             queen._ack_settle uses the hint only with the cursor inside the range, the lease live,
@@ -538,14 +554,27 @@ DECLARE
     v_leases   uuid[];
     v_groups   text[];
     v_statuses text[];
+    v_hpids    bigint[];
+    v_hgroups  text[];
+    v_hkinds   integer[];
 BEGIN
     IF length(p_items) % 26 <> 0 THEN
         RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
     END IF;
     v_n := length(p_items) / 26;
-    IF p_hint IS NULL OR cardinality(p_kind_pids) <> 1 THEN
+    IF p_hint IS NULL THEN
         v_hashes := queen._ack_hashes(p_items);
-    END IF;  -- else queen._ack_settle decodes them if the hint does not decide
+    ELSIF cardinality(p_kind_pids) = 1 THEN  -- (else queen._ack_settle decodes them when it looks them up)
+        v_hpids := p_kind_pids;
+        v_hgroups := p_kind_groups;
+        v_hkinds := ARRAY[1];
+    ELSE  -- fused requests: a kind's hint holds for its cursor row when no other kind shares the row
+        SELECT array_agg(u.pid), array_agg(u.grp), array_agg(u.k::integer)
+          INTO v_hpids, v_hgroups, v_hkinds
+          FROM (SELECT x.pid, x.grp, x.k, count(*) OVER (PARTITION BY x.pid, x.grp) AS n
+                  FROM unnest(p_kind_pids, p_kind_groups) WITH ORDINALITY AS x(pid, grp, k)) AS u
+         WHERE u.n = 1 AND p_hint[(u.k - 1) * 3 + 3] IS NOT NULL;
+    END IF;
     IF cardinality(p_kind_pids) = 1 THEN  -- the common call: one partition, group, lease and status
         v_pids := array_fill(p_kind_pids[1], ARRAY[v_n]);
         v_groups := array_fill(p_kind_groups[1], ARRAY[v_n]);
@@ -564,7 +593,7 @@ BEGIN
     RETURN QUERY
     SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
                                     p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1,
-                                    CASE WHEN cardinality(p_kind_pids) = 1 THEN p_hint END);
+                                    v_hpids, v_hgroups, v_hkinds, p_hint);
 END;
 $$;
 
