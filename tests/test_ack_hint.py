@@ -168,7 +168,8 @@ async def test_acks_over_http_use_the_book_of_the_broker_that_leased(broker: Bro
     r = await http.post("/api/v1/ack/batch", json={"acknowledgments": acks})
     assert all(x["success"] and not x["noop"] for x in r.json()) and r.json()[-1]["leaseReleased"]
     assert book.hits == hits + 1
-    assert all(lid != uuid.UUID(got["leaseId"]) for lid in book._leases)  # released: forgotten
+    assert all(lid != uuid.UUID(got["leaseId"]) for lid in book._leases)  # used: forgotten
+    assert len(book) == 0 and book.bytes == 0
     assert (await http.get("/api/v1/pop/queue/hq", params={"wait": "false"})).status_code == 204  # all committed
     # framed pops are remembered too
     await push(http, "hq", [{"payload": {"i": i}, "transactionId": f"f{i}"} for i in range(10)])

@@ -157,13 +157,11 @@ class Packed:
             out += got if got is not None else (None, None, None)
         return out if self._hinted else None
 
-    def settled(self, book: LeaseBook, released: bool) -> None:
-        """After the call: a hinted kind's lease was released on its partition (``released``: some
-        lease was, and with one kind it is that one; with several, the book keeps them until the LRU
-        drops them): the book forgets it there."""
-        if released and len(self._kinds) == 1:
-            for lease, pid in self._hinted:
-                book.settled(lease, pid)
+    def settled(self, book: LeaseBook) -> None:
+        """After the call: the book forgets the hinted (lease, partition) parts. A lease is acked once
+        as a rule; a second ack of the same part is looked up (same verdicts), and the book stays small."""
+        for lease, pid in self._hinted:
+            book.settled(lease, pid)
 
     @property
     def packable(self) -> bool:
@@ -246,7 +244,7 @@ async def ack_many(
         hint = pack.hint(book)
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
-            pack.settled(book, bool(released))
+            pack.settled(book)
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
         for n, i in enumerate(sent, 1):

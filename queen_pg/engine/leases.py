@@ -30,8 +30,8 @@ from queen_pg.engine import codec
 
 _HEAD = struct.Struct("<IB")
 _U16 = struct.Struct("<H")
-MAX_BYTES = 16 << 20  # segment bytes referenced at most (the blobs are shared with the pop's rows)
-MAX_LEASES = 4096
+MAX_BYTES = 8 << 20  # segment bytes referenced at most (the blobs are shared with the pop's rows)
+MAX_LEASES = 1024
 ENTRY_OVERHEAD = 400  # bytes charged per lease beyond its blobs
 
 
@@ -121,8 +121,8 @@ class LeaseBook:
             self.bytes -= got[1]
 
     def settled(self, lease: uuid.UUID, pid: int) -> None:
-        """The lease on ``pid`` was released (its ack reached the end, or a nack): nothing more to resolve
-        there; the lease goes when none of its partitions is left."""
+        """An ack of the lease's part on ``pid`` used the book: that part is forgotten (a lease is acked
+        once as a rule; a later ack of it is looked up in PostgreSQL); the lease goes with its last part."""
         got = self._leases.get(lease)
         if got is None or got[0].pop(pid, None) is None or got[0]:
             return
