@@ -12,8 +12,8 @@ import json
 import os
 import sys
 import time
-import urllib.request
 import uuid
+import urllib.request
 
 import asyncpg
 

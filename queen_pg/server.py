@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import uvicorn
@@ -169,69 +169,6 @@ HEAD_TIMEOUT = _raw_answer(
 )
 
 
-class Coalesced:
-    """A connection's transport whose writes made in one event-loop step leave as one ``send()``: uvicorn
-    writes a response's head and its body apart, two system calls and two TCP segments, each of which
-    runs the receiver's TCP path and wake-up on this machine's loopback. Measured with py-spy under
-    pop 100 + ack (JSON): the head's write was 12.5 % of the broker's CPU, the body's 3.5 %. Writes are
-    sent at the next loop step (``call_soon``); ``close`` and ``write_eof`` send what is pending first,
-    ``abort`` drops it. Everything else is the transport's."""
-
-    __slots__ = ("_buf", "_loop", "_size", "_t")
-
-    MAX = 1 << 18  # bytes held at most: beyond, what is pending goes out at once (no copy of big bodies)
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._t = transport
-        self._loop = loop
-        self._buf: list[bytes] = []
-        self._size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        if self._size + len(data) > self.MAX:
-            self._flush()
-            self._t.write(data)
-            return
-        if not self._buf:
-            self._loop.call_soon(self._flush)
-        self._buf.append(bytes(data))
-        self._size += len(data)
-
-    def writelines(self, chunks: Any) -> None:
-        for chunk in chunks:
-            self.write(chunk)
-
-    def _flush(self) -> None:
-        buf = self._buf
-        if not buf:
-            return
-        self._buf = []
-        self._size = 0
-        if not self._t.is_closing():
-            self._t.write(buf[0] if len(buf) == 1 else b"".join(buf))
-
-    def close(self) -> None:
-        self._flush()
-        self._t.close()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._t.write_eof()
-
-    def abort(self) -> None:
-        self._buf = []
-        self._size = 0
-        self._t.abort()
-
-    def get_write_buffer_size(self) -> int:
-        return self._t.get_write_buffer_size() + self._size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
-
-
 class _Guard:
     """Mixed into uvicorn's protocol classes; relies on their ``connections``, ``tasks``, ``cycle``,
     ``transport`` and ``loop`` attributes (uvicorn >= 0.30, both implementations)."""
@@ -306,8 +243,7 @@ class _Guarded(_Guard):
         self._guard_init(kwargs.get("app_state") or {})
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        coalesced = cast(asyncio.Transport, Coalesced(transport, self.loop))  # one send() per response
-        super().connection_made(coalesced)  # type: ignore[misc]
+        super().connection_made(transport)  # type: ignore[misc]
         self._guard_connected()
 
     def data_received(self, data: bytes) -> None:
