@@ -12,8 +12,8 @@ import json
 import os
 import sys
 import time
-import uuid
 import urllib.request
+import uuid
 
 import asyncpg
 
