@@ -340,3 +340,49 @@ async def test_a_large_batch_judged_item_by_item_gets_every_verdict(
     keys = {"success": "success", "error": "error", "released": "lease_released", "dlq": "dlq", "noop": "noop"}
     assert [{k: r[c] for k, c in keys.items()} for r in rows] == got
     assert [(r["transaction_id"], r["msg_offset"]) for r in dlq] == [(f"t{o}", o) for o in range(10, 60)]
+
+
+async def test_one_kind_batches_resolved_in_one_scan_answer_as_the_arrays_path(
+    conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
+) -> None:
+    """A batch of one kind (one partition, group, lease, status `completed`) is resolved by one index
+    scan over its hashes (queen._ack_settle p_uniform); ack_v1 (parallel arrays) never takes that way.
+    Both must leave the same verdicts and cursor row, the scan's refusals (an item below the cursor,
+    beyond the lease, repeated, expired) included."""
+    pid, lease, txns = leased
+    every = [(t, lease, "completed") for t in txns]
+    later = datetime.now(UTC) + timedelta(hours=2)
+    batches: list[tuple[list[Item], datetime | None]] = [
+        (every, None),
+        (every[5:40:2], None),
+        ([*every[:10], every[3], every[3]], None),  # a transactionId named three times
+        ([("t3", lease, "completed"), *every[:5]], None),  # below the cursor
+        ([*every[:20], ("t150", lease, "completed")], None),  # beyond the lease
+        ([*every[:20], ("t150", lease, "completed")][::-1], None),
+        ([(t, None, "completed") for t in [*txns[:10], "t150"]], None),  # no lease named: t150 counts
+        (every[:10], later),  # the lease ran out
+    ]
+    for items, now in batches:
+        scanned = await settle(conn, pid, items, now)
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            pack = Packed()
+            for t, lid, status in items:
+                pack.add(pid, t, lid, "g", status, "boom")
+            rows = await conn.fetch(ACK1, *pack.arrays(), now)
+            arrays = [
+                {"success": r["success"], "error": r["error"], "released": r["lease_released"], "dlq": r["dlq"],
+                 "noop": r["noop"]}
+                for r in rows
+            ]  # fmt: skip
+            after = dict(await conn.fetchrow(ROW, pid))
+        finally:
+            await tr.rollback()
+        assert scanned[0] == arrays, items
+        assert scanned[1] == after, items
+    # the concrete answers, so the two are not equally wrong
+    out, row, _ = await settle(conn, pid, [(t, None, "completed") for t in [*txns[:10], "t150"]])
+    assert all(v["success"] for v in out) and row["cursor_offset"] == 151 and row["lease_id"] is None
+    out, row, _ = await settle(conn, pid, [*every[:10], every[3], every[3]])
+    assert all(v["success"] and not v["noop"] for v in out) and row["cursor_offset"] == 20

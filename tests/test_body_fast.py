@@ -5,7 +5,6 @@ transaction), hostile ones included; then the same through real HTTP."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx
@@ -53,6 +52,12 @@ BODIES: list[tuple[type[Any], bytes]] = [
     (TransactionRequest, b'{"operations":[{"type":"nope"}]}'),
     (TransactionRequest, b'{"operations":[{"type":"ack","transactionId":"t","partitionId":1.0}]}'),
     (AckItem, b'{"transactionId":"t",'),  # malformed
+    # the status: the usual spellings pass the twin's Literal, any other case goes to the declared pattern
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":"success"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":"Dlq"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":"completedx"}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":""}'),
+    (AckItem, b'{"transactionId":"t","partitionId":"1","status":5}'),
 ]
 
 
@@ -76,7 +81,7 @@ def _plain(value: Any) -> Any:
 @pytest.mark.parametrize(("t", "raw"), BODIES)
 def test_the_fast_path_decides_as_the_declared_type(t: type[Any], raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = outcome(raw, t)
-    monkeypatch.setattr(body, "_MAYBE_CONTROL", re.compile(rb""))  # every body looks suspicious: declared only
+    monkeypatch.setattr(body, "_clean", lambda raw: False)  # every body looks suspicious: declared only
     assert outcome(raw, t) == fast
 
 
@@ -96,6 +101,32 @@ def test_the_scan_finds_every_escape_the_patterns_refuse() -> None:
         escaped = ('"' + chr(c) + '"').encode() if c == 0x7F else msgspec.json.encode(chr(c))
         assert body._MAYBE_CONTROL.search(escaped) is not None, hex(c)
     assert body._MAYBE_CONTROL.search(b'{"a":"plain \\u00e9 \\" \\\\ \\/"}') is None
+
+
+def test_the_memchr_shortcut_agrees_with_the_scan() -> None:
+    # a body without a backslash or a raw DEL byte cannot hold an escape: clean without the regex walk
+    for raw in [b'{"a":"plain"}', b'{"a":"caf\xc3\xa9"}', b"", b'{"a":"x\x7f"}', b'{"a":"\\u0000"}',
+                b'{"a":"\\n"}', b'{"a":"\\\\n"}', b'{"a":"\\u00e9"}', b'{"a":"\\u007F"}']:  # fmt: skip
+        assert body._clean(raw) is (body._MAYBE_CONTROL.search(raw) is None), raw
+
+
+def test_usual_status_spellings_take_the_twin_and_others_the_declared_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[Any] = []
+    real = body.decoder
+
+    def spy(t: Any, strict: bool = True) -> Any:
+        asked.append(t)
+        return real(t, strict)
+
+    monkeypatch.setattr(body, "decoder", spy)
+    for word in ("completed", "success", "failed", "retry", "dlq"):
+        asked.clear()
+        item = body.decode(b'{"transactionId":"t","partitionId":"1","status":"%s"}' % word.encode(), AckItem)
+        assert item.status == word and asked == [body._twin(AckItem)]
+    asked.clear()
+    item = body.decode(b'{"transactionId":"t","partitionId":"1","status":"FaIlEd"}', AckItem)
+    assert item.status == "FaIlEd" and isinstance(item, AckItem)
+    assert asked == [body._twin(AckItem), AckItem]  # the twin refused it; the declared pattern accepted it
 
 
 async def test_hostile_names_and_ids_are_still_refused_over_http(http: httpx.AsyncClient) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from queen_pg.api import binary
 from queen_pg.api import params as P
-from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, read, stored_json
+from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, narrow, read, stored_json
 from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.longpoll import run_pop
@@ -51,14 +51,14 @@ ACK_DESCRIPTION = (
 _UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
 TraceId = Annotated[str, msgspec.Meta(pattern=_UUID, description="a UUID")]
 _STATUS_WORDS = tuple(ack_engine.STATUSES)
+# case-insensitive, as clients send it; JSON Schema regexes have no flags, hence [Cc][Oo]...
+_STATUS_PATTERN = "^(?:" + "|".join("".join(f"[{c.upper()}{c}]" for c in w) for w in _STATUS_WORDS) + ")$"
 AckStatus = Annotated[
     str,
-    msgspec.Meta(
-        # case-insensitive, as clients send it; JSON Schema regexes have no flags, hence [Cc][Oo]...
-        pattern="^(?:" + "|".join("".join(f"[{c.upper()}{c}]" for c in w) for w in _STATUS_WORDS) + ")$",
-        description="completed (or success), failed, retry, dlq; any letter case",
-    ),
+    msgspec.Meta(pattern=_STATUS_PATTERN, description="completed (or success), failed, retry, dlq; any letter case"),
 ]
+# the usual lower-case spellings are checked without a regex per item (any other case: the pattern decides)
+narrow(_STATUS_PATTERN, Literal.__getitem__(_STATUS_WORDS))
 # An ack names the partition as a pop returned it; anything else is that item's `success: false`
 # ("unknown partitionId"), never a refusal of the whole call.
 AckPartitionId = Annotated[

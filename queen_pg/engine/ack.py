@@ -16,12 +16,15 @@ import xxhash
 
 from queen_pg.db.pool import Database
 from queen_pg.db.types import fast_uuid
+from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
-# the items packed (:class:`Packed`); one row of sparse verdicts (1-based indexes): refused + their
-# errors, leaseReleased, dlq, noop
-ACK_SQL = "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8)"
+# the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
+# of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop
+ACK_SQL = (
+    "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"
+)
 ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
@@ -97,11 +100,13 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txns", "erred")
+    __slots__ = ("_errors", "_hinted", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
 
     def __init__(self) -> None:
         self._items: list[bytes] = []
         self._txns: list[bytes] = []
+        self._txn_ids: list[str] = []
+        self._hinted: list[tuple[uuid.UUID, int]] = []  # (lease, partition) of the kinds :meth:`hint` hinted
         self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
@@ -121,9 +126,42 @@ class Packed:
         self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind & 0xFFFF, self._txn_at, len(raw)))
         self._kind_of.append(kind)
         self._txns.append(raw)
+        self._txn_ids.append(transaction_id)
         self._txn_at += len(raw)
         self._errors.append(error)
         self.erred = self.erred or error is not None
+
+    MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
+
+    def hint(self, book: LeaseBook) -> list[int | None] | None:
+        """``queen.ack_v3``'s p_hint: per kind (3 values, in kind order) the span ``book`` resolves for
+        a ``completed`` kind under a lease it handed out (queen_pg/engine/leases.py), NULLs for the
+        others; None when no kind has one."""
+        kinds = list(self._kinds)
+        if not kinds or len(kinds) > self.MAX_HINTED_KINDS:
+            return None
+        if len(kinds) == 1:
+            per: list[list[str]] = [self._txn_ids]
+        else:
+            per = [[] for _ in kinds]
+            for k, t in zip(self._kind_of, self._txn_ids, strict=True):
+                per[k - 1].append(t)
+        out: list[int | None] = []
+        self._hinted = []
+        for (pid, _group, lease, status), txns in zip(kinds, per, strict=True):
+            got = None
+            if lease is not None and status == "completed":
+                got = book.hint(lease, pid, txns)
+                if got is not None:
+                    self._hinted.append((lease, pid))
+            out += got if got is not None else (None, None, None)
+        return out if self._hinted else None
+
+    def settled(self, book: LeaseBook) -> None:
+        """After the call: the book forgets the hinted (lease, partition) parts. A lease is acked once
+        as a rule; a second ack of the same part is looked up (same verdicts), and the book stays small."""
+        for lease, pid in self._hinted:
+            book.settled(lease, pid)
 
     @property
     def packable(self) -> bool:
@@ -202,7 +240,11 @@ async def ack_many(
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
     if sent and once is None and pack.packable:
-        refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args()))[0]
+        book = book_of(db)
+        hint = pack.hint(book)
+        refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
+        if hint is not None:
+            pack.settled(book)
         why = dict(zip(refused, errors, strict=True))
         released_at, dead_at, noop_at = set(released), set(dead), set(noop)
         for n, i in enumerate(sent, 1):

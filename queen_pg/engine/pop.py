@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import pop_render
+from queen_pg.engine import leases, pop_render
 from queen_pg.engine.pop_frames import FramedPop, render_frames
 from queen_pg.engine.pop_render import JsonPop
 from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
@@ -154,6 +154,8 @@ async def _claim(
         return None, None
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
+    if not req.auto_ack:
+        leases.book_of(db).remember(lease_id, rows)  # its ack then needs no hash look-up
     got = None if req.auto_ack else _claimed(lease_id, rows)
     v = crypto.vault(db)
     try:

@@ -19,7 +19,10 @@
 -- Range ack: per cursor row, one statement resolves every item and checks the common batch (all
 --          `completed`, at or above the cursor, inside the live lease they name, or naming none); such a
 --          batch commits through its highest offset without judging item by item. Any other batch is
---          judged item by item (the rules below; the same verdicts either way).
+--          judged item by item (the rules below; the same verdicts either way). A call whose items are
+--          all of one kind (p_uniform: queen.ack_v3 with one partition, group, lease and status, the
+--          usual batch) resolves them first in ONE index scan over its hashes (no per-item subquery,
+--          ~25 % less for that statement); when that cannot decide, the statement above does.
 -- Resolve: an item's transactionId names the oldest of its messages at or above the cursor (the one
 --          the group has not settled), else the newest below it. None in that partition: the item is
 --          `unresolvable` (success=false; it changes nothing, and the rest of the call, the real
@@ -80,6 +83,22 @@ $$;
 -- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
 DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
+-- p_uniform and p_hint were added (trailing, defaulted): the shorter forms would make calls ambiguous
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea);
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea, boolean);
+DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
+                                          bytea, bytea, boolean, bigint[]);
+DROP FUNCTION IF EXISTS queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz);
+
+CREATE OR REPLACE FUNCTION queen._ack_hashes(p_items bytea)
+RETURNS uuid[]
+LANGUAGE sql IMMUTABLE AS $$
+-- The xxh3-128 hashes of queen.ack_v3's packed items (bytes 0..15 of each), in item order.
+SELECT ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
+               FROM generate_series(0, length(p_items) / 26 - 1) AS i ORDER BY i)
+$$;
 
 CREATE OR REPLACE FUNCTION queen._ack_txns(p_items bytea, p_txns bytea)
 RETURNS text[]
@@ -107,7 +126,14 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_errors         text[],
     p_now            timestamptz DEFAULT NULL,
     p_items          bytea DEFAULT NULL,
-    p_txns           bytea DEFAULT NULL
+    p_txns           bytea DEFAULT NULL,
+    p_uniform        boolean DEFAULT false, -- every item names one partition, group, lease and status
+    -- queen.ack_v3's hints: the cursor rows (partition, group) whose items are all of one kind that
+    -- has one, and that kind's index into p_hints (3 values per kind, queen.ack_v3's p_hint)
+    p_hint_pids      bigint[] DEFAULT NULL,
+    p_hint_groups    text[] DEFAULT NULL,
+    p_hint_kinds     integer[] DEFAULT NULL,
+    p_hints          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
@@ -154,6 +180,10 @@ DECLARE
     v_unres     bigint;
     v_max       bigint;
     v_fast      boolean;
+    v_plain     boolean := true;   -- every row took the range ack: the answer is at most leaseReleased
+    v_rel       integer[] := '{}';
+    v_h         bigint[];   -- this row's hint {start, lowest, highest}, or NULL
+    i_h         integer;
 BEGIN
     FOR k IN
         SELECT u.pid, u.grp, array_agg(u.ord::integer ORDER BY u.ord) AS ords
@@ -168,6 +198,7 @@ BEGIN
            FOR UPDATE OF lc;
         v_now := coalesce(p_now, clock_timestamp());  -- after the row lock: the lease is judged now
         IF NOT FOUND THEN
+            v_plain := false;
             FOR it IN SELECT u AS ord FROM unnest(k.ords) AS u
             LOOP
                 r_error[it.ord] := CASE WHEN k.grp = '__QUEUE_MODE__'
@@ -176,7 +207,6 @@ BEGIN
             END LOOP;
             CONTINUE;
         END IF;
-        SELECT q.retry_limit INTO v_limit FROM queen.queues q WHERE q.id = c.queue_id;
         v_live := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now;
         v_start := c.cursor_offset;
         v_hi := NULL;
@@ -195,6 +225,47 @@ BEGIN
         --    not held) is judged item by item below, as before.
         v_passes := EXISTS (SELECT 1 FROM queen.log_passes ps
                              WHERE ps.partition_id = k.pid AND ps.consumer_group = k.grp);
+        v_fast := false;
+        v_h := NULL;
+        FOR i_h IN 1 .. coalesce(cardinality(p_hint_pids), 0) LOOP
+            IF p_hint_pids[i_h] = k.pid AND p_hint_groups[i_h] = k.grp THEN
+                v_h := p_hints[(p_hint_kinds[i_h] - 1) * 3 + 1 : p_hint_kinds[i_h] * 3];
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_h[3] IS NOT NULL AND NOT v_passes AND v_live AND p_statuses[k.ords[1]] = 'completed'
+           AND p_lease_ids[k.ords[1]] = c.lease_id AND v_h[1] <= v_start AND v_h[2] >= v_start
+           AND v_h[3] < c.lease_end
+           -- (the segment holding v_h[2]: the newest starting at or below it, one index probe)
+           AND (SELECT s.end_offset FROM queen.log_segments s
+                 WHERE s.partition_id = k.pid AND s.base_offset <= v_h[2]
+                 ORDER BY s.base_offset DESC LIMIT 1) > v_h[2] THEN
+            -- the broker resolved every item from the lease it handed out (queen_pg/engine/leases.py): it
+            -- knew every offset of [v_h[1], lease_end), so with the cursor at or above v_h[1] and no
+            -- passed-over offsets, each item's oldest offset at or above the cursor is the one it found,
+            -- all inside the live lease; the segments from v_h[2] on are still there (retention takes
+            -- the oldest first), so are their hashes. No hash is looked up.
+            v_unres := 0;
+            v_max := v_h[3];
+            v_fast := true;
+        ELSIF p_uniform AND NOT v_passes AND v_live AND p_statuses[1] = 'completed'
+           AND (p_lease_ids[1] IS NULL OR p_lease_ids[1] = c.lease_id) THEN
+            p_hashes := coalesce(p_hashes, queen._ack_hashes(p_items));
+            -- the usual batch (one kind, `completed`, the live lease, no passed-over offsets): one index
+            -- scan resolves every hash to its oldest offset at or above the cursor; the range ack holds
+            -- when each distinct hash has one and, under a lease, all of them are inside it
+            SELECT count(*), max(m.off) INTO v_unres, v_max
+              FROM (SELECT min(t.msg_offset) AS off FROM queen.log_txns t
+                     WHERE t.partition_id = k.pid AND t.txn_hash = ANY (p_hashes) AND t.msg_offset >= v_start
+                     GROUP BY t.txn_hash) m;
+            -- one row per distinct hash found: all items resolved when that is every item (no repeats,
+            -- the usual batch), or else every distinct hash
+            v_fast := (v_unres = v_n_items OR v_unres = (SELECT count(DISTINCT h) FROM unnest(p_hashes) AS h))
+                      AND (p_lease_ids[1] IS NULL OR v_max < c.lease_end);
+            v_unres := 0;
+        END IF;
+        IF NOT v_fast THEN
+        p_hashes := coalesce(p_hashes, queen._ack_hashes(p_items));  -- decoded only when looked up
         SELECT count(*) FILTER (WHERE r.off IS NULL), max(r.off),
                -- coalesce: bool_and skips NULLs, and an unknown (a NULL column) is never "plain"
                bool_and(coalesce(r.off >= v_start AND p_statuses[u.ord] = 'completed'
@@ -214,10 +285,12 @@ BEGIN
                  ORDER BY (t.msg_offset < v_start),
                           CASE WHEN t.msg_offset < v_start THEN -t.msg_offset ELSE t.msg_offset END
                  LIMIT 1) r ON true;
+        END IF;
         IF v_unres = 0 AND v_fast THEN
             v_hi := v_max;
             v_last := k.ords[cardinality(k.ords)];
         ELSE
+            v_plain := false;
             IF p_txn_ids IS NULL THEN  -- packed (queen.ack_v3): only this path reads the texts
                 p_txn_ids := queen._ack_txns(p_items, p_txns);
             END IF;
@@ -302,6 +375,7 @@ BEGIN
                     c.fail_offset := f_off;
                     c.failures := 1;
                 END IF;
+                SELECT q.retry_limit INTO v_limit FROM queen.queues q WHERE q.id = c.queue_id;
                 IF c.failures > v_limit THEN
                     INSERT INTO queen.log_dlq (tenant, queue_id, partition_id, consumer_group, msg_offset,
                                                message_id, transaction_id, error, attempts, created_at, failed_at)
@@ -337,6 +411,7 @@ BEGIN
         END LOOP;
         -- one dead letter per offset, for the first item naming it, in item order: chosen in one
         -- statement (a `= ANY (dead so far)` per item was quadratic in a batch of dlq items)
+        IF cardinality(v_dlq) > 0 THEN
         FOR it IN
             SELECT x.o
               FROM (SELECT DISTINCT ON (d.off) d.o FROM unnest(v_dlq, v_dlq_offs) AS d(o, off)
@@ -350,6 +425,7 @@ BEGIN
                     greatest(c.attempts, 1), r_created[o], v_now);
             r_dlq[o] := true;
         END LOOP;
+        END IF;
 
         c.acked_total := c.acked_total + (v_new - v_start);
         IF v_new > v_start THEN
@@ -365,6 +441,7 @@ BEGIN
             c.lease_expires_at := NULL;
             c.lease_end := NULL;
             r_released[v_last] := true;
+            v_rel := v_rel || v_last;
         END IF;
         IF v_new >= c.delivered_end THEN
             c.attempts := 0;
@@ -380,6 +457,15 @@ BEGIN
 
     -- sparse: a fully accepted batch is five empty arrays (one small row to send and decode). Read
     -- with unnest, not r_error[g.i]: subscripting a text array walks it from the start (quadratic).
+    IF v_plain AND cardinality(v_rel) <= 1 THEN  -- every row a range ack: only leaseReleased to say
+        o_refused := '{}';
+        o_errors := '{}';
+        o_released := v_rel;
+        o_dlq := '{}';
+        o_noop := '{}';
+        RETURN NEXT;
+        RETURN;
+    END IF;
     SELECT coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.err IS NOT NULL), '{}'),
            coalesce(array_agg(g.err ORDER BY g.i) FILTER (WHERE g.err IS NOT NULL), '{}'),
            coalesce(array_agg(g.i ORDER BY g.i) FILTER (WHERE g.rel), '{}'),
@@ -435,8 +521,17 @@ $$;
 --             item's kind is its 1-based index into them
 --   p_txns    every item's transactionId as UTF-8, concatenated
 --   p_errors  the items' error texts, or NULL when none has one
+--   p_hint    NULL, or per kind (3 values each, in kind order; NULLs for a kind without) {lease start,
+--             lowest offset, highest offset} when the kind is `completed` under a lease and the broker
+--             resolved every one of its items from the lease it handed out (queen_pg/engine/leases.py): the start of the range whose every offset it knew
+--             and the span of the items' offsets. That every item is one of those offsets is the
+--             broker's word (it sends no hint for an item it did not lease); the rest is checked here:
+--             queen._ack_settle uses the hint only with the cursor inside the range, the lease live,
+--             no passed-over offsets and the segments still there; else the hashes are looked up as
+--             without it. Same verdicts either way (tests/test_ack_hint.py).
 -- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
--- after each cursor row's lock. Decoded here: the hashes, and the kinds when there are several; the
+-- after each cursor row's lock. Decoded here: the kinds when there are several, and the hashes unless
+-- a hint may spare them (then queen._ack_settle decodes them if it looks them up after all); the
 -- transactionIds only when a cursor row's items are judged one by one (queen._ack_txns).
 CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_tenant        text,
@@ -447,7 +542,8 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_kind_statuses text[],
     p_txns          bytea,
     p_errors        text[],
-    p_now           timestamptz DEFAULT NULL
+    p_now           timestamptz DEFAULT NULL,
+    p_hint          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
@@ -458,13 +554,27 @@ DECLARE
     v_leases   uuid[];
     v_groups   text[];
     v_statuses text[];
+    v_hpids    bigint[];
+    v_hgroups  text[];
+    v_hkinds   integer[];
 BEGIN
     IF length(p_items) % 26 <> 0 THEN
         RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
     END IF;
     v_n := length(p_items) / 26;
-    v_hashes := ARRAY(SELECT encode(substring(p_items FROM i * 26 + 1 FOR 16), 'hex')::uuid
-                        FROM generate_series(0, v_n - 1) AS i ORDER BY i);
+    IF p_hint IS NULL THEN
+        v_hashes := queen._ack_hashes(p_items);
+    ELSIF cardinality(p_kind_pids) = 1 THEN  -- (else queen._ack_settle decodes them when it looks them up)
+        v_hpids := p_kind_pids;
+        v_hgroups := p_kind_groups;
+        v_hkinds := ARRAY[1];
+    ELSE  -- fused requests: a kind's hint holds for its cursor row when no other kind shares the row
+        SELECT array_agg(u.pid), array_agg(u.grp), array_agg(u.k::integer)
+          INTO v_hpids, v_hgroups, v_hkinds
+          FROM (SELECT x.pid, x.grp, x.k, count(*) OVER (PARTITION BY x.pid, x.grp) AS n
+                  FROM unnest(p_kind_pids, p_kind_groups) WITH ORDINALITY AS x(pid, grp, k)) AS u
+         WHERE u.n = 1 AND p_hint[(u.k - 1) * 3 + 3] IS NOT NULL;
+    END IF;
     IF cardinality(p_kind_pids) = 1 THEN  -- the common call: one partition, group, lease and status
         v_pids := array_fill(p_kind_pids[1], ARRAY[v_n]);
         v_groups := array_fill(p_kind_groups[1], ARRAY[v_n]);
@@ -482,7 +592,8 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
-                                    p_errors, p_now, p_items, p_txns);
+                                    p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1,
+                                    v_hpids, v_hgroups, v_hkinds, p_hint);
 END;
 $$;
 
