@@ -406,7 +406,7 @@ class Metrics:
                 self.pool_idle.set(0)
             else:
                 self.pool_size.set(pool.get_size())
-                self.pool_idle.set(pool.get_idle_size())
+                self.pool_idle.set(db.idle_size())
             self.pool_max.set(db.size)
             cache = pop_render.cache_of(db)
             self.pop_cache_bytes.set(cache.bytes)

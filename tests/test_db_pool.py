@@ -55,6 +55,7 @@ async def test_calls_one_at_a_time_stay_on_one_connection_kept_out_of_the_pool(d
     assert [await _pid(db) for _ in range(5)] == [first] * 5
     # between calls the hot connection stays checked out: no acquire or release per call
     assert db.pool.get_size() == 1 and db.pool.get_idle_size() == 0
+    assert db.idle_size() == 1  # ... and is reported idle (metrics, /system): no call is on it
 
 
 async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(db: Database) -> None:

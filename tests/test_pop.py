@@ -118,8 +118,8 @@ async def test_parked_pop_holds_no_connection(start_broker) -> None:  # type: ig
         # six parked pops, a pool of two: pushes still get connections
         res = await push(http, "other", [{"payload": 1}])
         assert res[0]["status"] == "queued"
-        pool = b.app.state.queen.db.pool
-        assert pool.get_size() - pool.get_idle_size() == 0
+        db = b.app.state.queen.db
+        assert db.pool.get_size() - db.idle_size() == 0
         await push(http, "idle", [{"payload": i} for i in range(6)])
         answers = await asyncio.gather(*parked)
     got = sorted(m["data"] for r in answers if r.status_code == 200 for m in r.json()["messages"])

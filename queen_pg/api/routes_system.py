@@ -234,8 +234,8 @@ def _process(request: Request) -> dict[str, Any]:
         "maxRssBytes": usage.ru_maxrss * 1024,
         "pool": {
             "size": pool.get_size(),
-            "idle": pool.get_idle_size(),
-            "inUse": pool.get_size() - pool.get_idle_size(),
+            "idle": st.db.idle_size(),
+            "inUse": pool.get_size() - st.db.idle_size(),
             "max": pool.get_max_size(),
         },
         "longPoll": {"parked": st.waiters.parked, "limit": st.waiters.limit},

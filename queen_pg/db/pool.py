@@ -152,6 +152,11 @@ class Database:
             raise QueenError(DB_UNAVAILABLE, detail="pool is not open")
         return self._pool
 
+    def idle_size(self) -> int:
+        """Connections serving no call: the pool's idle ones, plus the hot connection while no call is
+        on it (it stays checked out of the pool, so the pool counts it as in use)."""
+        return int(self.pool.get_idle_size()) + (1 if self._hot is not None and not self._hot_busy else 0)
+
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
         try:
             if self._hot_busy or self._closing:
