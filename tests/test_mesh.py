@@ -453,7 +453,7 @@ def test_a_key_waited_on_again_forgets_what_its_groups_knew_only_when_interest_i
         w = Waiters(limit=10)
         told: list[tuple[str, str, float]] = []
         if tracked:
-            w.watch_interest(lambda t, q, since: told.append((t, q, since)))
+            w.watch_interest(lambda t, q, since, told=told: told.append((t, q, since)))
         ev = w.subscribe("t", "q")
         g = w.probe("t", "q", "g", None)
         assert g.end(g.epoch, found=False, probing=False, now=0.0) and g.known_empty()

@@ -9,6 +9,8 @@ peer that is down or whose outbox is full is dropped and counted (a wake is a hi
 while the connection is idle (nothing queued, nothing in the socket's buffer) is written at once, in
 the offering call: the outbox and its writer task are for a peer that has not taken our bytes yet
 (that hop, with its ``wait``/``wait_for`` tasks, was most of the sending worker's cost of a wake).
+Right after the HELLOs, before any other frame, the dialler writes the owner's ``greeting`` (to a
+sibling worker: every key its pops wait on, so the acceptor may filter its wakes from then on).
 """
 
 from __future__ import annotations
