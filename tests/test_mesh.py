@@ -281,6 +281,190 @@ async def test_workers_of_one_host_find_each_other_and_relay(tmp_path: Path) -> 
         w2_server.close()
 
 
+# ---- coalescing and interest between sibling workers ---------------------------------------------
+
+
+async def test_a_lone_wake_leaves_in_the_next_tick_and_a_burst_of_one_tick_is_one_frame() -> None:
+    pa, pb = free_port(), free_port()
+    ha, hb = Heard(), Heard()
+    a, b = ha.mesh(pa, [pb]), hb.mesh(pb, [])
+    tasks = await _running(a, b)
+    try:
+        await eventually(lambda: a.connected == 1, "a dialled b")
+        a.publish_wake("t", "lone")
+        assert a.frames_sent == 0  # not written inside the push's own call...
+        await asyncio.sleep(0)  # ...but in the very next loop iteration: no timer, no task hop
+        assert a.frames_sent == 1
+        await eventually(lambda: hb.wakes == [("t", "lone")], "the lone wake")
+        keys = [("t", f"q{i}") for i in range(50)]
+        for k in keys + keys:  # 100 publishes in one tick, 50 distinct keys
+            a.publish_wake(*k)
+        await eventually(lambda: len(hb.wakes) == 51, "the burst")
+        assert sorted(hb.wakes[1:]) == sorted(keys)  # each key once
+        assert a.frames_sent == 2 and b.frames_received == 2  # one frame for the whole burst
+    finally:
+        await _stop(tasks)
+
+
+class Sibling:
+    """A worker's mesh and waiters, wired as `serve --workers N` wires them (mesh.from_settings)."""
+
+    def __init__(self, local: Path, sock: str | None) -> None:
+        from queen_pg.engine.waiters import Waiters
+
+        self.waiters = Waiters(limit=100)
+        self.mesh = Mesh(MeshConfig(secret=SECRET, local_dir=local), on_wake=self.waiters.wake)
+        self.waiters.add_sink(self.mesh.publish_wake)
+        self.mesh.interest_source = self.waiters
+        self.waiters.watch_interest(self.mesh.publish_interest)
+        self.sock = sock  # None: its own <pid>.sock (mesh.start); else a name of a live pid, served here
+        self.server: asyncio.Server | None = None
+
+    async def start(self, local: Path) -> asyncio.Task[None]:
+        if self.sock is None:
+            await self.mesh.start()
+        else:
+            path = local / self.sock
+            self.server = await asyncio.start_unix_server(lambda r, w: self.mesh._accept(r, w, True), str(path))
+            self.mesh._sock_path = path
+        return asyncio.create_task(self.mesh.run())
+
+    def knows(self, other: Sibling) -> dict[tuple[str, str], float] | None:
+        return self.mesh._sibling_interest.get(other.mesh.node)
+
+
+async def _siblings(tmp_path: Path) -> tuple[Sibling, Sibling, list[asyncio.Task[None]]]:
+    local = tmp_path / "mesh"
+    local.mkdir()
+    w1, w2 = Sibling(local, None), Sibling(local, "1.sock")  # pid 1: alive, so the scans keep it
+    tasks = [await w1.start(local), await w2.start(local)]
+    await eventually(lambda: w1.mesh.connected == 1 and w2.mesh.connected == 1, "the siblings connected")
+    await eventually(lambda: w1.knows(w2) is not None and w2.knows(w1) is not None, "the interest exchanged")
+    return w1, w2, tasks
+
+
+async def _stop_siblings(tasks: list[asyncio.Task[None]], *ws: Sibling) -> None:
+    await _stop(tasks)
+    for w in ws:
+        if w.server is not None:
+            w.server.close()
+
+
+async def test_siblings_send_each_other_only_the_wakes_a_pop_waits_for(tmp_path: Path) -> None:
+    """Nobody waits on w2: w1's pushes cost w2 no frame (and w1 none either), while a remote replica
+    still hears every wake; once a pop on w2 waits on a queue, w1's pushes there wake it."""
+    w1, w2, tasks = await _siblings(tmp_path)
+    hr = Heard()
+    pr = free_port()
+    remote = hr.mesh(pr, [])
+    await remote.start()
+    w1.mesh.peers["remote"] = Peer(w1.mesh, "remote", lambda: asyncio.open_connection("127.0.0.1", pr), False, 64)
+    tasks += [asyncio.create_task(remote.run()), asyncio.create_task(w1.mesh.peers["remote"].run())]
+    try:
+        await eventually(lambda: w1.mesh.connected == 2, "w1 dialled the remote replica")
+        assert w1.knows(w2) == {} and w2.knows(w1) == {}
+        received, sent = w2.mesh.frames_received, w1.mesh.frames_sent
+        for i in range(20):
+            w1.waiters.notify("t", f"idle{i}")
+        await eventually(lambda: len(hr.wakes) == 20, "the remote replica hears every wake")
+        assert w1.mesh.wakes_filtered == 20 and w2.mesh.frames_received == received
+        assert w1.mesh.frames_sent == sent + 1  # the remote's frame only
+        ev = w2.waiters.subscribe("t", "q")  # a pop on w2 starts waiting
+        await eventually(lambda: ("t", "q") in (w1.knows(w2) or {}), "w1 told")
+        assert not ev.is_set() and w1.mesh.wakes_caught_up == 0  # w1 never pushed q: nothing to catch up
+        w1.waiters.notify("t", "q")
+        w1.waiters.notify("t", "other")
+        await eventually(ev.is_set, "the pop on w2 woken by w1's push")
+        assert w1.mesh.wakes_filtered == 21  # "other" still filtered
+        w2.waiters.release("t", "q", ev)
+        assert ("t", "q") in w2.waiters.interest()  # lingers: a re-polling consumer does not flip it
+    finally:
+        await _stop_siblings(tasks, w1, w2)
+        await remote.close()
+
+
+async def test_a_pop_that_starts_waiting_as_a_sibling_push_commits_is_woken(tmp_path: Path) -> None:
+    """The race: w2's pop subscribes (its claim has not run), and in the same tick, before its
+    INTEREST reaches w1, w1 publishes a push of that queue and filters it out. w1 answers the INTEREST
+    (whose time precedes the push) with the wake, so the pop does not sleep to its re-check."""
+    w1, w2, tasks = await _siblings(tmp_path)
+    try:
+        ev = w2.waiters.subscribe("t", "race")
+        w1.waiters.notify("t", "race")  # crosses the INTEREST: w1 does not know yet
+        await eventually(ev.is_set, "the pop woken although its INTEREST crossed the wake")
+        assert w1.mesh.wakes_filtered == 1 and w1.mesh.wakes_caught_up == 1
+    finally:
+        await _stop_siblings(tasks, w1, w2)
+
+
+async def test_interest_dropped_after_the_linger_and_sent_whole_again_after_a_reconnect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queen_pg.mesh import node
+
+    w1, w2, tasks = await _siblings(tmp_path)
+    try:
+        ev = w2.waiters.subscribe("t", "a")
+        keep = w2.waiters.subscribe("t", "b")
+        await eventually(lambda: set(w1.knows(w2) or {}) == {("t", "a"), ("t", "b")}, "w1 told both")
+        w2.waiters.release("t", "a", ev)
+        w2.mesh._sweep()  # within the linger: kept
+        assert set(w2.waiters.interest()) == {("t", "a"), ("t", "b")}
+        monkeypatch.setattr(node, "INTEREST_LINGER_S", 0.0)
+        w2.mesh._sweep()
+        await eventually(lambda: set(w1.knows(w2) or {}) == {("t", "b")}, "w1 told a is dropped")
+        received = w2.mesh.frames_received
+        w1.waiters.notify("t", "a")
+        await asyncio.sleep(0)
+        assert w1.mesh.wakes_filtered == 1 and w2.mesh.frames_received == received
+        # w2's connection to w1 breaks: w1 no longer knows w2's interest, so it sends w2 everything
+        peer = next(iter(w2.mesh.peers.values()))
+        assert peer._writer is not None
+        peer._writer.transport.abort()
+        await eventually(lambda: w1.knows(w2) is None, "w1 forgot w2's interest with the connection")
+        # w2 redials and starts with its whole interest; the pop still waiting on b is woken by w1
+        await eventually(lambda: set(w1.knows(w2) or {}) == {("t", "b")}, "the whole set again")
+        w1.waiters.notify("t", "b")
+        await eventually(keep.is_set, "the pop on b woken after the reconnect")
+    finally:
+        await _stop_siblings(tasks, w1, w2)
+
+
+async def test_a_malformed_interest_frame_is_dropped_and_a_remote_one_ignored(tmp_path: Path) -> None:
+    w1, w2, tasks = await _siblings(tmp_path)
+    try:
+        node_ = w2.mesh.node
+        w1.mesh._dispatch(frames.Frame(frames.INTEREST, 0, 0, {"full": True, "add": [["t"]], "drop": []}), True, node_)
+        assert w1.mesh.dropped == {"recv:malformed": 1} and w1.knows(w2) == {}
+        body = {"full": True, "add": [["t", "q", 0.0]], "drop": []}
+        w1.mesh._dispatch(frames.Frame(frames.INTEREST, 0, 0, body), False, node_)  # not a sibling
+        assert w1.knows(w2) == {}
+    finally:
+        await _stop_siblings(tasks, w1, w2)
+
+
+def test_a_key_waited_on_again_forgets_what_its_groups_knew_only_when_interest_is_tracked() -> None:
+    """While nobody waited on a key, siblings did not send its wakes: a probe group's "known empty"
+    from before is stale once a pop waits there again. Without interest tracking (one worker, every
+    wake arrives) the state is kept."""
+    from queen_pg.engine.waiters import Waiters
+
+    for tracked in (True, False):
+        w = Waiters(limit=10)
+        told: list[tuple[str, str, float]] = []
+        if tracked:
+            w.watch_interest(lambda t, q, since, told=told: told.append((t, q, since)))
+        ev = w.subscribe("t", "q")
+        g = w.probe("t", "q", "g", None)
+        assert g.end(g.epoch, found=False, probing=False, now=0.0) and g.known_empty()
+        w.leave(g)
+        w.release("t", "q", ev)
+        assert w.expire_interest(now=1e12, linger=1.0) == ([("t", "q")] if tracked else [])
+        w.subscribe("t", "q")
+        assert g.known_empty() is not tracked
+        assert [k[:2] for k in told] == ([("t", "q"), ("t", "q")] if tracked else [])
+
+
 # ---- two real replicas --------------------------------------------------------------------------
 
 SLOW = {"pop_poll_interval_ms": 60_000, "pop_poll_max_ms": 600_000}  # B's own re-check: never in a test

@@ -13,17 +13,25 @@ and workers; the engine never imports it). :meth:`Waiters.wake` is the local hal
 that come from a peer. :meth:`Waiters.wake_after` schedules a local wake (a lease this process
 handed out expires then). Pops parked on the same thing share their database re-check
 (``queen_pg/engine/probes.py``).
+
+Interest (:meth:`Waiters.watch_interest`, used by the mesh between the workers of one host): the
+(tenant, queue) keys pops wait on here, each with the monotonic time it became one. A key stays of
+interest until it has had no subscriber for the mesh's linger (so a consumer that re-polls does
+not flip it per pop). A key that becomes of interest again bumps its probe groups' epochs: while
+it was not of interest the siblings did not send its wakes, so a group's "known empty" is stale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 
 from queen_pg.engine.probes import Probe
 
 Sink = Callable[[str, str], None]
+InterestSink = Callable[[str, str, float], None]
 
 
 def tenant_of(key: tuple[object, ...]) -> str:
@@ -55,6 +63,26 @@ class Waiters:
         self._sinks: list[Sink] = []
         self._rng = random.Random()
         self._keep = max(4 * limit, 1024)  # idle probe groups kept (their "known empty" state), timers
+        self._on_interest: InterestSink | None = None  # set by watch_interest (the mesh, sibling workers)
+        self._interest: dict[tuple[str, str], float] = {}  # key -> monotonic time it became of interest
+        self._idle: dict[tuple[str, str], float] = {}  # keys of interest without a subscriber -> since
+
+    def watch_interest(self, sink: InterestSink) -> None:
+        """Track the keys pops wait on: ``sink(tenant, queue, since)`` hears each key that becomes of
+        interest (``since``: ``time.monotonic()`` then, taken before the pop's first claim)."""
+        self._on_interest = sink
+
+    def interest(self) -> dict[tuple[str, str], float]:
+        """The keys of interest now, with the time each became one."""
+        return dict(self._interest)
+
+    def expire_interest(self, now: float, linger: float) -> list[tuple[str, str]]:
+        """Forget (and return) the keys without a subscriber since ``linger`` seconds before ``now``."""
+        gone = [k for k, since in self._idle.items() if now - since >= linger and k not in self._subs]
+        for k in gone:
+            del self._idle[k]
+            self._interest.pop(k, None)
+        return gone
 
     def add_sink(self, sink: Sink) -> None:
         """``sink(tenant, queue)`` hears every :meth:`notify` (the mesh)."""
@@ -99,7 +127,17 @@ class Waiters:
         """Register ``ev`` (a new event when None) to be set by the next push to (tenant, queue); call
         :meth:`release` with it when done."""
         ev = ev if ev is not None else asyncio.Event()
-        self._subs.setdefault((tenant, queue), set()).add(ev)
+        key = (tenant, queue)
+        subs = self._subs.get(key)
+        if subs is None:
+            subs = self._subs[key] = set()
+            if self._on_interest is not None:
+                if self._idle.pop(key, None) is None and key not in self._interest:
+                    since = self._interest[key] = time.monotonic()
+                    for g in self._by_queue.get(key, {}).values():
+                        g.epoch += 1  # its wakes were not sent here while nobody waited: stale
+                    self._on_interest(tenant, queue, since)
+        subs.add(ev)
         if self.draining:
             ev.set()
         return ev
@@ -111,6 +149,8 @@ class Waiters:
             subs.discard(ev)
             if not subs:
                 del self._subs[key]
+                if self._on_interest is not None and key in self._interest:
+                    self._idle[key] = time.monotonic()
 
     def notify(self, tenant: str, queue: str) -> None:
         """A push to (tenant, queue) committed (or its partitions became claimable): wake everyone

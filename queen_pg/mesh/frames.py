@@ -4,7 +4,7 @@ Layout (big-endian)::
 
     u32 length        bytes that follow (header rest + body + mac)
     u8  version       FRAME_VERSION
-    u8  kind          HELLO, WAKE, MAINTENANCE, CONFIG
+    u8  kind          HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST (sibling workers only)
     u8  flags         RELAYED: a frame a worker re-sent to its siblings on the same host
     u64 sent_ms       sender's wall clock, ms since the epoch (frames older than MAX_AGE_S are dropped)
     ... body          JSON (orjson)
@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 FRAME_VERSION = 1
-HELLO, WAKE, MAINTENANCE, CONFIG = 1, 2, 3, 4
-KINDS = frozenset((HELLO, WAKE, MAINTENANCE, CONFIG))
+HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST = 1, 2, 3, 4, 5
+KINDS = frozenset((HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST))
 RELAYED = 0x01
 MAX_FRAME = 64 * 1024  # bytes after the length prefix
 MAX_AGE_S = 30.0

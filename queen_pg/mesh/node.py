@@ -1,10 +1,22 @@
 """The mesh of one broker process: listeners, peers, the coalesced fan-out and the fan-in.
 
 Fan-out: :meth:`Mesh.publish_wake` (a sink of :class:`~queen_pg.engine.waiters.Waiters`) collects
-(tenant, queue) keys; the flusher sends them as one WAKE frame to every peer, then waits
-``coalesce_s`` before the next frame, so a queue costs at most one frame per ``coalesce_s`` however
-many pushes it gets, and the first wake after a quiet spell leaves at once. Maintenance flips and
-queue-config changes ride the same flush.
+(tenant, queue) keys; a flush scheduled with ``call_soon`` (no task, no timer) sends all the keys
+published in that event-loop tick, de-duplicated, as one WAKE frame to each peer. Within
+``coalesce_s`` of the last frames sent the flush waits for that window instead, so a queue costs at
+most one frame per ``coalesce_s`` however many pushes it gets, and the first wake after a quiet spell
+leaves at once. Maintenance flips and queue-config changes ride the same flush.
+
+Interest between sibling workers (``local_dir``): each worker tells its siblings which keys its pops
+wait on (INTEREST frames: the whole set first on each connection, then additions at once and removals
+after ``INTEREST_LINGER_S`` without a waiter), and a worker sends a sibling only the WAKE keys it
+listed; a sibling that has not said yet, and every remote replica, hears every wake. The race (a pop
+starts waiting just as a push commits, so its INTEREST crosses the push's filtered wake) is closed by
+time: an addition carries ``since`` (``time.monotonic()`` when the key gained its first waiter, before
+the pop's first claim; the workers of one host share that clock), and the receiver answers it with a
+WAKE when it published that key at or after ``since``. A push published before ``since`` committed
+before the pop's claim began, so the claim sees it. The keys' push times are bounded
+(``PUSHED_KEEP``); when the table is cleared, anything asked for from before the clearing is woken.
 
 Fan-in: a frame from a peer wakes this process's pops (``on_wake``), asks for a maintenance re-read
 (``on_maintenance``) or drops cached queue config (``on_config``). With ``queen-pg serve --workers N``
@@ -18,13 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from queen_pg.engine.waiters import Waiters
 from queen_pg.mesh import frames
@@ -38,6 +52,15 @@ log = logging.getLogger("queen_pg.mesh")
 HELLO_TIMEOUT_S = 5.0
 SCAN_INTERVAL_S = 1.0
 BODY_BUDGET = 48 * 1024  # bytes of keys per WAKE/CONFIG frame (a frame's body may hold 64 KiB)
+INTEREST_LINGER_S = 5.0  # a key nobody waits on stays of interest this long (re-polling consumers)
+PUSHED_KEEP = 65536  # keys whose last push time is kept for the INTEREST race (then: cleared, floor)
+
+
+class InterestSource(Protocol):
+    """What the mesh asks about this process's waiting pops (:class:`~queen_pg.engine.waiters.Waiters`)."""
+
+    def interest(self) -> dict[tuple[str, str], float]: ...
+    def expire_interest(self, now: float, linger: float) -> list[tuple[str, str]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +117,24 @@ class Mesh:
         self._wakes: set[tuple[str, str]] = set()
         self._configs: set[tuple[str, str]] = set()
         self._maintenance = False
-        self._kick = asyncio.Event()
+        self._handle: asyncio.Handle | None = None  # the scheduled flush
+        self._last_sent = -math.inf  # loop time of the last flush that sent frames
+        # interest between sibling workers (set by from_settings when there are siblings)
+        self.interest_source: InterestSource | None = None
+        self._adds: dict[tuple[str, str], float] = {}  # ours, not sent yet
+        self._drops: set[tuple[str, str]] = set()
+        self._sibling_interest: dict[str, dict[tuple[str, str], float]] = {}  # node -> its keys (once told)
+        self._interest_conn: dict[str, asyncio.Task[Any] | None] = {}  # node -> the connection that told us
+        self._pushed: dict[tuple[str, str], float] = {}  # key -> monotonic time of our last wake of it
+        self._pushed_floor = -math.inf
         self._sock_path: Path | None = None
         self._conns: set[asyncio.Task[Any]] = set()  # inbound connection handlers
         # counters read by queen_pg/metrics.py
         self.frames_sent = 0
         self.frames_received = 0
         self.frames_relayed = 0
+        self.wakes_filtered = 0  # wake keys not sent to a sibling because none of its pops waited there
+        self.wakes_caught_up = 0  # wakes sent in answer to a sibling's new interest (the race)
         self.dropped: dict[str, int] = {}  # "send:<reason>" / "recv:<reason>" -> count
 
     # ---- bookkeeping ----------------------------------------------------------------------------
@@ -126,46 +160,129 @@ class Mesh:
 
     # ---- publishing -------------------------------------------------------------------------------
     def publish_wake(self, tenant: str, queue: str) -> None:
-        self._wakes.add((tenant, queue))
-        self._kick.set()
+        key = (tenant, queue)
+        self._wakes.add(key)
+        if self.interest_source is not None:  # when, for a sibling whose pop starts waiting later
+            if len(self._pushed) >= PUSHED_KEEP and key not in self._pushed:
+                self._pushed.clear()
+                self._pushed_floor = time.monotonic()  # anything older may have been pushed: wake it
+            self._pushed[key] = time.monotonic()
+        self._schedule()
 
     def publish_config(self, tenant: str, queue: str) -> None:
         self._configs.add((tenant, queue))
-        self._kick.set()
+        self._schedule()
 
     def publish_maintenance(self) -> None:
         self._maintenance = True
-        self._kick.set()
+        self._schedule()
 
-    def _frames(self) -> list[bytes]:
+    def publish_interest(self, tenant: str, queue: str, since: float) -> None:
+        """A pop here waits on (tenant, queue) from ``since`` (``time.monotonic()``): tell the siblings."""
+        key = (tenant, queue)
+        self._adds[key] = since
+        self._drops.discard(key)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Flush at the end of this event-loop tick (everything published in it goes in one frame per
+        peer), or, within ``coalesce_s`` of the last frames sent, when that window closes."""
+        if self._handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): the next publish in one flushes it all
+            return
+        delay = self._last_sent + self.config.coalesce_s - loop.time()
+        self._handle = loop.call_soon(self._flush) if delay <= 0 else loop.call_later(delay, self._flush)
+
+    def _encode(self, kind: int, keys: Any) -> list[bytes]:
         out: list[bytes] = []
-        for kind, keys in ((frames.WAKE, self._wakes), (frames.CONFIG, self._configs)):
-            chunk: list[list[str]] = []
-            size = 0
-            for t, q in keys:
-                chunk.append([t, q])
-                size += len(t) + len(q) + 8
-                if size >= BODY_BUDGET:
-                    out.append(frames.encode(kind, chunk, self.secret))
-                    chunk, size = [], 0
-            if chunk:
+        chunk: list[list[str]] = []
+        size = 0
+        for t, q in keys:
+            chunk.append([t, q])
+            size += len(t) + len(q) + 8
+            if size >= BODY_BUDGET:
                 out.append(frames.encode(kind, chunk, self.secret))
-        if self._maintenance:
-            out.append(frames.encode(frames.MAINTENANCE, {}, self.secret))
-        self._wakes, self._configs, self._maintenance = set(), set(), False
+                chunk, size = [], 0
+        if chunk:
+            out.append(frames.encode(kind, chunk, self.secret))
         return out
 
-    async def _flusher(self) -> None:
-        while True:
-            await self._kick.wait()
-            self._kick.clear()
-            out = self._frames()
-            for peer in list(self.peers.values()):
-                if peer.is_self:
-                    continue
-                for f in out:
-                    peer.offer(f)
-            await asyncio.sleep(self.config.coalesce_s)
+    def _interest_frames(
+        self, adds: dict[tuple[str, str], float], drops: set[tuple[str, str]], full: bool
+    ) -> list[bytes]:
+        """INTEREST frames: ``full`` replaces what the sibling knows of us (the first frame only)."""
+        out: list[bytes] = []
+        body: dict[str, Any] = {"full": full, "add": [], "drop": []}
+        size = 0
+        items: list[tuple[str, list[Any], int]] = [("drop", [t, q], len(t) + len(q)) for t, q in drops]
+        items += [("add", [t, q, since], len(t) + len(q)) for (t, q), since in adds.items()]
+        for part, item, n in items:
+            body[part].append(item)
+            size += n + 32
+            if size >= BODY_BUDGET:
+                out.append(frames.encode(frames.INTEREST, body, self.secret))
+                body, size = {"full": False, "add": [], "drop": []}, 0
+        if size or not out:
+            out.append(frames.encode(frames.INTEREST, body, self.secret))
+        return out
+
+    def greeting(self, peer: Peer) -> list[bytes]:
+        """The frames a newly connected peer gets first: a sibling, all the keys our pops wait on."""
+        if not peer.local or self.interest_source is None:
+            return []
+        return self._interest_frames(self.interest_source.interest(), set(), full=True)
+
+    def _flush(self) -> None:
+        self._handle = None
+        wakes, configs, maintenance = self._wakes, self._configs, self._maintenance
+        adds, drops = self._adds, self._drops
+        self._wakes, self._configs, self._maintenance, self._adds, self._drops = set(), set(), False, {}, set()
+        shared = self._encode(frames.CONFIG, configs)
+        if maintenance:
+            shared.append(frames.encode(frames.MAINTENANCE, {}, self.secret))
+        everyone: list[bytes] | None = None  # the WAKE frames of a peer that hears every wake
+        sent = False
+        for peer in list(self.peers.values()):
+            if peer.is_self:
+                continue
+            known = self._sibling_interest.get(peer.node) if peer.local and peer.node is not None else None
+            if known is None:  # a replica, or a sibling that has not told us its interest yet: everything
+                if everyone is None:
+                    everyone = self._encode(frames.WAKE, wakes)
+                out = everyone + shared
+            else:
+                mine = [k for k in wakes if k in known]
+                self.wakes_filtered += len(wakes) - len(mine)
+                out = self._encode(frames.WAKE, mine) + shared if mine else shared
+            for f in out:
+                peer.offer(f)
+                sent = True
+            if peer.local and self.interest_source is not None and (peer.resync or adds or drops):
+                if peer.resync:
+                    peer.resync = False
+                    notes = self._interest_frames(self.interest_source.interest(), set(), full=True)
+                else:
+                    notes = self._interest_frames(adds, drops, full=False)
+                for f in notes:
+                    if not peer.offer(f) and peer.connected:
+                        peer.resync = True  # the outbox was full: the whole state goes next time
+        if sent:
+            self._last_sent = asyncio.get_running_loop().time()
+
+    def _sweep(self) -> None:
+        """Tell the siblings about keys nobody here has waited on for ``INTEREST_LINGER_S``; retry a
+        dropped INTEREST frame."""
+        if self.interest_source is None:
+            return
+        gone = self.interest_source.expire_interest(time.monotonic(), INTEREST_LINGER_S)
+        for key in gone:
+            self._adds.pop(key, None)
+            self._drops.add(key)
+        if gone or any(p.resync for p in self.peers.values()):
+            self._schedule()
 
     # ---- receiving ----------------------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, local: bool) -> None:
@@ -178,6 +295,7 @@ class Mesh:
         me = asyncio.current_task()
         if me is not None:
             self._conns.add(me)
+        node: str | None = None
         try:
             try:
                 hello = await asyncio.wait_for(frames.read_frame(reader, self.secret), HELLO_TIMEOUT_S)
@@ -192,7 +310,8 @@ class Mesh:
                 return
             writer.write(self.hello())
             await writer.drain()
-            if hello.body.get("node") == self.node:
+            node = str(hello.body.get("node"))
+            if node == self.node:
                 return  # we dialled ourselves; the dialler learns it from our HELLO
             while True:
                 try:
@@ -206,17 +325,24 @@ class Mesh:
                 if frame is None:
                     return
                 self.frames_received += 1
-                self._dispatch(frame, local)
+                self._dispatch(frame, local, node)
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return  # a cancel (close()) ends the handler quietly: asyncio's stream callback logs otherwise
         finally:
             self._conns.discard(me)
+            if node is not None and self._interest_conn.get(node) is me:  # it may wait anywhere now
+                del self._interest_conn[node]
+                self._sibling_interest.pop(node, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _dispatch(self, frame: frames.Frame, local: bool) -> None:
+    def _dispatch(self, frame: frames.Frame, local: bool, node: str = "") -> None:
         body = frame.body
+        if frame.kind == frames.INTEREST:
+            if local:  # only the workers of this host filter their wakes
+                self._interest(body, node)
+            return
         if frame.kind in (frames.WAKE, frames.CONFIG):
             if not isinstance(body, list) or not all(
                 isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in body
@@ -237,6 +363,49 @@ class Mesh:
                 for p in siblings:
                     p.offer(relayed)
                 self.frames_relayed += 1
+
+    def _interest(self, body: Any, node: str) -> None:
+        """A sibling's INTEREST frame: record its keys; wake the new ones we pushed since it began
+        waiting on them (the wake we filtered out may have crossed its INTEREST)."""
+        if not (
+            isinstance(body, dict)
+            and isinstance(body.get("full"), bool)
+            and isinstance(body.get("add"), list)
+            and isinstance(body.get("drop"), list)
+            and all(
+                isinstance(k, list)
+                and len(k) == 3
+                and isinstance(k[0], str)
+                and isinstance(k[1], str)
+                and isinstance(k[2], int | float)
+                for k in body["add"]
+            )
+            and all(isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in body["drop"])
+        ):
+            self.dropped_recv("malformed")
+            return
+        if body["full"]:
+            state: dict[tuple[str, str], float] = {}
+            self._sibling_interest[node] = state
+            self._interest_conn[node] = asyncio.current_task()
+        elif node in self._sibling_interest:
+            state = self._sibling_interest[node]
+        else:  # not told the whole set on this connection: it hears every wake anyway
+            return
+        for t, q in body["drop"]:
+            state.pop((t, q), None)
+        late: list[tuple[str, str]] = []
+        for t, q, since in body["add"]:
+            state[(t, q)] = since
+            if self._pushed.get((t, q), self._pushed_floor) >= since:
+                late.append((t, q))
+        if late:
+            self.wakes_caught_up += len(late)
+            out = self._encode(frames.WAKE, late)
+            for p in self.peers.values():
+                if p.local and p.node == node:
+                    for f in out:
+                        p.offer(f)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -304,6 +473,7 @@ class Mesh:
         while True:
             await asyncio.sleep(SCAN_INTERVAL_S)
             self._scan()
+            self._sweep()
 
     async def run(self) -> None:
         """The supervised task: dials the peers, runs the flusher (and the sibling scanner), and on
@@ -312,7 +482,6 @@ class Mesh:
         try:
             for host, port in cfg.peers:
                 self._add_peer(f"{host}:{port}", _dialer(host, port), local=False)
-            self._spawn("flusher", self._flusher())
             if cfg.local_dir is not None:
                 self._scan()
                 self._spawn("scanner", self._scanner())
@@ -321,6 +490,9 @@ class Mesh:
             await self.close()
 
     async def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
         for task in self._tasks.values():
             task.cancel()
         for task in self._tasks.values():
@@ -354,6 +526,9 @@ def from_settings(settings: Settings, waiters: Waiters, on_maintenance: Callable
     )
     mesh = Mesh(config, on_wake=waiters.wake, on_maintenance=on_maintenance, on_config=waiters.wake)
     waiters.add_sink(mesh.publish_wake)
+    if config.local_dir is not None:  # sibling workers: wake each other only where a pop waits
+        mesh.interest_source = waiters
+        waiters.watch_interest(mesh.publish_interest)
     return mesh
 
 

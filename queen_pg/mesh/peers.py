@@ -9,6 +9,8 @@ peer that is down or whose outbox is full is dropped and counted (a wake is a hi
 while the connection is idle (nothing queued, nothing in the socket's buffer) is written at once, in
 the offering call: the outbox and its writer task are for a peer that has not taken our bytes yet
 (that hop, with its ``wait``/``wait_for`` tasks, was most of the sending worker's cost of a wake).
+Right after the HELLOs, before any other frame, the dialler writes the owner's ``greeting`` (to a
+sibling worker: every key its pops wait on, so the acceptor may filter its wakes from then on).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Owner(Protocol):
     secret: bytes
 
     def hello(self) -> bytes: ...
+    def greeting(self, peer: Peer) -> list[bytes]: ...
     def dropped_send(self, reason: str, n: int = 1) -> None: ...
     def sent(self, n: int) -> None: ...
 
@@ -49,14 +52,17 @@ class Peer:
         self.outbox: asyncio.Queue[bytes] = asyncio.Queue(maxsize=limit)
         self.connected = False
         self.is_self = False
+        self.node: str | None = None  # the peer's node id (its HELLO), once connected
+        self.resync = False  # an INTEREST frame to this sibling was dropped: send a full one next
         self.rng = random.Random()
         self._writer: asyncio.StreamWriter | None = None  # while connected (set by _pump)
         self._get: asyncio.Future[bytes] | None = None  # the pump's wait for the outbox
 
-    def offer(self, frame: bytes) -> None:
+    def offer(self, frame: bytes) -> bool:
+        """Write or queue ``frame``; False when it was dropped (peer down, outbox full)."""
         if not self.connected:
             self.owner.dropped_send("peer_down")
-            return
+            return False
         w = self._writer
         if (
             w is not None
@@ -67,11 +73,13 @@ class Peer:
         ):
             w.write(frame)
             self.owner.sent(1)
-            return
+            return True
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
             self.owner.dropped_send("queue_full")
+            return False
+        return True
 
     async def run(self) -> None:
         """Keep a connection up until cancelled (or until the peer turns out to be this process)."""
@@ -90,6 +98,12 @@ class Peer:
                     self.is_self = True
                     log.info("event=mesh_peer_is_self peer=%s", self.name)
                     return
+                self.node = str(reply.body.get("node"))
+                self.resync = False
+                greeting = self.owner.greeting(self)  # a sibling: our interest, before any other frame
+                for f in greeting:
+                    w.write(f)
+                self.owner.sent(len(greeting))
                 self.connected = True
                 delay = BACKOFF_MIN_S
                 was_down_logged = False
