@@ -12,11 +12,14 @@ queue (nothing written), and the call is made again sealed as the database said.
 
 from __future__ import annotations
 
+import re
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, overload
+
+import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.db.types import fast_uuid
@@ -189,7 +192,111 @@ def result(
     }
 
 
-async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> list[dict[str, Any]]:
+_UNSAFE = re.compile(r'["\\\x00-\x1f]')  # what orjson escapes in a string (it writes other characters as UTF-8)
+_STATUS = frozenset({"queued", "duplicate"})
+
+
+class Answer(Sequence[dict[str, Any]]):
+    """One push request's answer (WIRE.md §2.1), rendered once to the bytes a client gets: ``body``
+    is exactly ``orjson.dumps`` of the result dicts (:func:`result`'s keys, order and types), built
+    from per-partition fragments without a dict per item. ``queued``/``duplicates`` count its items,
+    ``queues`` names the queues it appended to (the route wakes their waiters). As a sequence it reads
+    as those dicts (decoded from ``body`` on first use: transaction replies, tests, the flag-2 counts
+    read the counters instead)."""
+
+    __slots__ = ("_dicts", "_n", "body", "duplicates", "queued", "queues")
+
+    def __init__(self, body: bytes, n: int, duplicates: int, queues: tuple[str, ...]) -> None:
+        self.body = body
+        self._n = n
+        self.queued = n - duplicates
+        self.duplicates = duplicates
+        self.queues = queues
+        self._dicts: list[dict[str, Any]] | None = None
+
+    def _list(self) -> list[dict[str, Any]]:
+        if self._dicts is None:
+            self._dicts = orjson.loads(self.body)
+        return self._dicts
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Answer):
+            return self.body == other.body
+        return isinstance(other, list) and self._list() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Answer({self.body!r})"
+
+
+class Home(Protocol):
+    """Where an item went (a :class:`NewMessage`, a binary ``Group``)."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def partition(self) -> str: ...
+
+
+def answer(rows: Sequence[Placed], txns: Sequence[str | None], homes: Sequence[Home]) -> Answer:
+    """The answer of one request whose items' verdicts are ``rows`` (indexed from 0): item ``i``'s
+    transactionId is ``txns[i]``, or (None) its message id; its queue and partition ``homes[i]``'s.
+    Per item one f-string; per partition one fragment (queue, partition, partitionId)."""
+    frags: dict[int, str] = {}
+    names: dict[int, str] = {}  # partition id -> queue
+    given = [t for t in txns if t is not None]
+    plain = not given or _UNSAFE.search("".join(given)) is None
+    parts: list[str] = []
+    dups = 0
+    for i, (status, mid, pid, off) in enumerate(rows):
+        frag = frags.get(pid)
+        if frag is None:
+            home = homes[i]
+            names[pid] = home.queue
+            frag = frags[pid] = (
+                f',"queue":{_text(home.queue)},"partition":{_text(home.partition)},"partitionId":"{pid}","offset":'
+            )
+        m = str(mid)
+        t = txns[i]
+        if t is None:
+            t = m
+        elif not plain:
+            t = _text(t)[1:-1]
+        if status != "queued":
+            dups += 1
+            if status not in _STATUS:
+                status = _text(status)[1:-1]
+        parts.append(
+            f'{{"index":{i},"status":"{status}","transactionId":"{t}","messageId":"{m}"{frag}{off},"error":null}}'
+        )
+    if not dups:
+        queues = tuple(names.values()) if len(names) == 1 else tuple(dict.fromkeys(names.values()))
+    else:
+        queues = tuple(dict.fromkeys(names[r[2]] for r in rows if r[0] == "queued"))
+    body = ("[" + parts[0] + "]" if len(parts) == 1 else "[" + ",".join(parts) + "]").encode()
+    return Answer(body, len(parts), dups, queues)
+
+
+def _text(s: str) -> str:
+    """``s`` as a JSON string, exactly as orjson writes it."""
+    return orjson.dumps(s).decode()
+
+
+async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> Answer:
     """Append ``items``; one result per item, in order (WIRE.md §2.1). Under a request key (``once``)
     through ``queen.push_v2``: a retry within the window answers the recorded results, adding nothing."""
     if once is None:
@@ -202,16 +309,16 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
 
     rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
-    return _render(items, rows_placed(rows))
+    return answer(rows_placed(rows), [it.transaction_id for it in items], items)
 
 
-async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[list[dict[str, Any]]]:
-    """Append several requests' items in ONE ``queen.push_v1`` call (request fusion,
+async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[Answer]:
+    """Append several requests' items in ONE ``queen.push_v3`` call (request fusion,
     queen_pg/engine/fusion.py); each request gets exactly its own results, in its order, indexed
     from 0. Fusing is the same as running the requests one after the other in list order: offsets
     stay gapless per partition and an item repeating an earlier request's transactionId is that
     item's ``duplicate``, with the first one's messageId."""
-    flat = [it for req in requests for it in req]
+    flat = requests[0] if len(requests) == 1 else [it for req in requests for it in req]
     v = crypto.vault(db)
 
     async def attempt() -> list[Placed]:
@@ -220,35 +327,12 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
         return placed(prepared, row)
 
     rows = await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
-    out: list[list[dict[str, Any]]] = []
+    if len(requests) == 1:
+        return [answer(rows, [it.transaction_id for it in flat], flat)]
+    out: list[Answer] = []
     start = 0
     for req in requests:
-        out.append(_render(req, rows[start : start + len(req)]))
-        start += len(req)
-    return out
-
-
-def _render(items: list[NewMessage], rows: Sequence[Placed]) -> list[dict[str, Any]]:
-    # An item without a transactionId got its message id as one: a duplicate of it is impossible, so
-    # the row's message id is its transactionId (also when the rows are a replayed record).
-    out: list[dict[str, Any]] = []
-    pid_text: dict[int, str] = {}
-    for i, ((status, mid, pid, off), item) in enumerate(zip(rows, items, strict=True)):
-        ptext = pid_text.get(pid)
-        if ptext is None:
-            ptext = pid_text[pid] = str(pid)
-        mtext = str(mid)
-        out.append(
-            {
-                "index": i,
-                "status": status,
-                "transactionId": item.transaction_id or mtext,
-                "messageId": mtext,
-                "queue": item.queue,
-                "partition": item.partition,
-                "partitionId": ptext,
-                "offset": off,
-                "error": None,
-            }
-        )
+        end = start + len(req)
+        out.append(answer(rows[start:end], [it.transaction_id for it in req], req))
+        start = end
     return out
