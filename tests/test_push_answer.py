@@ -128,6 +128,49 @@ def test_the_answer_bytes_are_what_the_dicts_rendered_by_orjson_were() -> None:
         assert sorted(new.queues) == sorted({r["queue"] for r in old if r["status"] == "queued"})
 
 
+def test_every_request_of_a_fused_push_v3_row_gets_the_old_bytes() -> None:
+    # answers_v3 (the engine's path) against the old one: placed() per item, sliced per request, the
+    # dicts rendered by orjson; push_v3's row as it answers it, over requests on one or several
+    # partitions, with and without duplicates (listed by 1-based index, the original's id and offset)
+    rng = random.Random(3)
+    for _ in range(1500):
+        homes = [(rng.choice(["q", "é"]), rng.choice(["Default", "p1", 'p"2'])) for _ in range(3)]
+        requests = []
+        for _r in range(rng.randrange(1, 5)):
+            spread = rng.randrange(1, 4)
+            req = []
+            for _i in range(rng.choice([1, 1, 2, 7, 30])):
+                q, p = rng.choice(homes[:spread])
+                txn = None if rng.random() < 0.4 else rng.choice(AWKWARD) + str(rng.randrange(9))
+                req.append(NewMessage(q, p, b"1", txn, None))
+            requests.append(req)
+        flat = [it for req in requests for it in req]
+        prepared = push_engine.prepare(flat)
+        n_groups = len(prepared.queues)
+        dups = sorted(
+            rng.sample(range(1, len(flat) + 1), min(len(flat), rng.randrange(0, 3)) if rng.random() < 0.3 else 0)
+        )
+        row = {
+            "partition_ids": [rng.randrange(1, 10**9) for _ in range(n_groups)],
+            "base_offsets": [rng.randrange(0, 10**6) for _ in range(n_groups)],
+            "dup_idx": dups or None,
+            "dup_msgid": [_uuid(rng) for _ in dups] or None,
+            "dup_offset": [rng.randrange(0, 10**6) for _ in dups] or None,
+        }
+        rows = push_engine.placed(prepared, row)  # type: ignore[arg-type]
+        answers = push_engine.answers_v3(prepared, row, requests)  # type: ignore[arg-type]
+        at = 0
+        for req, ans in zip(requests, answers, strict=True):
+            old = legacy_render(req, rows[at : at + len(req)])
+            at += len(req)
+            assert ans.body == orjson.dumps(old), (req, row)
+            assert (ans.queued, ans.duplicates) == (
+                sum(r["status"] == "queued" for r in old),
+                len(dups and [r for r in old if r["status"] == "duplicate"]),
+            )
+            assert sorted(ans.queues) == sorted({r["queue"] for r in old if r["status"] == "queued"})
+
+
 def test_the_binary_answer_keeps_each_frames_transaction_id() -> None:
     rng = random.Random(8)
     for _ in range(500):

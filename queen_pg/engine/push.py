@@ -212,7 +212,7 @@ class Answer(Sequence[dict[str, Any]]):
         self.queued = n - duplicates
         self.duplicates = duplicates
         self.queues = queues
-        self._dicts: list[dict[str, Any]] | None = None
+        self._dicts: list[dict[str, Any]] | None = None  # decoded from ``body`` when read as a sequence
 
     def _list(self) -> list[dict[str, Any]]:
         if self._dicts is None:
@@ -252,14 +252,41 @@ class Home(Protocol):
     def partition(self) -> str: ...
 
 
+_FRAGS: dict[int, tuple[str, str, str]] = {}  # partition id -> (queue, partition, fragment)
+_FRAGS_MAX = 65_536  # partitions whose fragment is kept (cleared whole past that)
+
+
+def _frag(pid: int, queue: str, partition: str) -> str:
+    """An item's middle for partition ``pid``: ``,"queue":…,"partition":…,"partitionId":"…","offset":``
+    (kept across requests; checked against the names, so a reused id can never borrow another's)."""
+    hit = _FRAGS.get(pid)
+    if hit is not None and hit[0] == queue and hit[1] == partition:
+        return hit[2]
+    if len(_FRAGS) >= _FRAGS_MAX:
+        _FRAGS.clear()
+    frag = f',"queue":{_text(queue)},"partition":{_text(partition)},"partitionId":"{pid}","offset":'
+    _FRAGS[pid] = (queue, partition, frag)
+    return frag
+
+
+def _text(s: str) -> str:
+    """``s`` as a JSON string, exactly as orjson writes it."""
+    return orjson.dumps(s).decode()
+
+
+def _plain(txns: Sequence[str | None]) -> bool:
+    """Whether none of ``txns`` holds a character orjson escapes (then each is written as it is)."""
+    given = [t for t in txns if t]
+    return not given or _UNSAFE.search("".join(given)) is None
+
+
 def answer(rows: Sequence[Placed], txns: Sequence[str | None], homes: Sequence[Home]) -> Answer:
     """The answer of one request whose items' verdicts are ``rows`` (indexed from 0): item ``i``'s
     transactionId is ``txns[i]``, or (None) its message id; its queue and partition ``homes[i]``'s.
     Per item one f-string; per partition one fragment (queue, partition, partitionId)."""
     frags: dict[int, str] = {}
     names: dict[int, str] = {}  # partition id -> queue
-    given = [t for t in txns if t is not None]
-    plain = not given or _UNSAFE.search("".join(given)) is None
+    plain = _plain(txns)
     parts: list[str] = []
     dups = 0
     for i, (status, mid, pid, off) in enumerate(rows):
@@ -267,9 +294,7 @@ def answer(rows: Sequence[Placed], txns: Sequence[str | None], homes: Sequence[H
         if frag is None:
             home = homes[i]
             names[pid] = home.queue
-            frag = frags[pid] = (
-                f',"queue":{_text(home.queue)},"partition":{_text(home.partition)},"partitionId":"{pid}","offset":'
-            )
+            frag = frags[pid] = _frag(pid, home.queue, home.partition)
         m = str(mid)
         t = txns[i]
         if t is None:
@@ -291,9 +316,66 @@ def answer(rows: Sequence[Placed], txns: Sequence[str | None], homes: Sequence[H
     return Answer(body, len(parts), dups, queues)
 
 
-def _text(s: str) -> str:
-    """``s`` as a JSON string, exactly as orjson writes it."""
-    return orjson.dumps(s).decode()
+def answers_v3(prepared: PreparedPush, row: Record, requests: list[list[NewMessage]]) -> list[Answer]:
+    """Each request's answer from push_v3's one row (the requests' items are ``prepared``'s, in
+    order). Without duplicates a request on one partition (the usual shape) is one comprehension:
+    consecutive offsets from its group's next one, one fragment; anything else goes through
+    :func:`placed` and :func:`answer`."""
+    if row["dup_idx"]:
+        rows = placed(prepared, row)
+        out: list[Answer] = []
+        at = 0
+        for req in requests:
+            end = at + len(req)
+            out.append(answer(rows[at:end], [it.transaction_id or None for it in req], req))
+            at = end
+        return out
+    pids: list[int] = row["partition_ids"]
+    nxt: list[int] = list(row["base_offsets"])
+    groups = prepared.item_group
+    msgids = prepared.msgids
+    out = []
+    at = 0
+    for req in requests:
+        n = len(req)
+        end = at + n
+        g = groups[at] - 1
+        if n == 1:  # a lone item: no list, no join
+            base = nxt[g]
+            nxt[g] = base + 1
+            queue = prepared.queues[g]
+            frag = _frag(pids[g], queue, prepared.partitions[g])
+            m = str(msgids[at])
+            t = req[0].transaction_id
+            if not t:
+                t = m
+            elif _UNSAFE.search(t) is not None:
+                t = _text(t)[1:-1]
+            one = f'[{{"index":0,"status":"queued","transactionId":"{t}","messageId":"{m}"{frag}{base},"error":null}}]'
+            out.append(Answer(one.encode(), 1, 0, (queue,)))
+        elif len(set(groups[at:end])) == 1:
+            base = nxt[g]
+            nxt[g] = base + n
+            queue = prepared.queues[g]
+            frag = _frag(pids[g], queue, prepared.partitions[g])
+            txns = [it.transaction_id for it in req]
+            if not _plain(txns):
+                txns = [_text(t)[1:-1] if t else None for t in txns]
+            head = '","messageId":"'
+            parts = [
+                f'{{"index":{i},"status":"queued","transactionId":"{t or m}{head}{m}"{frag}{base + i},"error":null}}'
+                for i, (m, t) in enumerate(zip(map(str, msgids[at:end]), txns, strict=True))
+            ]
+            out.append(Answer(("[" + ",".join(parts) + "]").encode(), n, 0, (queue,)))
+        else:
+            mine: list[Placed] = []
+            for gi, mid in zip(groups[at:end], msgids[at:end], strict=True):
+                off = nxt[gi - 1]
+                nxt[gi - 1] = off + 1
+                mine.append(("queued", mid, pids[gi - 1], off))
+            out.append(answer(mine, [it.transaction_id or None for it in req], req))
+        at = end
+    return out
 
 
 async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> Answer:
@@ -309,7 +391,7 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
 
     rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
-    return answer(rows_placed(rows), [it.transaction_id for it in items], items)
+    return answer(rows_placed(rows), [it.transaction_id or None for it in items], items)
 
 
 async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[Answer]:
@@ -321,18 +403,9 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
     flat = requests[0] if len(requests) == 1 else [it for req in requests for it in req]
     v = crypto.vault(db)
 
-    async def attempt() -> list[Placed]:
+    async def attempt() -> list[Answer]:
         prepared = prepare(flat, v, tenant)
         (row,) = await db.fetch(PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
-        return placed(prepared, row)
+        return answers_v3(prepared, row, requests)
 
-    rows = await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
-    if len(requests) == 1:
-        return [answer(rows, [it.transaction_id for it in flat], flat)]
-    out: list[Answer] = []
-    start = 0
-    for req in requests:
-        end = start + len(req)
-        out.append(answer(rows[start:end], [it.transaction_id for it in req], req))
-        start = end
-    return out
+    return await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
