@@ -156,7 +156,7 @@ async def push(request: Request) -> Response:
         results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
     wake_pushed(st, ten, results.queues)
     count_push(request, ten, results)
-    return Response(results.body, 201, replay_headers(once) if once else None, "application/json")
+    return Response(results.body, 201, replay_headers(once), "application/json")  # rendered by the engine
 
 
 # --- pop query parameters: documented and read from these specs ------------------------------------

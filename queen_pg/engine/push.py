@@ -6,6 +6,13 @@ push_v3 takes the items' transactionId hashes and message ids as one bytea each 
 derives every item's verdict: encoding 2 × n uuids and decoding n result rows was the broker's largest
 cost per pushed message (push_v1, one row per item, stays for the previous release).
 
+The answer (WIRE.md §2.1, one 9-key object per item) is rendered once, straight to the bytes the
+client gets, by :func:`answers_v3` (per request of a fused call) or :func:`answer`: one f-string per
+item around a per-partition fragment (queue, partition, partitionId; kept across requests), no dict
+per item, no orjson pass; the bytes are exactly what orjson wrote for :func:`result`'s dicts
+(tests/test_push_answer.py compares them). The :class:`Answer` also carries the counts and the
+queues appended to, for the route's metrics and wake-ups.
+
 Payloads of encrypted queues are sealed here (queen_pg/security/crypto.py), by the database handle's
 vault: each group tells push_v1 whether it is sealed, push_v1 refuses a group that disagrees with its
 queue (nothing written), and the call is made again sealed as the database said."""
