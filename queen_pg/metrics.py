@@ -339,13 +339,8 @@ class Metrics:
         self._child(self.requests, (method, route, str(status))).inc()
         self._child(self.latency, (method, route)).observe(seconds)
 
-    def count_push(self, tenant: str, results: Iterable[Mapping[str, Any]]) -> None:
-        queued = dups = 0
-        for r in results:
-            if r["status"] == "queued":
-                queued += 1
-            else:
-                dups += 1
+    def count_push(self, tenant: str, queued: int, dups: int) -> None:
+        """A push's messages appended and duplicates (counted by the engine: ``push.Answer``)."""
         if queued:
             self._child(self.pushed, (tenant,)).inc(queued)
         if dups:

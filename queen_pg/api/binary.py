@@ -19,11 +19,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
+from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant, wake_pushed
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_push
 from queen_pg.engine import binary, push_binary
-from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.fusion import Fuser, Lane
 from queen_pg.engine.outcomes import Once
@@ -78,10 +77,12 @@ def _check_names(groups: list[binary.Group]) -> None:
             check_name("partition", g.partition)
 
 
-_lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group]]] = weakref.WeakKeyDictionary()
+_lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group, push_engine.Answer]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
+def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group, push_engine.Answer]:
     """The fusion lane of stored-as-is binary pushes (engine/fusion.py): concurrent bodies go in one
     ``push_v3`` call when they name different partitions (a call appends one segment per partition),
     results split back per body, each indexed from 0."""
@@ -89,14 +90,14 @@ def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
     lane = lanes.get(ten)
     if lane is None:
 
-        async def call(requests: list[list[binary.Group]]) -> list[list[dict[str, Any]]]:
+        async def call(requests: list[list[binary.Group]]) -> list[push_engine.Answer]:
             return await push_binary.push_many(fuser.db, ten, requests)
 
         lane = lanes[ten] = Lane("push-binary", call, fuser.config)
     return lane
 
 
-async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> list[dict[str, Any]]:
+async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> push_engine.Answer:
     st = state(request)
     fuser = st.fuser
     if once is not None or fuser is None or not fuser.enabled:
@@ -121,12 +122,11 @@ async def push(request: Request) -> Response:
         else:
             items = push_binary.messages(body.groups, sub)
             results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
-    for q in {r["queue"] for r in results if r["status"] == "queued"}:
-        st.waiters.notify(ten, q)
-        st.waiters.notify(ten, pop_engine.ANY_QUEUE)
-    count_push(request, results)
-    answer = push_binary.counts(results) if body.counts_only else results
-    return json_response(answer, 201, replay_headers(once))
+    wake_pushed(st, ten, results.queues)
+    count_push(request, ten, results)
+    if body.counts_only:
+        return json_response(push_binary.counts(results), 201, replay_headers(once))
+    return Response(results.body, 201, replay_headers(once), "application/json")
 
 
 @dataclass(slots=True)

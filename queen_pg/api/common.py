@@ -4,6 +4,7 @@ parameters and names: ``params.py``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from fastapi.responses import Response
 from queen_pg.api.admission import ByteBudget
 from queen_pg.api.params import check_name
 from queen_pg.db.pool import Database
+from queen_pg.engine import pop as pop_engine
 from queen_pg.engine.fusion import Fuser
 from queen_pg.engine.maintenance import Maintenance
 from queen_pg.engine.waiters import Waiters
@@ -45,6 +47,16 @@ class AppState:
     started_at: float = field(default_factory=time.time)  # wall clock when this state was built
     mesh: Mesh | None = None  # the wake mesh (queen_pg/mesh/); None = not configured
     transport: Transport | None = None  # the HTTP server's side (queen_pg/server.py): draining or not
+
+
+def wake_pushed(st: AppState, ten: str, queues: Sequence[str]) -> None:
+    """After a push (JSON or binary) committed: wake the pops waiting on the queues it appended to
+    (``push.Answer.queues``), and once those that name no queue."""
+    if queues:
+        notify = st.waiters.notify
+        for q in queues:
+            notify(ten, q)
+        notify(ten, pop_engine.ANY_QUEUE)
 
 
 def state(request: Request) -> AppState:

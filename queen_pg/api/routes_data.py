@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from queen_pg.api import binary
 from queen_pg.api import params as P
 from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, narrow, read, stored_json
-from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant
+from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant, wake_pushed
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.longpoll import run_pop
 from queen_pg.api.request_key import replay_headers, request_once
@@ -154,11 +154,9 @@ async def push(request: Request) -> Response:
     once = await request_once(request, "push")  # a keyed push is applied once, and never fused
     async with permit(request, "push"):
         results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
-    for q in {r["queue"] for r in results if r["status"] == "queued"}:
-        st.waiters.notify(ten, q)
-        st.waiters.notify(ten, pop_engine.ANY_QUEUE)
-    count_push(request, results)
-    return json_response(results, 201, replay_headers(once))
+    wake_pushed(st, ten, results.queues)
+    count_push(request, ten, results)
+    return Response(results.body, 201, replay_headers(once), "application/json")  # rendered by the engine
 
 
 # --- pop query parameters: documented and read from these specs ------------------------------------

@@ -30,6 +30,7 @@ from queen_pg.engine import metrics as metrics_engine
 from queen_pg.engine.ack import AckLike
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.pop_render import JsonPop
+from queen_pg.engine.push import Answer
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
 from queen_pg.security import tenancy
 
@@ -69,11 +70,11 @@ def _metrics(request: Request) -> Metrics | None:
     return m
 
 
-def count_push(request: Request, results: Sequence[dict[str, Any]]) -> None:
+def count_push(request: Request, ten: str, answer: Answer) -> None:
     """After a push: messages appended (and duplicates) per tenant."""
     m = _metrics(request)
     if m is not None:
-        m.count_push(tenant(request), results)
+        m.count_push(ten, answer.queued, answer.duplicates)
 
 
 def count_pop(request: Request, answer: JsonPop | FramedPop | None) -> None:

@@ -39,8 +39,9 @@ from queen_pg.engine.outcomes import Once
 from queen_pg.errors import DB_UNAVAILABLE, QueenError
 
 T = TypeVar("T")
+R = TypeVar("R")  # one request's answer (push: push_engine.Answer, its bytes rendered once; ack: result dicts)
 Result = list[dict[str, Any]]
-Call = Callable[[list[list[T]]], Awaitable[list[Result]]]
+Call = Callable[[list[list[T]]], Awaitable[list[R]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +53,15 @@ class FuseConfig:
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
-class _Member(Generic[T]):
+class _Member(Generic[T, R]):
     items: list[T]
     keys: frozenset[Hashable]
-    future: asyncio.Future[Result]
+    future: asyncio.Future[R]
 
 
 @dataclass(slots=True, eq=False)  # compared by identity (``batch in pending``)
-class _Batch(Generic[T]):
-    members: list[_Member[T]] = field(default_factory=list)
+class _Batch(Generic[T, R]):
+    members: list[_Member[T, R]] = field(default_factory=list)
     items: int = 0
     keys: set[Hashable] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
@@ -73,12 +74,12 @@ class LaneStats:
     isolated: int = 0  # fused calls that failed and were retried member by member
 
 
-class Lane(Generic[T]):
+class Lane(Generic[T, R]):
     """The batcher of one family and tenant. ``call`` makes ONE procedure call for a list of
     requests and returns one result list per request."""
 
     def __init__(
-        self, name: str, call: Call[T], config: FuseConfig, clock: Callable[[], float] = time.monotonic
+        self, name: str, call: Call[T, R], config: FuseConfig, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.name = name
         self.clock = clock
@@ -86,7 +87,7 @@ class Lane(Generic[T]):
         self.config = config
         self.stats = LaneStats()
         self.running = 0
-        self._pending: deque[_Batch[T]] = deque()
+        self._pending: deque[_Batch[T, R]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.idle_since: float | None = clock()  # when it last became idle (created idle); None = busy
 
@@ -101,15 +102,16 @@ class Lane(Generic[T]):
             return 0.0
         return now - self.idle_since
 
-    async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> Result:
+    async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> R:
         self.idle_since = None
         if not self._pending and self.running < self.config.inflight:
             return await self._alone_now(items)
-        member = _Member(items, keys, asyncio.get_running_loop().create_future())
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        member = _Member(items, keys, future)
         self._join(member)
         return await member.future
 
-    async def _alone_now(self, items: list[T]) -> Result:
+    async def _alone_now(self, items: list[T]) -> R:
         """Nothing queued and a call slot free: call at once, in the request's own task (no added
         latency, and a request that goes away cancels only its own call)."""
         self.running += 1
@@ -121,12 +123,12 @@ class Lane(Generic[T]):
         finally:
             self._done()
 
-    def _join(self, member: _Member[T]) -> None:
+    def _join(self, member: _Member[T, R]) -> None:
         for batch in self._pending:
             if batch.items + len(member.items) <= self.config.max_items and batch.keys.isdisjoint(member.keys):
                 break
         else:
-            batch = _Batch()
+            batch = _Batch[T, R]()
             batch.timer = asyncio.get_running_loop().call_later(self.config.hold_us / 1e6, self._expire, batch)
             self._pending.append(batch)
         batch.members.append(member)
@@ -135,11 +137,11 @@ class Lane(Generic[T]):
         if batch.items >= self.config.max_items:
             self._start(batch)
 
-    def _expire(self, batch: _Batch[T]) -> None:
+    def _expire(self, batch: _Batch[T, R]) -> None:
         if batch in self._pending:
             self._start(batch)
 
-    def _start(self, batch: _Batch[T]) -> None:
+    def _start(self, batch: _Batch[T, R]) -> None:
         if batch.timer is not None:
             batch.timer.cancel()
         if batch in self._pending:
@@ -149,7 +151,7 @@ class Lane(Generic[T]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, members: list[_Member[T]]) -> None:
+    async def _run(self, members: list[_Member[T, R]]) -> None:
         try:
             self.stats.calls += 1
             self.stats.requests += len(members)
@@ -180,7 +182,7 @@ class Lane(Generic[T]):
         elif not self.running and not self._pending:
             self.idle_since = self.clock()
 
-    async def _alone(self, member: _Member[T]) -> None:
+    async def _alone(self, member: _Member[T, R]) -> None:
         self.stats.calls += 1
         try:
             (res,) = await self.call([member.items])
@@ -201,13 +203,13 @@ def _shared_fate(exc: BaseException) -> bool:
     return isinstance(exc, QueenError) and exc.kind is DB_UNAVAILABLE
 
 
-def _settle(member: _Member[Any], res: Result | None = None, exc: BaseException | None = None) -> None:
+def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | None = None) -> None:
     if member.future.done():  # its request went away
         return
     if exc is not None:
         member.future.set_exception(exc)
-    else:
-        member.future.set_result(res if res is not None else [])
+    elif res is not None:
+        member.future.set_result(res)
 
 
 class Fuser:
@@ -217,8 +219,8 @@ class Fuser:
         self.db = db
         self.config = config
         self.clock = clock
-        self._push: dict[str, Lane[push_engine.NewMessage]] = {}
-        self._ack: dict[str, Lane[ack_engine.AckLike]] = {}
+        self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
+        self._ack: dict[str, Lane[ack_engine.AckLike, Result]] = {}
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
@@ -233,18 +235,18 @@ class Fuser:
     def enabled(self) -> bool:
         return self.config.hold_us > 0
 
-    def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage]:
+    def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage, push_engine.Answer]:
         lane = self._push.get(tenant)
         if lane is None:
             self.sweep()
 
-            async def call(requests: list[list[push_engine.NewMessage]]) -> list[Result]:
+            async def call(requests: list[list[push_engine.NewMessage]]) -> list[push_engine.Answer]:
                 return await push_engine.push_many(self.db, tenant, requests)
 
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
 
-    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike]:
+    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, Result]:
         lane = self._ack.get(tenant)
         if lane is None:
             self.sweep()
@@ -255,7 +257,9 @@ class Fuser:
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
 
-    async def push(self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None) -> Result:
+    async def push(
+        self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None
+    ) -> push_engine.Answer:
         """``push_engine.push``, fused with concurrent pushes of the tenant; a keyed request (``once``,
         the outcome window) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:
@@ -269,7 +273,7 @@ class Fuser:
             return await ack_engine.ack(self.db, tenant, items, once)
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
-    def lanes(self) -> list[Lane[Any]]:
+    def lanes(self) -> list[Lane[Any, Any]]:
         return [*self._push.values(), *self._ack.values()]
 
     async def close(self) -> None:

@@ -6,17 +6,27 @@ push_v3 takes the items' transactionId hashes and message ids as one bytea each 
 derives every item's verdict: encoding 2 × n uuids and decoding n result rows was the broker's largest
 cost per pushed message (push_v1, one row per item, stays for the previous release).
 
+The answer (WIRE.md §2.1, one 9-key object per item) is rendered once, straight to the bytes the
+client gets, by :func:`answers_v3` (per request of a fused call) or :func:`answer`: one f-string per
+item around a per-partition fragment (queue, partition, partitionId; kept across requests), no dict
+per item, no orjson pass; the bytes are exactly what orjson wrote for :func:`result`'s dicts
+(tests/test_push_answer.py compares them). The :class:`Answer` also carries the counts and the
+queues appended to, for the route's metrics and wake-ups.
+
 Payloads of encrypted queues are sealed here (queen_pg/security/crypto.py), by the database handle's
 vault: each group tells push_v1 whether it is sealed, push_v1 refuses a group that disagrees with its
 queue (nothing written), and the call is made again sealed as the database said."""
 
 from __future__ import annotations
 
+import re
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, overload
+
+import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.db.types import fast_uuid
@@ -189,7 +199,193 @@ def result(
     }
 
 
-async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> list[dict[str, Any]]:
+_UNSAFE = re.compile(r'["\\\x00-\x1f]')  # what orjson escapes in a string (it writes other characters as UTF-8)
+_STATUS = frozenset({"queued", "duplicate"})
+
+
+class Answer(Sequence[dict[str, Any]]):
+    """One push request's answer (WIRE.md §2.1), rendered once to the bytes a client gets: ``body``
+    is exactly ``orjson.dumps`` of the result dicts (:func:`result`'s keys, order and types), built
+    from per-partition fragments without a dict per item. ``queued``/``duplicates`` count its items,
+    ``queues`` names the queues it appended to (the route wakes their waiters). As a sequence it reads
+    as those dicts (decoded from ``body`` on first use: transaction replies, tests, the flag-2 counts
+    read the counters instead)."""
+
+    __slots__ = ("_dicts", "_n", "body", "duplicates", "queued", "queues")
+
+    def __init__(self, body: bytes, n: int, duplicates: int, queues: tuple[str, ...]) -> None:
+        self.body = body
+        self._n = n
+        self.queued = n - duplicates
+        self.duplicates = duplicates
+        self.queues = queues
+        self._dicts: list[dict[str, Any]] | None = None  # decoded from ``body`` when read as a sequence
+
+    def _list(self) -> list[dict[str, Any]]:
+        if self._dicts is None:
+            self._dicts = orjson.loads(self.body)
+        return self._dicts
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Answer):
+            return self.body == other.body
+        return isinstance(other, list) and self._list() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Answer({self.body!r})"
+
+
+class Home(Protocol):
+    """Where an item went (a :class:`NewMessage`, a binary ``Group``)."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def partition(self) -> str: ...
+
+
+_FRAGS: dict[int, tuple[str, str, str]] = {}  # partition id -> (queue, partition, fragment)
+_FRAGS_MAX = 65_536  # partitions whose fragment is kept (cleared whole past that)
+
+
+def _frag(pid: int, queue: str, partition: str) -> str:
+    """An item's middle for partition ``pid``: ``,"queue":…,"partition":…,"partitionId":"…","offset":``
+    (kept across requests; checked against the names, so a reused id can never borrow another's)."""
+    hit = _FRAGS.get(pid)
+    if hit is not None and hit[0] == queue and hit[1] == partition:
+        return hit[2]
+    if len(_FRAGS) >= _FRAGS_MAX:
+        _FRAGS.clear()
+    frag = f',"queue":{_text(queue)},"partition":{_text(partition)},"partitionId":"{pid}","offset":'
+    _FRAGS[pid] = (queue, partition, frag)
+    return frag
+
+
+def _text(s: str) -> str:
+    """``s`` as a JSON string, exactly as orjson writes it."""
+    return orjson.dumps(s).decode()
+
+
+def _plain(txns: Sequence[str | None]) -> bool:
+    """Whether none of ``txns`` holds a character orjson escapes (then each is written as it is)."""
+    given = [t for t in txns if t]
+    return not given or _UNSAFE.search("".join(given)) is None
+
+
+def answer(rows: Sequence[Placed], txns: Sequence[str | None], homes: Sequence[Home]) -> Answer:
+    """The answer of one request whose items' verdicts are ``rows`` (indexed from 0): item ``i``'s
+    transactionId is ``txns[i]``, or (None) its message id; its queue and partition ``homes[i]``'s.
+    Per item one f-string; per partition one fragment (queue, partition, partitionId)."""
+    frags: dict[int, str] = {}
+    names: dict[int, str] = {}  # partition id -> queue
+    plain = _plain(txns)
+    parts: list[str] = []
+    dups = 0
+    for i, (status, mid, pid, off) in enumerate(rows):
+        frag = frags.get(pid)
+        if frag is None:
+            home = homes[i]
+            names[pid] = home.queue
+            frag = frags[pid] = _frag(pid, home.queue, home.partition)
+        m = str(mid)
+        t = txns[i]
+        if t is None:
+            t = m
+        elif not plain:
+            t = _text(t)[1:-1]
+        if status != "queued":
+            dups += 1
+            if status not in _STATUS:
+                status = _text(status)[1:-1]
+        parts.append(
+            f'{{"index":{i},"status":"{status}","transactionId":"{t}","messageId":"{m}"{frag}{off},"error":null}}'
+        )
+    if not dups:
+        queues = tuple(names.values()) if len(names) == 1 else tuple(dict.fromkeys(names.values()))
+    else:
+        queues = tuple(dict.fromkeys(names[r[2]] for r in rows if r[0] == "queued"))
+    body = ("[" + parts[0] + "]" if len(parts) == 1 else "[" + ",".join(parts) + "]").encode()
+    return Answer(body, len(parts), dups, queues)
+
+
+def answers_v3(prepared: PreparedPush, row: Record, requests: list[list[NewMessage]]) -> list[Answer]:
+    """Each request's answer from push_v3's one row (the requests' items are ``prepared``'s, in
+    order). Without duplicates a request on one partition (the usual shape) is one comprehension:
+    consecutive offsets from its group's next one, one fragment; anything else goes through
+    :func:`placed` and :func:`answer`."""
+    if row["dup_idx"]:
+        rows = placed(prepared, row)
+        out: list[Answer] = []
+        at = 0
+        for req in requests:
+            end = at + len(req)
+            out.append(answer(rows[at:end], [it.transaction_id or None for it in req], req))
+            at = end
+        return out
+    pids: list[int] = row["partition_ids"]
+    nxt: list[int] = list(row["base_offsets"])
+    groups = prepared.item_group
+    msgids = prepared.msgids
+    out = []
+    at = 0
+    for req in requests:
+        n = len(req)
+        end = at + n
+        g = groups[at] - 1
+        if n == 1:  # a lone item: no list, no join
+            base = nxt[g]
+            nxt[g] = base + 1
+            queue = prepared.queues[g]
+            frag = _frag(pids[g], queue, prepared.partitions[g])
+            m = str(msgids[at])
+            t = req[0].transaction_id
+            if not t:
+                t = m
+            elif _UNSAFE.search(t) is not None:
+                t = _text(t)[1:-1]
+            one = f'[{{"index":0,"status":"queued","transactionId":"{t}","messageId":"{m}"{frag}{base},"error":null}}]'
+            out.append(Answer(one.encode(), 1, 0, (queue,)))
+        elif len(set(groups[at:end])) == 1:
+            base = nxt[g]
+            nxt[g] = base + n
+            queue = prepared.queues[g]
+            frag = _frag(pids[g], queue, prepared.partitions[g])
+            txns = [it.transaction_id for it in req]
+            if not _plain(txns):
+                txns = [_text(t)[1:-1] if t else None for t in txns]
+            head = '","messageId":"'
+            parts = [
+                f'{{"index":{i},"status":"queued","transactionId":"{t or m}{head}{m}"{frag}{base + i},"error":null}}'
+                for i, (m, t) in enumerate(zip(map(str, msgids[at:end]), txns, strict=True))
+            ]
+            out.append(Answer(("[" + ",".join(parts) + "]").encode(), n, 0, (queue,)))
+        else:
+            mine: list[Placed] = []
+            for gi, mid in zip(groups[at:end], msgids[at:end], strict=True):
+                off = nxt[gi - 1]
+                nxt[gi - 1] = off + 1
+                mine.append(("queued", mid, pids[gi - 1], off))
+            out.append(answer(mine, [it.transaction_id or None for it in req], req))
+        at = end
+    return out
+
+
+async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> Answer:
     """Append ``items``; one result per item, in order (WIRE.md §2.1). Under a request key (``once``)
     through ``queen.push_v2``: a retry within the window answers the recorded results, adding nothing."""
     if once is None:
@@ -202,53 +398,21 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
 
     rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
-    return _render(items, rows_placed(rows))
+    return answer(rows_placed(rows), [it.transaction_id or None for it in items], items)
 
 
-async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[list[dict[str, Any]]]:
-    """Append several requests' items in ONE ``queen.push_v1`` call (request fusion,
+async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]]) -> list[Answer]:
+    """Append several requests' items in ONE ``queen.push_v3`` call (request fusion,
     queen_pg/engine/fusion.py); each request gets exactly its own results, in its order, indexed
     from 0. Fusing is the same as running the requests one after the other in list order: offsets
     stay gapless per partition and an item repeating an earlier request's transactionId is that
     item's ``duplicate``, with the first one's messageId."""
-    flat = [it for req in requests for it in req]
+    flat = requests[0] if len(requests) == 1 else [it for req in requests for it in req]
     v = crypto.vault(db)
 
-    async def attempt() -> list[Placed]:
+    async def attempt() -> list[Answer]:
         prepared = prepare(flat, v, tenant)
         (row,) = await db.fetch(PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
-        return placed(prepared, row)
+        return answers_v3(prepared, row, requests)
 
-    rows = await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
-    out: list[list[dict[str, Any]]] = []
-    start = 0
-    for req in requests:
-        out.append(_render(req, rows[start : start + len(req)]))
-        start += len(req)
-    return out
-
-
-def _render(items: list[NewMessage], rows: Sequence[Placed]) -> list[dict[str, Any]]:
-    # An item without a transactionId got its message id as one: a duplicate of it is impossible, so
-    # the row's message id is its transactionId (also when the rows are a replayed record).
-    out: list[dict[str, Any]] = []
-    pid_text: dict[int, str] = {}
-    for i, ((status, mid, pid, off), item) in enumerate(zip(rows, items, strict=True)):
-        ptext = pid_text.get(pid)
-        if ptext is None:
-            ptext = pid_text[pid] = str(pid)
-        mtext = str(mid)
-        out.append(
-            {
-                "index": i,
-                "status": status,
-                "transactionId": item.transaction_id or mtext,
-                "messageId": mtext,
-                "queue": item.queue,
-                "partition": item.partition,
-                "partitionId": ptext,
-                "offset": off,
-                "error": None,
-            }
-        )
-    return out
+    return await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)

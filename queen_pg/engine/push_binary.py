@@ -74,7 +74,7 @@ def prepare(groups: Sequence[Group]) -> push_engine.PreparedPush:
     return prepared
 
 
-async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | None = None) -> list[dict[str, Any]]:
+async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | None = None) -> push_engine.Answer:
     """Store the blobs as the segments (one ``queen.push_v3`` call, or ``push_v2`` under a request key);
     one result per message, in body order, as a JSON push answers."""
     return (await push_many(db, tenant, [groups], once))[0]
@@ -82,7 +82,7 @@ async def push(db: Database, tenant: str, groups: Sequence[Group], once: Once | 
 
 async def push_many(
     db: Database, tenant: str, requests: Sequence[Sequence[Group]], once: Once | None = None
-) -> list[list[dict[str, Any]]]:
+) -> list[push_engine.Answer]:
     """Several bodies' groups (on distinct partitions) in ONE call (the binary fusion lane,
     queen_pg/api/binary.py); each body gets its own results, indexed from 0. ``once`` only with one body."""
     flat = [g for req in requests for g in req]
@@ -107,7 +107,7 @@ async def push_many(
         if once is not None:
             return [await push_engine.push(db, tenant, messages(flat, None), once)]
         return await push_engine.push_many(db, tenant, [messages(req, None) for req in requests])
-    out: list[list[dict[str, Any]]] = []
+    out: list[push_engine.Answer] = []
     at = 0
     for req in requests:
         n = sum(len(g) for g in req)
@@ -116,34 +116,14 @@ async def push_many(
     return out
 
 
-def render(groups: Sequence[Group], placed: Sequence[push_engine.Placed]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    i = 0
-    for g in groups:
-        q, p = g.queue, g.partition
-        ptext = ""
-        for txn in g.txns:
-            status, mid, pid, off = placed[i]
-            if not ptext:
-                ptext = str(pid)
-            out.append(
-                {
-                    "index": i,
-                    "status": status,
-                    "transactionId": txn,
-                    "messageId": str(mid),
-                    "queue": q,
-                    "partition": p,
-                    "partitionId": ptext,
-                    "offset": off,
-                    "error": None,
-                }
-            )
-            i += 1
-    return out
+def render(groups: Sequence[Group], placed: Sequence[push_engine.Placed]) -> push_engine.Answer:
+    """One body's answer: each message's transactionId as its frame holds it."""
+    if len(groups) == 1:
+        g = groups[0]
+        return push_engine.answer(placed, g.txns, [g] * len(g))
+    return push_engine.answer(placed, [t for g in groups for t in g.txns], [g for g in groups for _ in g.txns])
 
 
-def counts(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def counts(results: push_engine.Answer) -> dict[str, Any]:
     """The flag-2 answer: ``{"count", "queued", "duplicate", "error"}``."""
-    queued = sum(1 for r in results if r["status"] == "queued")
-    return {"count": len(results), "queued": queued, "duplicate": len(results) - queued, "error": None}
+    return {"count": len(results), "queued": results.queued, "duplicate": results.duplicates, "error": None}
