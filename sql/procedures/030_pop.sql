@@ -96,7 +96,9 @@ BEGIN
     -- partition (queen.log_passes) and returns its segments. Anything else (no such queue or group,
     -- options, a stale row, passed-over offsets) goes on to the general path below, which re-finds a
     -- row this call already locked (SKIP LOCKED skips only other transactions' locks).
-    IF p_queue IS NOT NULL AND p_partition IS NULL AND p_max_partitions <= 1 AND NOT coalesce(p_auto_ack, false) THEN
+    -- (SET queen.pop_fast = 'off' turns it off for a session: tests/test_pop_fast.py compares both paths)
+    IF p_queue IS NOT NULL AND p_partition IS NULL AND p_max_partitions <= 1 AND NOT coalesce(p_auto_ack, false)
+       AND current_setting('queen.pop_fast', true) IS DISTINCT FROM 'off' THEN
         v_now := coalesce(p_now, clock_timestamp());  -- no lock wait before or in the fast path
         -- discovery:fast (tests/test_pop_discovery.py EXPLAINs this statement)
         WITH fq AS (
@@ -152,10 +154,13 @@ BEGIN
                AND s.base_offset < v_end
              ORDER BY s.base_offset;
             GET DIAGNOSTICS v_rows = ROW_COUNT;
-            IF v_rows > 0 OR EXISTS (SELECT 1 FROM queen.log_consumers lc
-                                      WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
-                                        AND lc.lease_id = p_lease_id) THEN
-                RETURN;  -- claimed (no segment rows only if retention took them: as the general path)
+            IF v_rows > 0 THEN
+                RETURN;
+            END IF;
+            IF EXISTS (SELECT 1 FROM queen.log_consumers lc
+                        WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                          AND lc.lease_id = p_lease_id) THEN
+                RETURN;  -- claimed, but no segment rows (as the general path would answer)
             END IF;
             -- passed-over offsets in the partition: the general path below
         END IF;
