@@ -17,7 +17,8 @@ import asyncpg
 import pytest
 
 POP = (
-    "SELECT * FROM queen.pop_v1('default', $1, NULL, NULL, NULL, $2, $3, 1, $4, false, 'all', NULL, $5, $6)"
+    "SELECT * FROM queen.pop_v1('default', $1, NULL, NULL, NULL, $2, $3, 1, $4, coalesce($7, false), 'all', NULL,"
+    " $5, $6)"
 )
 ACK = (
     "SELECT * FROM queen.ack_v1('default', $1::bigint[], $2::uuid[], $3::text[], $4::uuid[], $5::text[], "
@@ -78,12 +79,14 @@ class Side:
         self.conn, self.queue, self.fast = conn, queue, fast
         self.leases: list[tuple[uuid.UUID, str, list[asyncpg.Record]]] = []
 
-    async def pop(self, group: str, batch: int, now: dt.datetime, lease_s: int | None) -> list[tuple[Any, ...]]:
+    async def pop(
+        self, group: str, batch: int, now: dt.datetime, lease_s: int | None, auto_ack: bool
+    ) -> list[tuple[Any, ...]]:
         lease = uuid.uuid4()
         await self.conn.execute(f"SET queen.pop_fast = '{'on' if self.fast else 'off'}'")
-        rows = await self.conn.fetch(POP, self.queue, group, batch, lease, now, lease_s)
+        rows = await self.conn.fetch(POP, self.queue, group, batch, lease, now, lease_s, auto_ack)
         await self.conn.execute("RESET queen.pop_fast")
-        if rows:
+        if rows and not auto_ack:
             self.leases.append((lease, group, rows))
         return shape(rows)
 
@@ -123,7 +126,7 @@ async def test_fast_path_answers_as_the_general_path(conn: asyncpg.Connection, s
         await push_all()
     for s in sides:
         await conn.execute("UPDATE queen.queues SET retry_limit = 1, lease_time = 30 WHERE name = $1", s.queue)
-    seen = {"passes": 0, "dlq": 0, "redelivered": 0}
+    seen = {"passes": 0, "dlq": 0, "redelivered": 0, "auto_acked": 0}
     for step in range(150):
         now += dt.timedelta(seconds=rnd.choice([0.001, 0.001, 1, 1, 2, 5, 40]))
         what = rnd.random()
@@ -148,7 +151,8 @@ async def test_fast_path_answers_as_the_general_path(conn: asyncpg.Connection, s
             group = rnd.choice(["__QUEUE_MODE__", "g"])
             batch = rnd.choice([1, 3, 10, 100])
             lease_s = rnd.choice([None, None, 10])
-            got = [await s.pop(group, batch, now, lease_s) for s in sides]
+            auto_ack = rnd.random() < 0.15
+            got = [await s.pop(group, batch, now, lease_s, auto_ack) for s in sides]
             assert got[0] == got[1], f"step {step}: pop {group} batch {batch}"
         else:
             k = len(sides[0].leases) - rnd.choice([1, 1, 1, 2, 3])
@@ -164,7 +168,10 @@ async def test_fast_path_answers_as_the_general_path(conn: asyncpg.Connection, s
         seen["passes"] += await conn.fetchval("SELECT count(*) FROM queen.log_passes")
         seen["dlq"] = await conn.fetchval("SELECT count(*) FROM queen.log_dlq")
         seen["redelivered"] += await conn.fetchval("SELECT count(*) FROM queen.log_consumers WHERE attempts > 1")
-    # the walk reached the rare paths: passed-over offsets, dead letters, redeliveries
+        seen["auto_acked"] = await conn.fetchval(
+            "SELECT count(*) FROM queen.log_consumers WHERE acked_total > 0 AND claimed_at IS NOT NULL AND lease_id IS NULL"
+        )
+    # the walk reached the rare paths: passed-over offsets, dead letters, redeliveries, auto-acks
     assert len(sides[0].leases) > 20 and all(seen.values()), (len(sides[0].leases), seen)
 
 
@@ -172,7 +179,7 @@ async def test_fast_path_passes_over_offsets_at_the_cursor(conn: asyncpg.Connect
     """A group that passes over offsets in the partition is served by the general path: the cursor
     moves past the passed-over offsets at its head, and those inside the lease come back in `acked`."""
     await push(conn, "q", "p0", [f"p0-{i}" for i in range(6)], T0)
-    first = await conn.fetch(POP, "q", "g", 1, uuid.uuid4(), T0, None)  # creates the group
+    first = await conn.fetch(POP, "q", "g", 1, uuid.uuid4(), T0, None, None)  # creates the group
     assert [(r["lease_start"], r["lease_end"]) for r in first] == [(0, 1)]
     pid = first[0]["partition_id"]
     await conn.execute(
@@ -181,7 +188,7 @@ async def test_fast_path_passes_over_offsets_at_the_cursor(conn: asyncpg.Connect
         pid,
     )
     later = T0 + dt.timedelta(hours=1)  # the first lease expired
-    rows = await conn.fetch(POP, "q", "g", 3, uuid.uuid4(), later, None)
+    rows = await conn.fetch(POP, "q", "g", 3, uuid.uuid4(), later, None, None)
     assert [(r["lease_start"], r["lease_end"], list(r["acked"])) for r in rows] == [(2, 5, [3])]
     assert await conn.fetchval("SELECT cursor_offset FROM queen.log_consumers WHERE consumer_group = 'g'") == 2
     assert await conn.fetchval("SELECT array_agg(msg_offset) FROM queen.log_passes") == [3]
@@ -192,7 +199,7 @@ async def test_usual_pop_runs_two_statements(conn: asyncpg.Connection) -> None:
     through auto_explain's nested statements."""
     for part in ("p0", "p1", "p2"):
         await push(conn, "q", part, [f"{part}-{i}" for i in range(30)], T0)
-    await conn.fetch(POP, "q", "g", 10, uuid.uuid4(), T0, None)  # creates the group: the general path
+    await conn.fetch(POP, "q", "g", 10, uuid.uuid4(), T0, None, None)  # creates the group: the general path
     notices: list[str] = []
     await conn.execute("LOAD 'auto_explain'")
     for name, value in {"log_min_duration": "0", "log_nested_statements": "on", "log_format": "json",
@@ -206,7 +213,7 @@ async def test_usual_pop_runs_two_statements(conn: asyncpg.Connection) -> None:
         texts = [json.loads(t[t.index("{") :])["Query Text"] for t in notices if "{" in t]
         return [t for t in texts if "pop_v1" not in t]  # the call itself
 
-    usual = await statements(POP, "q", "g", 10, uuid.uuid4(), T0, None)
+    usual = await statements(POP, "q", "g", 10, uuid.uuid4(), T0, None, None)
     assert len(usual) == 2, usual
     assert "FOR UPDATE OF lc SKIP LOCKED" in usual[0] and "UPDATE queen.log_consumers" in usual[1]
     named = await statements(
@@ -215,5 +222,10 @@ async def test_usual_pop_runs_two_statements(conn: asyncpg.Connection) -> None:
         T0,
     )
     assert len(named) > 2 and not any("fq AS" in t for t in named), named
-    idle = await statements(POP, "q", "g", 10, uuid.uuid4(), T0, None)  # all three leased now
+    idle = await statements(POP, "q", "g", 10, uuid.uuid4(), T0, None, None)  # all three leased now
     assert len(idle) == 1, idle
+    # at-most-once: the same two statements, then the trigger's that keep head_at as the cursor moves
+    await conn.fetch(POP, "q", "__QUEUE_MODE__", 5, uuid.uuid4(), T0, None, True)  # creates the group
+    auto = await statements(POP, "q", "__QUEUE_MODE__", 5, uuid.uuid4(), T0, None, True)
+    assert "fq AS" in auto[0] and "claim AS" in auto[-1], auto
+    assert not [t for t in auto if "array_agg" in t], auto  # no general-path lookup, no _pass_over

@@ -89,7 +89,7 @@ DECLARE
     v_rows    bigint;
 BEGIN
     -- Fast path (the usual pop: a queue named, no partition, one partition, an existing group, no
-    -- delayedProcessing/windowBuffer, not auto-ack): two statements instead of ~8. The first finds the
+    -- delayedProcessing/windowBuffer; leased or auto-ack): two statements instead of ~8. The first finds the
     -- queue, checks the group and the queue's options, and discovers and locks the oldest claimable
     -- cursor row (the same discovery as below, through log_consumers_ready_idx); the second, in a
     -- snapshot taken after that lock, leases the row unless the group passes over offsets in the
@@ -97,7 +97,7 @@ BEGIN
     -- options, a stale row, passed-over offsets) goes on to the general path below, which re-finds a
     -- row this call already locked (SKIP LOCKED skips only other transactions' locks).
     -- (SET queen.pop_fast = 'off' turns it off for a session: tests/test_pop_fast.py compares both paths)
-    IF p_queue IS NOT NULL AND p_partition IS NULL AND p_max_partitions <= 1 AND NOT coalesce(p_auto_ack, false)
+    IF p_queue IS NOT NULL AND p_partition IS NULL AND p_max_partitions <= 1
        AND current_setting('queen.pop_fast', true) IS DISTINCT FROM 'off' THEN
         v_now := coalesce(p_now, clock_timestamp());  -- no lock wait before or in the fast path
         -- discovery:fast (tests/test_pop_discovery.py EXPLAINs this statement)
@@ -130,36 +130,65 @@ BEGIN
             v_end := f.cursor_offset + least(v_budget, f.next_offset - f.cursor_offset);
             v_attempt := CASE WHEN f.cursor_offset < f.delivered_end THEN f.old_attempts + 1 ELSE 1 END;
             v_expires := v_now + make_interval(secs => greatest(coalesce(p_lease_seconds, f.lease_time), 1));
-            RETURN QUERY
-            WITH claim AS (
-                UPDATE queen.log_consumers lc
-                   SET lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
-                       attempts = v_attempt,
-                       delivered_end = greatest(lc.delivered_end, v_end),
-                       claimed_at = v_now
-                 WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
-                   AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
-                                    WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
-                RETURNING lc.partition_id
-            )
-            SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
-                   least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], v_expires,
-                   s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
-              FROM queen.log_segments s
-             WHERE EXISTS (SELECT 1 FROM claim)
-               AND s.partition_id = f.partition_id
-               AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2
-                                               WHERE s2.partition_id = f.partition_id
-                                                 AND s2.base_offset <= f.cursor_offset), 0)
-               AND s.base_offset < v_end
-             ORDER BY s.base_offset;
+            IF p_auto_ack THEN
+                -- at-most-once: the cursor moves at once (the trigger keeps head_at), no lease is kept
+                RETURN QUERY
+                WITH claim AS (
+                    UPDATE queen.log_consumers lc
+                       SET cursor_offset = v_end,
+                           delivered_end = greatest(lc.delivered_end, v_end),
+                           attempts = 0, fail_offset = NULL, failures = 0,
+                           acked_total = lc.acked_total + (v_end - f.cursor_offset),
+                           lease_id = NULL, lease_expires_at = NULL, lease_end = NULL,
+                           claimed_at = v_now
+                     WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                       AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
+                                        WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
+                    RETURNING lc.partition_id
+                )
+                SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
+                       least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], NULL::timestamptz,
+                       s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
+                  FROM queen.log_segments s
+                 WHERE EXISTS (SELECT 1 FROM claim)
+                   AND s.partition_id = f.partition_id
+                   AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2
+                                                   WHERE s2.partition_id = f.partition_id
+                                                     AND s2.base_offset <= f.cursor_offset), 0)
+                   AND s.base_offset < v_end
+                 ORDER BY s.base_offset;
+            ELSE
+                RETURN QUERY
+                WITH claim AS (
+                    UPDATE queen.log_consumers lc
+                       SET lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
+                           attempts = v_attempt,
+                           delivered_end = greatest(lc.delivered_end, v_end),
+                           claimed_at = v_now
+                     WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                       AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
+                                        WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
+                    RETURNING lc.partition_id
+                )
+                SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
+                       least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], v_expires,
+                       s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
+                  FROM queen.log_segments s
+                 WHERE EXISTS (SELECT 1 FROM claim)
+                   AND s.partition_id = f.partition_id
+                   AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2
+                                                   WHERE s2.partition_id = f.partition_id
+                                                     AND s2.base_offset <= f.cursor_offset), 0)
+                   AND s.base_offset < v_end
+                 ORDER BY s.base_offset;
+            END IF;
             GET DIAGNOSTICS v_rows = ROW_COUNT;
             IF v_rows > 0 THEN
                 RETURN;
             END IF;
             IF EXISTS (SELECT 1 FROM queen.log_consumers lc
                         WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
-                          AND lc.lease_id = p_lease_id) THEN
+                          AND (lc.lease_id = p_lease_id OR (p_auto_ack AND lc.cursor_offset = v_end))) THEN
                 RETURN;  -- claimed, but no segment rows (as the general path would answer)
             END IF;
             -- passed-over offsets in the partition: the general path below
