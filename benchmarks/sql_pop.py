@@ -8,8 +8,8 @@ connection and acks each lease (one ack_v3 with the lease book's hint) on anothe
 comes from /proc/<pid>/schedstat. Also prints log_consumers' updates and HOT updates per tree.
 
 Shapes: ``q100`` queue mode batch 100 (no partition named), ``g100`` one consumer group batch 100,
-``q1`` queue mode batch 1. Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3]
-[--pops 300] [--shapes q100,g100,q1]``.
+``q1`` queue mode batch 1, ``q1a`` the same with autoAck (benchmarks' pop_latency). Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3]
+[--pops 300] [--shapes q100,g100,q1,q1a]``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
 
-SHAPES = {"q100": (QUEUE_MODE, 100), "g100": ("g1", 100), "q1": (QUEUE_MODE, 1)}
+SHAPES = {"q100": (QUEUE_MODE, 100, False), "g100": ("g1", 100, False), "q1": (QUEUE_MODE, 1, False),
+          "q1a": (QUEUE_MODE, 1, True)}
 
 
 async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
@@ -45,7 +46,7 @@ async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
 
 
 async def _pops(popc: asyncpg.Connection, ackc: asyncpg.Connection, queue: str, shape: str, n: int) -> tuple[int, int, int]:
-    group, batch = SHAPES[shape]
+    group, batch, auto_ack = SHAPES[shape]
     pop_pid = await popc.fetchval("SELECT pg_backend_pid()")
     ack_pid = await ackc.fetchval("SELECT pg_backend_pid()")
     pop_ns = ack_ns = 0
@@ -53,12 +54,14 @@ async def _pops(popc: asyncpg.Connection, ackc: asyncpg.Connection, queue: str, 
     for _ in range(n):
         lease = uuid.uuid4()
         t0 = backend_cpu_ns(pop_pid)
-        rows = await popc.fetch(POP_SQL, "default", queue, None, None, None, group, batch, 1, lease, False,
+        rows = await popc.fetch(POP_SQL, "default", queue, None, None, None, group, batch, 1, lease, auto_ack,
                                 "all", None, None)  # fmt: skip
         pop_ns += backend_cpu_ns(pop_pid) - t0
         if not rows:
             break
         done += 1
+        if auto_ack:
+            continue
         pack = Packed()
         for row in rows:
             lo, hi = max(row["lease_start"], row["base_offset"]), min(row["lease_end"], row["end_offset"])
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", type=Path, default=None, help="a sql/ tree to compare with (database 'base')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pops", type=int, default=300, help="pops per shape per round")
-    ap.add_argument("--shapes", default="q100,g100,q1")
+    ap.add_argument("--shapes", default="q100,g100,q1,q1a")
     args = ap.parse_args(argv)
     trees: dict[str, Path | None] = {}
     if args.base is not None:
