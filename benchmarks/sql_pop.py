@@ -8,8 +8,8 @@ connection and acks each lease (one ack_v3 with the lease book's hint) on anothe
 comes from /proc/<pid>/schedstat. Also prints log_consumers' updates and HOT updates per tree.
 
 Shapes: ``q100`` queue mode batch 100 (no partition named), ``g100`` one consumer group batch 100,
-``q1`` queue mode batch 1, ``q1a`` the same with autoAck (benchmarks' pop_latency). Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3]
-[--pops 300] [--shapes q100,g100,q1,q1a]``.
+``q1`` queue mode batch 1, ``q1a`` the same with autoAck (benchmarks' pop_latency).
+Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3] [--pops 300] [--shapes q100,g100,q1,q1a]``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,12 @@ from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
 
-SHAPES = {"q100": (QUEUE_MODE, 100, False), "g100": ("g1", 100, False), "q1": (QUEUE_MODE, 1, False),
-          "q1a": (QUEUE_MODE, 1, True)}
+SHAPES = {
+    "q100": (QUEUE_MODE, 100, False),
+    "g100": ("g1", 100, False),
+    "q1": (QUEUE_MODE, 1, False),
+    "q1a": (QUEUE_MODE, 1, True),
+}
 
 
 async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
@@ -45,7 +49,9 @@ async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
         await stmt.fetchrow("default", *prepare(items).args_v3(), [False])
 
 
-async def _pops(popc: asyncpg.Connection, ackc: asyncpg.Connection, queue: str, shape: str, n: int) -> tuple[int, int, int]:
+async def _pops(
+    popc: asyncpg.Connection, ackc: asyncpg.Connection, queue: str, shape: str, n: int
+) -> tuple[int, int, int]:
     group, batch, auto_ack = SHAPES[shape]
     pop_pid = await popc.fetchval("SELECT pg_backend_pid()")
     ack_pid = await ackc.fetchval("SELECT pg_backend_pid()")
@@ -100,7 +106,7 @@ async def bench(pg: EmbeddedPostgres, trees: dict[str, Path | None], shapes: lis
                 pu, au = pop_ns / 1000 / max(done, 1), ack_ns / 1000 / max(done, 1)
                 tot.setdefault((shape, name), []).append(pu)
                 print(f"round {r} {shape:<5} {name:<5} pops {done:>5}  pg pop {pu:7.1f} us/call  ack {au:7.1f} us/call")
-    for name, (popc, ackc) in conns.items():
+    for popc, ackc in conns.values():
         await popc.execute("SELECT pg_stat_force_next_flush()")
         await ackc.execute("SELECT pg_stat_force_next_flush()")
         await popc.close()

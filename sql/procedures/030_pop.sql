@@ -32,6 +32,12 @@
 --          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group
 --          creation).
 --          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
+-- Fast path: the usual pop (a queue named, no partition, max partitions 1, an existing group, a queue
+--          without delayedProcessing/windowBuffer) runs two statements: discovery + lock of the oldest
+--          claimable cursor row (as the one-queue discovery), then, in a snapshot taken after that lock,
+--          the claim and its segments in one statement; an idle pop runs the first only. A row with
+--          passed-over offsets (log_passes) or found stale, and every other shape, take the general
+--          path (~8 statements). Same answers and rows (tests/test_pop_fast.py compares both paths).
 -- Plans:   the default plan_cache_mode (auto): PL/pgSQL already plans the discovery and the claim
 --          generically after five calls (forcing measured equal). The lookup by queue name is its own
 --          statement so that its generic plan reads the (tenant, name) key (one statement with a CASE
