@@ -32,6 +32,12 @@
 --          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group
 --          creation).
 --          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
+-- Fast path: the usual pop (a queue named, no partition, max partitions 1, an existing group, a queue
+--          without delayedProcessing/windowBuffer) runs two statements: discovery + lock of the oldest
+--          claimable cursor row (as the one-queue discovery), then, in a snapshot taken after that lock,
+--          the claim and its segments in one statement; an idle pop runs the first only. A row with
+--          passed-over offsets (log_passes) or found stale, and every other shape, take the general
+--          path (~8 statements). Same answers and rows (tests/test_pop_fast.py compares both paths).
 -- Plans:   the default plan_cache_mode (auto): PL/pgSQL already plans the discovery and the claim
 --          generically after five calls (forcing measured equal). The lookup by queue name is its own
 --          statement so that its generic plan reads the (tenant, name) key (one statement with a CASE
@@ -85,7 +91,116 @@ DECLARE
     v_claimed integer := 0;
     v_pass    integer := 0;
     v_span    bigint;
+    f         record;
+    v_rows    bigint;
 BEGIN
+    -- Fast path (the usual pop: a queue named, no partition, one partition, an existing group, no
+    -- delayedProcessing/windowBuffer; leased or auto-ack): two statements instead of ~8. The first finds the
+    -- queue, checks the group and the queue's options, and discovers and locks the oldest claimable
+    -- cursor row (the same discovery as below, through log_consumers_ready_idx); the second, in a
+    -- snapshot taken after that lock, leases the row unless the group passes over offsets in the
+    -- partition (queen.log_passes) and returns its segments. Anything else (no such queue or group,
+    -- options, a stale row, passed-over offsets) goes on to the general path below, which re-finds a
+    -- row this call already locked (SKIP LOCKED skips only other transactions' locks).
+    -- (SET queen.pop_fast = 'off' turns it off for a session: tests/test_pop_fast.py compares both paths)
+    IF p_queue IS NOT NULL AND p_partition IS NULL AND p_max_partitions <= 1
+       AND current_setting('queen.pop_fast', true) IS DISTINCT FROM 'off' THEN
+        v_now := coalesce(p_now, clock_timestamp());  -- no lock wait before or in the fast path
+        -- discovery:fast (tests/test_pop_discovery.py EXPLAINs this statement)
+        WITH fq AS (
+            SELECT qq.id, qq.name, qq.lease_time,
+                   qq.delayed_processing = 0 AND qq.window_buffer = 0
+                   AND EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = qq.id AND g.name = p_group) AS fast
+              FROM queen.queues qq WHERE qq.tenant = p_tenant AND qq.name = p_queue
+        ), fc AS (
+            SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
+                   p.name AS pname, p.next_offset
+              FROM queen.log_consumers lc
+              JOIN queen.log_partitions p ON p.id = lc.partition_id
+             WHERE lc.queue_id = (SELECT fq.id FROM fq WHERE fq.fast)
+               AND lc.consumer_group = p_group
+               AND lc.head_at <= 'infinity'::timestamptz
+               AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now)
+             ORDER BY lc.head_at, lc.partition_id
+             LIMIT 1
+               FOR UPDATE OF lc SKIP LOCKED
+        )
+        SELECT fq.id AS qid, fq.name AS qname, fq.lease_time, fq.fast, fc.partition_id, fc.cursor_offset,
+               fc.delivered_end, fc.old_attempts, fc.pname, fc.next_offset
+          INTO f
+          FROM fq LEFT JOIN fc ON true;
+        IF f.fast AND f.partition_id IS NULL THEN
+            RETURN;  -- nothing claimable (the general path's discovery would find nothing either)
+        END IF;
+        IF f.fast AND f.cursor_offset < f.next_offset THEN
+            v_end := f.cursor_offset + least(v_budget, f.next_offset - f.cursor_offset);
+            v_attempt := CASE WHEN f.cursor_offset < f.delivered_end THEN f.old_attempts + 1 ELSE 1 END;
+            v_expires := v_now + make_interval(secs => greatest(coalesce(p_lease_seconds, f.lease_time), 1));
+            IF p_auto_ack THEN
+                -- at-most-once: the cursor moves at once (the trigger keeps head_at), no lease is kept
+                RETURN QUERY
+                WITH claim AS (
+                    UPDATE queen.log_consumers lc
+                       SET cursor_offset = v_end,
+                           delivered_end = greatest(lc.delivered_end, v_end),
+                           attempts = 0, fail_offset = NULL, failures = 0,
+                           acked_total = lc.acked_total + (v_end - f.cursor_offset),
+                           lease_id = NULL, lease_expires_at = NULL, lease_end = NULL,
+                           claimed_at = v_now
+                     WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                       AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
+                                        WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
+                    RETURNING lc.partition_id
+                )
+                SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
+                       least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], NULL::timestamptz,
+                       s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
+                  FROM queen.log_segments s
+                 WHERE EXISTS (SELECT 1 FROM claim)
+                   AND s.partition_id = f.partition_id
+                   AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2
+                                                   WHERE s2.partition_id = f.partition_id
+                                                     AND s2.base_offset <= f.cursor_offset), 0)
+                   AND s.base_offset < v_end
+                 ORDER BY s.base_offset;
+            ELSE
+                RETURN QUERY
+                WITH claim AS (
+                    UPDATE queen.log_consumers lc
+                       SET lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
+                           attempts = v_attempt,
+                           delivered_end = greatest(lc.delivered_end, v_end),
+                           claimed_at = v_now
+                     WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                       AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
+                                        WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
+                    RETURNING lc.partition_id
+                )
+                SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
+                       least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], v_expires,
+                       s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
+                  FROM queen.log_segments s
+                 WHERE EXISTS (SELECT 1 FROM claim)
+                   AND s.partition_id = f.partition_id
+                   AND s.base_offset >= coalesce((SELECT max(s2.base_offset) FROM queen.log_segments s2
+                                                   WHERE s2.partition_id = f.partition_id
+                                                     AND s2.base_offset <= f.cursor_offset), 0)
+                   AND s.base_offset < v_end
+                 ORDER BY s.base_offset;
+            END IF;
+            GET DIAGNOSTICS v_rows = ROW_COUNT;
+            IF v_rows > 0 THEN
+                RETURN;
+            END IF;
+            IF EXISTS (SELECT 1 FROM queen.log_consumers lc
+                        WHERE lc.partition_id = f.partition_id AND lc.consumer_group = p_group
+                          AND (lc.lease_id = p_lease_id OR (p_auto_ack AND lc.cursor_offset = v_end))) THEN
+                RETURN;  -- claimed, but no segment rows (as the general path would answer)
+            END IF;
+            -- passed-over offsets in the partition: the general path below
+        END IF;
+    END IF;
+
     -- two statements, not one with a CASE: each has a generic plan on its key, so PL/pgSQL need not
     -- plan the lookup again on every pop in a tenant with many queues (/work/notes/plans.md)
     IF p_queue IS NOT NULL THEN

@@ -1,0 +1,148 @@
+"""PostgreSQL CPU per ``queen.pop_v1`` call (and per ``queen.ack_v3`` of what it leased), A/B.
+
+Starts an embedded PostgreSQL (test-fixture fast mode), one database per SQL tree (``--base DIR``: an
+older commit's ``sql/`` exported, e.g. ``git archive main sql | tar -x -C /tmp/main``; the worktree's
+own ``sql/`` is always "new"), fills one queue per shape with 10 partitions of 100-message segments
+(the benchmark's pushes), then pops in alternating rounds (base, new, base, new, ...) on one
+connection and acks each lease (one ack_v3 with the lease book's hint) on another. The backends' CPU
+comes from /proc/<pid>/schedstat. Also prints log_consumers' updates and HOT updates per tree.
+
+Shapes: ``q100`` queue mode batch 100 (no partition named), ``g100`` one consumer group batch 100,
+``q1`` queue mode batch 1, ``q1a`` the same with autoAck (benchmarks' pop_latency).
+Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3] [--pops 300] [--shapes q100,g100,q1,q1a]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from benchmarks.broker import free_port
+from benchmarks.sql_push import PAYLOAD, backend_cpu_ns
+from queen_pg.db.apply import apply_sql
+from queen_pg.embedded_pg import EmbeddedPostgres
+from queen_pg.engine import codec
+from queen_pg.engine.ack import ACK_SQL, Packed
+from queen_pg.engine.leases import LeaseBook
+from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
+from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
+
+SHAPES = {
+    "q100": (QUEUE_MODE, 100, False),
+    "g100": ("g1", 100, False),
+    "q1": (QUEUE_MODE, 1, False),
+    "q1a": (QUEUE_MODE, 1, True),
+}
+
+
+async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
+    stmt = await conn.prepare(PUSH_SQL)
+    for s in range(segments):
+        items = [NewMessage(queue, f"p{s % 10}", PAYLOAD, f"{queue}-{s}-{i}", None) for i in range(100)]
+        await stmt.fetchrow("default", *prepare(items).args_v3(), [False])
+
+
+async def _pops(
+    popc: asyncpg.Connection, ackc: asyncpg.Connection, queue: str, shape: str, n: int
+) -> tuple[int, int, int]:
+    group, batch, auto_ack = SHAPES[shape]
+    pop_pid = await popc.fetchval("SELECT pg_backend_pid()")
+    ack_pid = await ackc.fetchval("SELECT pg_backend_pid()")
+    pop_ns = ack_ns = 0
+    done = 0
+    for _ in range(n):
+        lease = uuid.uuid4()
+        t0 = backend_cpu_ns(pop_pid)
+        rows = await popc.fetch(POP_SQL, "default", queue, None, None, None, group, batch, 1, lease, auto_ack,
+                                "all", None, None)  # fmt: skip
+        pop_ns += backend_cpu_ns(pop_pid) - t0
+        if not rows:
+            break
+        done += 1
+        if auto_ack:
+            continue
+        pack = Packed()
+        for row in rows:
+            lo, hi = max(row["lease_start"], row["base_offset"]), min(row["lease_end"], row["end_offset"])
+            for k, fr in enumerate(codec.unpack(row["payload"], row["codec"])):
+                if lo <= row["base_offset"] + k < hi:
+                    pack.add(row["partition_id"], fr.transaction_id, lease, group, "completed", None)
+        book = LeaseBook()
+        book.remember(lease, rows)
+        t0 = backend_cpu_ns(ack_pid)
+        res = await ackc.fetch(ACK_SQL, "default", *pack.args(), pack.hint(book))
+        ack_ns += backend_cpu_ns(ack_pid) - t0
+        assert not res[0]["o_refused"], res
+    return done, pop_ns, ack_ns
+
+
+async def bench(pg: EmbeddedPostgres, trees: dict[str, Path | None], shapes: list[str], rounds: int, pops: int) -> None:
+    admin = await asyncpg.connect(pg.admin_dsn())
+    dsns: dict[str, str] = {}
+    for name, root in trees.items():
+        await admin.execute(f"CREATE DATABASE sqlpop_{name}")
+        dsn = pg.admin_dsn(f"sqlpop_{name}")
+        dsns[name] = dsn
+        conn = await asyncpg.connect(dsn)
+        await apply_sql(conn, root)
+        for shape in shapes:
+            per = SHAPES[shape][1]
+            await _fill(conn, f"q-{shape}", max(10, (rounds * pops * per + 99) // 100 + 10))
+        await conn.close()
+    await admin.close()
+    conns = {n: (await asyncpg.connect(d), await asyncpg.connect(d)) for n, d in dsns.items()}
+    tot: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for shape in shapes:
+            for name, (popc, ackc) in conns.items():
+                done, pop_ns, ack_ns = await _pops(popc, ackc, f"q-{shape}", shape, pops)
+                pu, au = pop_ns / 1000 / max(done, 1), ack_ns / 1000 / max(done, 1)
+                tot.setdefault((shape, name), []).append(pu)
+                print(f"round {r} {shape:<5} {name:<5} pops {done:>5}  pg pop {pu:7.1f} us/call  ack {au:7.1f} us/call")
+    for popc, ackc in conns.values():
+        await popc.execute("SELECT pg_stat_force_next_flush()")
+        await ackc.execute("SELECT pg_stat_force_next_flush()")
+        await popc.close()
+        await ackc.close()
+    for name, d in dsns.items():
+        c = await asyncpg.connect(d)
+        row = await c.fetchrow("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                               "WHERE schemaname = 'queen' AND relname = 'log_consumers'")  # fmt: skip
+        await c.close()
+        print(f"{name:<5} log_consumers updates {row['n_tup_upd']} HOT {row['n_tup_hot_upd']}")
+    for (shape, name), v in sorted(tot.items()):
+        print(f"{shape:<5} {name:<5} pop us/call per round: {' '.join(f'{x:.0f}' for x in v)}")
+    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sql_pop", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", type=Path, default=None, help="a sql/ tree to compare with (database 'base')")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pops", type=int, default=300, help="pops per shape per round")
+    ap.add_argument("--shapes", default="q100,g100,q1,q1a")
+    args = ap.parse_args(argv)
+    trees: dict[str, Path | None] = {}
+    if args.base is not None:
+        trees["base"] = args.base
+    trees["new"] = None
+    tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpop-"))
+    tmp.chmod(0o711)
+    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=True)
+    try:
+        pg.start()
+        asyncio.run(bench(pg, trees, args.shapes.split(","), args.rounds, args.pops))
+    finally:
+        pg.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
