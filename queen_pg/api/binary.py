@@ -13,6 +13,7 @@ as the producerSub (a client's frame carrying one is refused, never trusted). A 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,9 @@ def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group]:
     return lane
 
 
-async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> list[dict[str, Any]]:
+async def _stored(
+    request: Request, ten: str, groups: list[binary.Group], once: Once | None
+) -> Sequence[dict[str, Any]]:
     st = state(request)
     fuser = st.fuser
     if once is not None or fuser is None or not fuser.enabled:

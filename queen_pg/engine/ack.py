@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
+import orjson
 import xxhash
 
 from queen_pg.db.pool import Database
@@ -80,7 +81,8 @@ def cursor_keys(items: Sequence[AckLike]) -> frozenset[tuple[str, str]]:
     """The (partition, group) cursor rows a request settles: two requests that share one are never
     fused (queen_pg/engine/fusion.py), because ack_v1 charges the retry budget and reports
     leaseReleased once per call and cursor row."""
-    return frozenset((_pid_key(it.partition_id), it.group or QUEUE_MODE) for it in items)
+    raw = {(it.partition_id, it.group) for it in items}  # a batch names one or a few: parsed once each
+    return frozenset((_pid_key(p), g or QUEUE_MODE) for p, g in raw)
 
 
 def _pid_key(partition_id: str | int) -> str:
@@ -199,32 +201,160 @@ class Packed:
         )
 
 
-async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> list[dict[str, Any]]:
+async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> AckResults:
     """One result per item, in order; a refused item is ``success: false`` with its reason. Under a
     request key (``once``) through ``queen.ack_v2``: a retry within the window answers the recorded
     results and settles nothing again."""
     return (await ack_many(db, tenant, [items], once))[0]
 
 
+_dumps = orjson.dumps
+_RESULT_OK = (  # one applied item's answer, as orjson.dumps writes its dict
+    b'{"index":%d,"transactionId":%s,"success":true,"error":null,"leaseReleased":false,"dlq":false,"noop":false}'
+)
+
+
+class _Verdicts:
+    """One settle call's verdicts by the call's item index: the refusals (error text), the items that
+    released their lease, went to the DLQ, or moved nothing (``noop``). Items named nowhere succeeded."""
+
+    __slots__ = ("dead", "errors", "items", "noop", "released")
+
+    def __init__(self, items: Sequence[AckLike]) -> None:
+        self.items = items
+        self.errors: dict[int, str] = {}
+        self.released: set[int] = set()
+        self.dead: set[int] = set()
+        self.noop: set[int] = set()
+
+
+class AckResults(Sequence[dict[str, Any]]):
+    """One request's results (``ack`` answers one per item, in order, indexed from 0), kept as the
+    call's verdicts instead of a dict per item: :meth:`body` renders the JSON answer straight to bytes
+    (byte for byte what ``orjson.dumps`` of the dicts gives: tests/test_ack_bytes.py) and
+    :meth:`applied` counts for the metrics; indexing or iterating builds the dicts (tests, callers)."""
+
+    __slots__ = ("_rows", "_start", "_stop", "_v")
+
+    def __init__(self, verdicts: _Verdicts | None, start: int, stop: int,
+                 rows: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+        self._v = verdicts
+        self._start = start
+        self._stop = stop
+        self._rows = rows  # the dicts themselves (the ack_v1/ack_v2 rows path)
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> AckResults:
+        return cls(None, 0, len(rows), rows)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, k: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, k: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        if self._rows is not None:
+            return self._rows[k]
+        v = self._v
+        assert v is not None
+        i = self._start + k
+        error = v.errors.get(i)
+        return {
+            "index": k,
+            "transactionId": v.items[i].transaction_id,
+            "success": error is None,
+            "error": error,
+            "leaseReleased": i in v.released,
+            "dlq": i in v.dead,
+            "noop": i in v.noop,
+        }
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[k] for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AckResults | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"AckResults({list(self)!r})"
+
+    def _plain(self) -> bool:
+        """No verdict in this request's range: every item succeeded and moved the cursor."""
+        v = self._v
+        assert v is not None
+        lo, hi = self._start, self._stop
+        return not any(lo <= i < hi for c in (v.errors, v.released, v.dead, v.noop) for i in c)
+
+    def body(self) -> bytes:
+        """The JSON answer: ``orjson.dumps(list(self))``, without the dicts."""
+        if self._rows is not None:
+            return _dumps(self._rows)
+        if not len(self):
+            return b"[]"
+        v = self._v
+        assert v is not None
+        items, lo = v.items, self._start
+        if self._plain():
+            return b"[" + b",".join([_RESULT_OK % (k, _dumps(items[lo + k].transaction_id))
+                                     for k in range(len(self))]) + b"]"  # fmt: skip
+        return _dumps(list(self))
+
+    def applied(self) -> dict[str, int] | None:
+        """Acks that applied (not refused, not answered ``noop``), per status (``completed``, ...); None
+        when the results are rows (the caller counts from the dicts)."""
+        per: dict[str, int] = {}
+        if self._rows is not None:
+            return None
+        v = self._v
+        assert v is not None
+        statuses = STATUSES
+        errors, noop = v.errors, v.noop
+        skip = bool(errors or noop)
+        for i in range(self._start, self._stop):
+            if skip and (i in errors or i in noop):
+                continue
+            s = v.items[i].status
+            s = statuses.get(s, s)
+            per[s] = per.get(s, 0) + 1
+        return per
+
+
 async def ack_many(
     db: Database, tenant: str, requests: Sequence[Sequence[AckLike]], once: Once | None = None
-) -> list[list[dict[str, Any]]]:
+) -> list[AckResults]:
     """Settle several requests' items in ONE ``queen.ack_v3`` call (request fusion); each request
     gets its own results, in its order, indexed from 0. The fuser only combines requests whose
     :func:`cursor_keys` are disjoint, so the call equals running them one after the other. ``once``
     (one request only, never fused) calls ``queen.ack_v2`` instead."""
-    items = [it for req in requests for it in req]
-    results: list[dict[str, Any] | None] = [None] * len(items)
+    items = [it for req in requests for it in req] if len(requests) != 1 else requests[0]
+    v = _Verdicts(items)
     sent: list[int] = []
     pack = Packed()
     parsed: dict[str, uuid.UUID | None] = {}
+    last_pid: str | int | None = None
+    pid = -1
     for i, item in enumerate(items):
-        try:
-            pid = int(item.partition_id)
-        except ValueError:
-            pid = -1
+        raw_pid = item.partition_id
+        if raw_pid != last_pid:  # a batch's items share one partition: parsed once
+            try:
+                pid = int(raw_pid)
+            except ValueError:
+                pid = -1
+            last_pid = raw_pid if 0 <= pid <= BIGINT_MAX else None
         if not 0 <= pid <= BIGINT_MAX:
-            results[i] = _refused(i, item, f"unknown partitionId {item.partition_id!r}")
+            v.errors[i] = f"unknown partitionId {raw_pid!r}"
             continue
         lease: uuid.UUID | None = None
         if item.lease_id:
@@ -235,7 +365,7 @@ async def ack_many(
                 except ValueError:
                     lease = parsed[item.lease_id] = None
             if lease is None:
-                results[i] = _refused(i, item, "lease is not held (unknown leaseId)")
+                v.errors[i] = "lease is not held (unknown leaseId)"
                 continue
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
@@ -245,28 +375,22 @@ async def ack_many(
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)
-        why = dict(zip(refused, errors, strict=True))
-        released_at, dead_at, noop_at = set(released), set(dead), set(noop)
-        for n, i in enumerate(sent, 1):
-            error = why.get(n)
-            results[i] = {
-                "index": i,
-                "transactionId": items[i].transaction_id,
-                "success": error is None,
-                "error": error,
-                "leaseReleased": n in released_at,
-                "dlq": n in dead_at,
-                "noop": n in noop_at,
-            }
+        at = sent.__getitem__  # 1-based position among the sent items -> the call's item index
+        for n, error in zip(refused, errors, strict=True):
+            v.errors[at(n - 1)] = error
+        v.released.update(at(n - 1) for n in released)
+        v.dead.update(at(n - 1) for n in dead)
+        v.noop.update(at(n - 1) for n in noop)
     elif sent:
         if once is None:  # a batch naming more (partition, group, lease, status) kinds than ack_v3 holds
             rows = await db.fetch(ACK_ROWS_SQL, tenant, *pack.arrays())
         else:
             rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
+        got: dict[int, dict[str, Any]] = {}
         for row in rows:
             i = sent[row["idx"] - 1]
-            results[i] = {
+            got[i] = {
                 "index": i,
                 "transactionId": items[i].transaction_id,
                 "success": row["success"],
@@ -275,13 +399,23 @@ async def ack_many(
                 "dlq": row["dlq"],
                 "noop": row["noop"],
             }
-    out: list[list[dict[str, Any]]] = []
+        out_rows: list[AckResults] = []
+        start = 0
+        for req in requests:
+            part = []
+            for i in range(start, start + len(req)):
+                r = got.get(i)
+                if r is None and i in v.errors:
+                    r = _refused(i, items[i], v.errors[i])
+                if r is not None:
+                    part.append(r | {"index": r["index"] - start})
+            out_rows.append(AckResults.of(part))
+            start += len(req)
+        return out_rows
+    out: list[AckResults] = []
     start = 0
     for req in requests:
-        part = [r for r in results[start : start + len(req)] if r is not None]
-        for r in part:
-            r["index"] -= start
-        out.append(part)
+        out.append(AckResults(v, start, start + len(req)))
         start += len(req)
     return out
 

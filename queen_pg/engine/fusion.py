@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -39,8 +39,8 @@ from queen_pg.engine.outcomes import Once
 from queen_pg.errors import DB_UNAVAILABLE, QueenError
 
 T = TypeVar("T")
-Result = list[dict[str, Any]]
-Call = Callable[[list[list[T]]], Awaitable[list[Result]]]
+Result = Sequence[dict[str, Any]]  # a list, or ack's AckResults (rendered straight to bytes)
+Call = Callable[[list[list[T]]], Awaitable[Sequence[Result]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class Fuser:
         if lane is None:
             self.sweep()
 
-            async def call(requests: list[list[push_engine.NewMessage]]) -> list[Result]:
+            async def call(requests: list[list[push_engine.NewMessage]]) -> Sequence[Result]:
                 return await push_engine.push_many(self.db, tenant, requests)
 
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
@@ -249,7 +249,7 @@ class Fuser:
         if lane is None:
             self.sweep()
 
-            async def call(requests: list[list[ack_engine.AckLike]]) -> list[Result]:
+            async def call(requests: list[list[ack_engine.AckLike]]) -> Sequence[Result]:
                 return await ack_engine.ack_many(self.db, tenant, requests)
 
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
