@@ -290,26 +290,26 @@ class AckResults(Sequence[dict[str, Any]]):
     def __repr__(self) -> str:
         return f"AckResults({list(self)!r})"
 
-    def _plain(self) -> bool:
-        """No verdict in this request's range: every item succeeded and moved the cursor."""
-        v = self._v
-        assert v is not None
-        lo, hi = self._start, self._stop
-        return not any(lo <= i < hi for c in (v.errors, v.released, v.dead, v.noop) for i in c)
-
     def body(self) -> bytes:
-        """The JSON answer: ``orjson.dumps(list(self))``, without the dicts."""
+        """The JSON answer: ``orjson.dumps(list(self))``, without the dicts (an item with a verdict, such
+        as the last one of a lease, which released it, is rendered from its dict)."""
         if self._rows is not None:
             return _dumps(self._rows)
         if not len(self):
             return b"[]"
         v = self._v
         assert v is not None
-        items, lo = v.items, self._start
-        if self._plain():
-            return b"[" + b",".join([_RESULT_OK % (k, _dumps(items[lo + k].transaction_id))
-                                     for k in range(len(self))]) + b"]"  # fmt: skip
-        return _dumps(list(self))
+        items, lo, hi = v.items, self._start, self._stop
+        marked = {i for c in (v.errors, v.released, v.dead, v.noop) for i in c if lo <= i < hi}
+        ok = _RESULT_OK
+        if not marked:
+            parts = [ok % (k, _dumps(items[lo + k].transaction_id)) for k in range(hi - lo)]
+        else:
+            parts = [
+                _dumps(self[k]) if lo + k in marked else ok % (k, _dumps(items[lo + k].transaction_id))
+                for k in range(hi - lo)
+            ]
+        return b"[" + b",".join(parts) + b"]"
 
     def applied(self) -> dict[str, int] | None:
         """Acks that applied (not refused, not answered ``noop``), per status (``completed``, ...); None
