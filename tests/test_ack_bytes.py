@@ -110,3 +110,35 @@ async def test_http_answers_are_the_dicts_bytes_and_count_applied_acks(http: htt
     assert [g["noop"] for g in again] == [True, True, True]
     m = await scrape(http)
     assert value(m, "queen_messages_acked_total", tenant="default", status="completed") == 3
+
+
+def test_packed_arguments_are_the_items_fixed_records_texts_and_errors() -> None:
+    """ack_v3's p_items/p_txns/p_errors, built in one pass by Packed.args, as the format says."""
+    import struct
+    import uuid
+
+    import xxhash
+
+    lease = uuid.uuid4()
+    rows = [(7, "a", lease, "g", "completed", None), (7, "日本", lease, "g", "completed", "x"),
+            (8, "", None, "__QUEUE_MODE__", "failed", None), (7, 'q"', lease, "g", "completed", None)]  # fmt: skip
+    p = ack_engine.Packed()
+    for r in rows:
+        p.add(*r)
+    items, pids, groups, leases, statuses, txns, errors = p.args()
+    want, at = b"", 0
+    for pid, txn, _lease, _group, _status, _err in rows:
+        raw = txn.encode()
+        want += struct.pack("<16sHII", xxhash.xxh3_128_digest(raw), 1 if pid == 7 else 2, at, len(raw))
+        at += len(raw)
+    assert items == want and txns == 'a日本q"'.encode()
+    assert (pids, groups, leases, statuses) == ([7, 8], ["g", "__QUEUE_MODE__"], [lease, None], ["completed", "failed"])
+    assert errors == [None, "x", None, None]
+    arrays = p.arrays()
+    assert [str(u) for u in arrays[1]] == [
+        str(uuid.UUID(bytes=xxhash.xxh3_128_digest(t.encode()))) for _, t, *_ in rows
+    ]
+    assert arrays[6] == [None, "x", None, None] and arrays[0] == [7, 7, 8, 7]
+    clean = ack_engine.Packed()
+    clean.add(*rows[0][:5], None)
+    assert clean.args()[6] is None  # no error text at all: NULL

@@ -102,36 +102,48 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_hinted", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
+    __slots__ = ("_errors", "_hinted", "_kind_of", "_kinds", "_last", "_txn_ids", "_txns", "erred")
 
     def __init__(self) -> None:
-        self._items: list[bytes] = []
         self._txns: list[bytes] = []
         self._txn_ids: list[str] = []
         self._hinted: list[tuple[uuid.UUID, int]] = []  # (lease, partition) of the kinds :meth:`hint` hinted
-        self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
         self._kind_of: list[int] = []  # each item's kind (the packed u16 holds at most 65535 of them)
-        self._errors: list[str | None] = []
+        self._errors: dict[int, str] = {}  # item position -> its error text (most items have none)
         self.erred = False
 
     def add(self, pid: int, transaction_id: str, lease: uuid.UUID | None, group: str, status: str,
             error: str | None) -> None:  # fmt: skip
-        raw = transaction_id.encode()
+        """One item; the fixed-size items are packed once, by :meth:`args` (a tight loop, not per call)."""
         last = self._last
         if last is not None and last[0] == pid and last[2] is lease and last[1] == group and last[3] == status:
             kind = last[4]  # a batch's items share one kind: no tuple to hash (a UUID hashes in Python)
         else:
             kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
             self._last = (pid, group, lease, status, kind)
-        self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind & 0xFFFF, self._txn_at, len(raw)))
+        if error is not None:
+            self._errors[len(self._txns)] = error
+            self.erred = True
         self._kind_of.append(kind)
-        self._txns.append(raw)
+        self._txns.append(transaction_id.encode())
         self._txn_ids.append(transaction_id)
-        self._txn_at += len(raw)
-        self._errors.append(error)
-        self.erred = self.erred or error is not None
+
+    def _items(self) -> bytes:
+        """The packed items: per item its transactionId's xxh3-128, kind, and where its text sits."""
+        pack, digest = _ITEM.pack, xxhash.xxh3_128_digest
+        out: list[bytes] = []
+        at = 0
+        for raw, kind in zip(self._txns, self._kind_of, strict=True):
+            n = len(raw)
+            out.append(pack(digest(raw), kind & 0xFFFF, at, n))
+            at += n
+        return b"".join(out)
+
+    def _error_list(self) -> list[str | None]:
+        errors = self._errors
+        return [errors.get(i) for i in range(len(self._txns))]
 
     MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
 
@@ -176,13 +188,13 @@ class Packed:
         """``queen.ack_v3``'s arguments after the tenant."""
         kinds = list(self._kinds)
         return (
-            b"".join(self._items),
+            self._items(),
             [k[0] for k in kinds],
             [k[1] for k in kinds],
             [k[2] for k in kinds],
             [k[3] for k in kinds],
             b"".join(self._txns),
-            self._errors if self.erred else None,
+            self._error_list() if self.erred else None,
         )
 
     def arrays(self) -> tuple[list[int], list[uuid.UUID], list[str], list[uuid.UUID | None], list[str], list[str],
@@ -192,12 +204,12 @@ class Packed:
         per = [kinds[k - 1] for k in self._kind_of]
         return (
             [k[0] for k in per],
-            [fast_uuid(it[:16]) for it in self._items],
+            [fast_uuid(xxhash.xxh3_128_digest(t)) for t in self._txns],
             [t.decode() for t in self._txns],
             [k[2] for k in per],
             [k[1] for k in per],
             [k[3] for k in per],
-            self._errors,
+            self._error_list(),
         )
 
 
