@@ -354,8 +354,10 @@ class Metrics:
 
     def count_ack(self, tenant: str, items: Sequence[ack_engine.AckLike], results: Iterable[Mapping[str, Any]]) -> None:
         """Acks that applied (not refused, not a resend answered as ``noop``); results carry ``index``."""
-        per_status: dict[str, int] = {}
-        for r in results:
+        # ack_engine.AckResults counts without building its dicts
+        counted = results.applied() if isinstance(results, ack_engine.AckResults) else None
+        per_status: dict[str, int] = counted if counted is not None else {}
+        for r in results if counted is None else ():
             if not r.get("success") or r.get("noop"):
                 continue
             item = items[r["index"]]

@@ -260,8 +260,25 @@ def _pop_request(request: Request, queue: str | None, partition: str | None) -> 
     )
 
 
+# A consumer repeats one request: its PopRequest (a pure function of the path, the query string and
+# max_batch; frozen) is read once. A request that is refused (400) is never kept.
+_POP_REQUESTS: dict[tuple[str | None, str | None, bytes, int], pop_engine.PopRequest] = {}
+POP_REQUESTS_KEPT = 1024  # distinct (path, query) kept at most; the map starts over when full
+
+
+def _pop_request_of(request: Request, queue: str | None, partition: str | None) -> pop_engine.PopRequest:
+    key = (queue, partition, request.scope["query_string"], state(request).settings.max_batch)
+    req = _POP_REQUESTS.get(key)
+    if req is None:
+        req = _pop_request(request, queue, partition)
+        if len(_POP_REQUESTS) >= POP_REQUESTS_KEPT:
+            _POP_REQUESTS.clear()
+        _POP_REQUESTS[key] = req
+    return req
+
+
 async def _pop(request: Request, queue: str | None, partition: str | None) -> Response:
-    req = _pop_request(request, queue, partition)
+    req = _pop_request_of(request, queue, partition)
     if pop_in_maintenance(request):
         return Response(status_code=204)
     try:
@@ -334,6 +351,8 @@ async def _settle(request: Request, items: list[ack_engine.AckLike], route: str)
     async with permit(request, "ack"):
         results = await (st.fuser.ack(ten, items, once) if st.fuser else ack_engine.ack(st.db, ten, items, once))
     count_ack(request, items, results)
+    if isinstance(results, ack_engine.AckResults):  # rendered from the verdicts, no dict per item
+        return Response(results.body(), media_type="application/json", headers=replay_headers(once))
     return json_response(results, headers=replay_headers(once))
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
+import orjson
 import xxhash
 
 from queen_pg.db.pool import Database
@@ -80,7 +81,8 @@ def cursor_keys(items: Sequence[AckLike]) -> frozenset[tuple[str, str]]:
     """The (partition, group) cursor rows a request settles: two requests that share one are never
     fused (queen_pg/engine/fusion.py), because ack_v1 charges the retry budget and reports
     leaseReleased once per call and cursor row."""
-    return frozenset((_pid_key(it.partition_id), it.group or QUEUE_MODE) for it in items)
+    raw = {(it.partition_id, it.group) for it in items}  # a batch names one or a few: parsed once each
+    return frozenset((_pid_key(p), g or QUEUE_MODE) for p, g in raw)
 
 
 def _pid_key(partition_id: str | int) -> str:
@@ -100,36 +102,48 @@ class Packed:
     when an item has one. A driver encodes a 100-element array parameter element by element (~0.4 µs
     each here); these are a handful of values whatever the batch size."""
 
-    __slots__ = ("_errors", "_hinted", "_items", "_kind_of", "_kinds", "_last", "_txn_at", "_txn_ids", "_txns", "erred")
+    __slots__ = ("_errors", "_hinted", "_kind_of", "_kinds", "_last", "_txn_ids", "_txns", "erred")
 
     def __init__(self) -> None:
-        self._items: list[bytes] = []
         self._txns: list[bytes] = []
         self._txn_ids: list[str] = []
         self._hinted: list[tuple[uuid.UUID, int]] = []  # (lease, partition) of the kinds :meth:`hint` hinted
-        self._txn_at = 0
         self._kinds: dict[tuple[int, str, uuid.UUID | None, str], int] = {}
         self._last: tuple[int, str, uuid.UUID | None, str, int] | None = None  # the previous item's kind
         self._kind_of: list[int] = []  # each item's kind (the packed u16 holds at most 65535 of them)
-        self._errors: list[str | None] = []
+        self._errors: dict[int, str] = {}  # item position -> its error text (most items have none)
         self.erred = False
 
     def add(self, pid: int, transaction_id: str, lease: uuid.UUID | None, group: str, status: str,
             error: str | None) -> None:  # fmt: skip
-        raw = transaction_id.encode()
+        """One item; the fixed-size items are packed once, by :meth:`args` (a tight loop, not per call)."""
         last = self._last
         if last is not None and last[0] == pid and last[2] is lease and last[1] == group and last[3] == status:
             kind = last[4]  # a batch's items share one kind: no tuple to hash (a UUID hashes in Python)
         else:
             kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
             self._last = (pid, group, lease, status, kind)
-        self._items.append(_ITEM.pack(xxhash.xxh3_128_digest(raw), kind & 0xFFFF, self._txn_at, len(raw)))
+        if error is not None:
+            self._errors[len(self._txns)] = error
+            self.erred = True
         self._kind_of.append(kind)
-        self._txns.append(raw)
+        self._txns.append(transaction_id.encode())
         self._txn_ids.append(transaction_id)
-        self._txn_at += len(raw)
-        self._errors.append(error)
-        self.erred = self.erred or error is not None
+
+    def _items(self) -> bytes:
+        """The packed items: per item its transactionId's xxh3-128, kind, and where its text sits."""
+        pack, digest = _ITEM.pack, xxhash.xxh3_128_digest
+        out: list[bytes] = []
+        at = 0
+        for raw, kind in zip(self._txns, self._kind_of, strict=True):
+            n = len(raw)
+            out.append(pack(digest(raw), kind & 0xFFFF, at, n))
+            at += n
+        return b"".join(out)
+
+    def _error_list(self) -> list[str | None]:
+        errors = self._errors
+        return [errors.get(i) for i in range(len(self._txns))]
 
     MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
 
@@ -174,13 +188,13 @@ class Packed:
         """``queen.ack_v3``'s arguments after the tenant."""
         kinds = list(self._kinds)
         return (
-            b"".join(self._items),
+            self._items(),
             [k[0] for k in kinds],
             [k[1] for k in kinds],
             [k[2] for k in kinds],
             [k[3] for k in kinds],
             b"".join(self._txns),
-            self._errors if self.erred else None,
+            self._error_list() if self.erred else None,
         )
 
     def arrays(self) -> tuple[list[int], list[uuid.UUID], list[str], list[uuid.UUID | None], list[str], list[str],
@@ -190,41 +204,169 @@ class Packed:
         per = [kinds[k - 1] for k in self._kind_of]
         return (
             [k[0] for k in per],
-            [fast_uuid(it[:16]) for it in self._items],
+            [fast_uuid(xxhash.xxh3_128_digest(t)) for t in self._txns],
             [t.decode() for t in self._txns],
             [k[2] for k in per],
             [k[1] for k in per],
             [k[3] for k in per],
-            self._errors,
+            self._error_list(),
         )
 
 
-async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> list[dict[str, Any]]:
+async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> AckResults:
     """One result per item, in order; a refused item is ``success: false`` with its reason. Under a
     request key (``once``) through ``queen.ack_v2``: a retry within the window answers the recorded
     results and settles nothing again."""
     return (await ack_many(db, tenant, [items], once))[0]
 
 
+_dumps = orjson.dumps
+_RESULT_OK = (  # one applied item's answer, as orjson.dumps writes its dict
+    b'{"index":%d,"transactionId":%s,"success":true,"error":null,"leaseReleased":false,"dlq":false,"noop":false}'
+)
+
+
+class _Verdicts:
+    """One settle call's verdicts by the call's item index: the refusals (error text), the items that
+    released their lease, went to the DLQ, or moved nothing (``noop``). Items named nowhere succeeded."""
+
+    __slots__ = ("dead", "errors", "items", "noop", "released")
+
+    def __init__(self, items: Sequence[AckLike]) -> None:
+        self.items = items
+        self.errors: dict[int, str] = {}
+        self.released: set[int] = set()
+        self.dead: set[int] = set()
+        self.noop: set[int] = set()
+
+
+class AckResults(Sequence[dict[str, Any]]):
+    """One request's results (``ack`` answers one per item, in order, indexed from 0), kept as the
+    call's verdicts instead of a dict per item: :meth:`body` renders the JSON answer straight to bytes
+    (byte for byte what ``orjson.dumps`` of the dicts gives: tests/test_ack_bytes.py) and
+    :meth:`applied` counts for the metrics; indexing or iterating builds the dicts (tests, callers)."""
+
+    __slots__ = ("_rows", "_start", "_stop", "_v")
+
+    def __init__(self, verdicts: _Verdicts | None, start: int, stop: int,
+                 rows: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+        self._v = verdicts
+        self._start = start
+        self._stop = stop
+        self._rows = rows  # the dicts themselves (the ack_v1/ack_v2 rows path)
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> AckResults:
+        return cls(None, 0, len(rows), rows)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, k: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, k: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        if self._rows is not None:
+            return self._rows[k]
+        v = self._v
+        assert v is not None
+        i = self._start + k
+        error = v.errors.get(i)
+        return {
+            "index": k,
+            "transactionId": v.items[i].transaction_id,
+            "success": error is None,
+            "error": error,
+            "leaseReleased": i in v.released,
+            "dlq": i in v.dead,
+            "noop": i in v.noop,
+        }
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[k] for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AckResults | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"AckResults({list(self)!r})"
+
+    def body(self) -> bytes:
+        """The JSON answer: ``orjson.dumps(list(self))``, without the dicts (an item with a verdict, such
+        as the last one of a lease, which released it, is rendered from its dict)."""
+        if self._rows is not None:
+            return _dumps(self._rows)
+        if not len(self):
+            return b"[]"
+        v = self._v
+        assert v is not None
+        items, lo, hi = v.items, self._start, self._stop
+        marked = {i for c in (v.errors, v.released, v.dead, v.noop) for i in c if lo <= i < hi}
+        ok = _RESULT_OK
+        if not marked:
+            parts = [ok % (k, _dumps(items[lo + k].transaction_id)) for k in range(hi - lo)]
+        else:
+            parts = [
+                _dumps(self[k]) if lo + k in marked else ok % (k, _dumps(items[lo + k].transaction_id))
+                for k in range(hi - lo)
+            ]
+        return b"[" + b",".join(parts) + b"]"
+
+    def applied(self) -> dict[str, int] | None:
+        """Acks that applied (not refused, not answered ``noop``), per status (``completed``, ...); None
+        when the results are rows (the caller counts from the dicts)."""
+        per: dict[str, int] = {}
+        if self._rows is not None:
+            return None
+        v = self._v
+        assert v is not None
+        statuses = STATUSES
+        errors, noop = v.errors, v.noop
+        skip = bool(errors or noop)
+        for i in range(self._start, self._stop):
+            if skip and (i in errors or i in noop):
+                continue
+            s = v.items[i].status
+            s = statuses.get(s, s)
+            per[s] = per.get(s, 0) + 1
+        return per
+
+
 async def ack_many(
     db: Database, tenant: str, requests: Sequence[Sequence[AckLike]], once: Once | None = None
-) -> list[list[dict[str, Any]]]:
+) -> list[AckResults]:
     """Settle several requests' items in ONE ``queen.ack_v3`` call (request fusion); each request
     gets its own results, in its order, indexed from 0. The fuser only combines requests whose
     :func:`cursor_keys` are disjoint, so the call equals running them one after the other. ``once``
     (one request only, never fused) calls ``queen.ack_v2`` instead."""
-    items = [it for req in requests for it in req]
-    results: list[dict[str, Any] | None] = [None] * len(items)
+    items = [it for req in requests for it in req] if len(requests) != 1 else requests[0]
+    v = _Verdicts(items)
     sent: list[int] = []
     pack = Packed()
     parsed: dict[str, uuid.UUID | None] = {}
+    last_pid: str | int | None = None
+    pid = -1
     for i, item in enumerate(items):
-        try:
-            pid = int(item.partition_id)
-        except ValueError:
-            pid = -1
+        raw_pid = item.partition_id
+        if raw_pid != last_pid:  # a batch's items share one partition: parsed once
+            try:
+                pid = int(raw_pid)
+            except ValueError:
+                pid = -1
+            last_pid = raw_pid if 0 <= pid <= BIGINT_MAX else None
         if not 0 <= pid <= BIGINT_MAX:
-            results[i] = _refused(i, item, f"unknown partitionId {item.partition_id!r}")
+            v.errors[i] = f"unknown partitionId {raw_pid!r}"
             continue
         lease: uuid.UUID | None = None
         if item.lease_id:
@@ -235,7 +377,7 @@ async def ack_many(
                 except ValueError:
                     lease = parsed[item.lease_id] = None
             if lease is None:
-                results[i] = _refused(i, item, "lease is not held (unknown leaseId)")
+                v.errors[i] = "lease is not held (unknown leaseId)"
                 continue
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
@@ -245,28 +387,22 @@ async def ack_many(
         refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)
-        why = dict(zip(refused, errors, strict=True))
-        released_at, dead_at, noop_at = set(released), set(dead), set(noop)
-        for n, i in enumerate(sent, 1):
-            error = why.get(n)
-            results[i] = {
-                "index": i,
-                "transactionId": items[i].transaction_id,
-                "success": error is None,
-                "error": error,
-                "leaseReleased": n in released_at,
-                "dlq": n in dead_at,
-                "noop": n in noop_at,
-            }
+        at = sent.__getitem__  # 1-based position among the sent items -> the call's item index
+        for n, error in zip(refused, errors, strict=True):
+            v.errors[at(n - 1)] = error
+        v.released.update(at(n - 1) for n in released)
+        v.dead.update(at(n - 1) for n in dead)
+        v.noop.update(at(n - 1) for n in noop)
     elif sent:
         if once is None:  # a batch naming more (partition, group, lease, status) kinds than ack_v3 holds
             rows = await db.fetch(ACK_ROWS_SQL, tenant, *pack.arrays())
         else:
             rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
+        got: dict[int, dict[str, Any]] = {}
         for row in rows:
             i = sent[row["idx"] - 1]
-            results[i] = {
+            got[i] = {
                 "index": i,
                 "transactionId": items[i].transaction_id,
                 "success": row["success"],
@@ -275,13 +411,23 @@ async def ack_many(
                 "dlq": row["dlq"],
                 "noop": row["noop"],
             }
-    out: list[list[dict[str, Any]]] = []
+        out_rows: list[AckResults] = []
+        start = 0
+        for req in requests:
+            part = []
+            for i in range(start, start + len(req)):
+                r = got.get(i)
+                if r is None and i in v.errors:
+                    r = _refused(i, items[i], v.errors[i])
+                if r is not None:
+                    part.append(r | {"index": r["index"] - start})
+            out_rows.append(AckResults.of(part))
+            start += len(req)
+        return out_rows
+    out: list[AckResults] = []
     start = 0
     for req in requests:
-        part = [r for r in results[start : start + len(req)] if r is not None]
-        for r in part:
-            r["index"] -= start
-        out.append(part)
+        out.append(AckResults(v, start, start + len(req)))
         start += len(req)
     return out
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -40,7 +40,7 @@ from queen_pg.errors import DB_UNAVAILABLE, QueenError
 
 T = TypeVar("T")
 R = TypeVar("R")  # one request's answer (push: push_engine.Answer, its bytes rendered once; ack: result dicts)
-Result = list[dict[str, Any]]
+Result = Sequence[dict[str, Any]]  # ack: a list, or AckResults (rendered straight to bytes)
 Call = Callable[[list[list[T]]], Awaitable[list[R]]]
 
 
@@ -220,7 +220,7 @@ class Fuser:
         self.config = config
         self.clock = clock
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
-        self._ack: dict[str, Lane[ack_engine.AckLike, Result]] = {}
+        self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
@@ -246,12 +246,12 @@ class Fuser:
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
 
-    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, Result]:
+    def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, ack_engine.AckResults]:
         lane = self._ack.get(tenant)
         if lane is None:
             self.sweep()
 
-            async def call(requests: list[list[ack_engine.AckLike]]) -> list[Result]:
+            async def call(requests: list[list[ack_engine.AckLike]]) -> list[ack_engine.AckResults]:
                 return await ack_engine.ack_many(self.db, tenant, requests)
 
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)

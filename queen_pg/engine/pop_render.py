@@ -46,6 +46,9 @@ from queen_pg.security import crypto
 _HEAD = struct.Struct("<IB")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_HEAD_FMT = b'{"id":"%s","transactionId":%s,'
+_TAIL_FMT = b',"traceId":%s,"producerSub":%s,"deliveryAttempt":'
+_TAIL_NO_SUB = _TAIL_FMT % (b"null", b"null")  # shared by every frame without trace id and producer
 FRAME_OVERHEAD = 200  # bytes charged per rendered frame beyond its payload (pieces, tuple, list slot)
 ENTRY_OVERHEAD = 300  # bytes charged per cached segment (key, entry, list)
 
@@ -97,24 +100,23 @@ class Segment:
         at = self.starts[k]
         body_len, flags = _HEAD.unpack_from(raw, at)
         stop = at + 4 + body_len
-        pos = at + 5
-        head = b'{"id":"' + str(fast_uuid(raw[pos : pos + 16])).encode() + b'","transactionId":'
-        pos += 16
+        pos = at + 21
+        mid = str(fast_uuid(raw[at + 5 : pos])).encode()
         trace = b"null"
         if flags & codec.FLAG_TRACE:
             trace = b'"' + str(fast_uuid(raw[pos : pos + 16])).encode() + b'"'
             pos += 16
-        (tlen,) = _U16.unpack_from(raw, pos)
-        pos += 2
-        head += orjson.dumps(raw[pos : pos + tlen].decode()) + b","
-        pos += tlen
-        sub = b"null"
+        end = pos + 2 + (raw[pos] | raw[pos + 1] << 8)  # u16 length, then the transactionId
+        head = _HEAD_FMT % (mid, orjson.dumps(raw[pos + 2 : end].decode()))
+        pos = end
         if flags & codec.FLAG_SUB:
             (slen,) = _U16.unpack_from(raw, pos)
             pos += 2
             sub = orjson.dumps(raw[pos : pos + slen].decode(errors="replace"))
             pos += slen
-        tail = b',"traceId":' + trace + b',"producerSub":' + sub + b',"deliveryAttempt":'
+            tail = _TAIL_FMT % (trace, sub)
+        else:
+            tail = _TAIL_NO_SUB if trace == b"null" else _TAIL_FMT % (trace, b"null")
         got = (head, raw[pos:stop], bool(flags & codec.FLAG_SEALED), tail)
         self.pieces[k] = got
         added = len(head) + len(got[1]) + len(tail) + FRAME_OVERHEAD
