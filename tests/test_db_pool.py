@@ -10,7 +10,7 @@ import pytest
 
 from queen_pg.db.pool import Database
 from queen_pg.errors import QueenError
-from tests.helpers import until
+from tests.helpers import eventually, until
 
 
 async def _last_queries(conn: asyncpg.Connection) -> list[str]:
@@ -99,6 +99,20 @@ async def test_a_backend_killed_under_the_hot_connection_costs_one_call_at_most(
         except QueenError as exc:
             outcomes.append(exc.code)
     assert outcomes in (["db_unavailable", "ok"], ["ok", "ok"])  # never the dead one again, never a 500
+
+
+async def test_a_backend_that_ended_while_the_hot_connection_was_idle_costs_no_call(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    # review5: the pool's acquire checks a connection it hands out; the hot connection skips the
+    # acquire, so it must check itself. Its backend killed between two calls (a restart,
+    # idle_session_timeout, an operator) and seen lost by the driver: the next call runs on a fresh
+    # connection instead of answering 503 (an ack refused for nothing, its lease left to expire).
+    victim = await _pid(db)
+    assert await conn.fetchval("SELECT pg_terminate_backend($1)", victim)
+    await eventually(db._hot_gone, "the driver sees the hot connection lost")
+    assert await _pid(db) != victim
+    assert await _pid(db) == await _pid(db)  # and the new one is hot in turn
 
 
 async def test_close_waits_for_a_call_on_the_hot_connection(db_url: str, conn: asyncpg.Connection) -> None:

@@ -12,7 +12,9 @@ Calls that find it busy take a pooled connection as before, so it only ever repl
 one call at a time and the pool's size still bounds the connections. It runs single statements only
 (never an explicit transaction); a call on it that ends in anything but an answer or an error raised
 by PostgreSQL (a cancellation, a lost connection) hands it back to the pool's release, which waits
-out a cancellation and rolls back or terminates it, and the next call checks out another.
+out a cancellation and rolls back or terminates it, and the next call checks out another. A hot
+connection found lost before a call (its backend ended while idle) is given back the same way first,
+so that call runs on a fresh one (as the pool's acquire checks), not into a 503.
 """
 
 from __future__ import annotations
@@ -186,6 +188,10 @@ class Database:
         self._hot_busy = True
         healthy = False
         try:
+            if self._hot is not None and self._hot_gone():
+                # its backend ended while no call was on it (killed, a restart, idle_session_timeout):
+                # asyncpg already took it back (or it is closed), as the pool's acquire would check
+                await self._give_back_hot()
             if self._hot is None:
                 self._hot = await self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
             try:
