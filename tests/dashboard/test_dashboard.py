@@ -240,6 +240,9 @@ async def test_read_only_mode_hides_every_destructive_button(dash: Dash) -> None
     await dash.page.route("**/api/v1/stats/refresh", forbid)
     dash.allowed.append("status of 403")  # the browser logs the refused probe
     await dash.page.reload()  # the probe runs when the dashboard loads, as with a new token
+    # the refused probe's answer, awaited as an event: "networkidle" alone could come before it (a CI run
+    # on a loaded box listed the maintenance buttons of a page rendered before the probe answered)
+    await expect(dash.page.get_by_test_id("read-only")).to_be_visible()
     assert await _destructive_buttons(dash) == []
     await expect(dash.page.get_by_test_id("read-only")).to_be_visible()
     await dash.goto("/dlq")
