@@ -58,9 +58,13 @@ async def test_calls_one_at_a_time_stay_on_one_connection_kept_out_of_the_pool(d
     assert db.idle_size() == 1  # ... and is reported idle (metrics, /system): no call is on it
 
 
-async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(db: Database) -> None:
+async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(db: Database, conn: asyncpg.Connection) -> None:
     await _pid(db)  # the hot connection exists
-    pids = await asyncio.gather(*(db.fetchval("SELECT pg_backend_pid() FROM pg_sleep(0.2)") for _ in range(4)))
+    await conn.execute("SELECT pg_advisory_lock($1)", GATE)
+    calls = asyncio.gather(*(db.fetchval(f"SELECT pg_backend_pid() FROM {GATED_SHARED}") for _ in range(4)))
+    await until(lambda: _waiting(conn, 4), "four calls waiting at the gate at once")
+    await conn.execute("SELECT pg_advisory_unlock($1)", GATE)
+    pids = await calls
     assert len(set(pids)) == 4  # one each: none waited for another's connection
     assert db.pool.get_size() == 4  # the pool's size still counts (and bounds) the hot one
 
@@ -76,11 +80,13 @@ async def test_a_cancelled_call_hands_the_hot_connection_back_and_the_next_call_
     db: Database, conn: asyncpg.Connection
 ) -> None:
     await conn.execute("CREATE TABLE t (x int)")
-    task = asyncio.create_task(db.fetch("INSERT INTO t SELECT 1 FROM pg_sleep(5)"))
-    await until(lambda: _active(conn, "pg_sleep(5)"))
+    await conn.execute("SELECT pg_advisory_lock($1)", GATE)
+    task = asyncio.create_task(db.fetch(f"INSERT INTO t SELECT 1 FROM {GATED}"))
+    await until(lambda: _waiting(conn, 1), "the insert waiting at the gate")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    await conn.execute("SELECT pg_advisory_unlock($1)", GATE)
     # the pool's release waited out the cancellation: the next call answers, and the insert never happened
     assert await db.fetchval("SELECT count(*) FROM t") == 0
     assert await db.fetchval("SELECT 'after'") == "after"
@@ -118,16 +124,26 @@ async def test_a_backend_that_ended_while_the_hot_connection_was_idle_costs_no_c
 async def test_close_waits_for_a_call_on_the_hot_connection(db_url: str, conn: asyncpg.Connection) -> None:
     d = Database(db_url, 2)
     await d.open(apply_schema=False)
-    call = asyncio.create_task(d.fetchval("SELECT 'done' FROM pg_sleep(0.3)"))
-    await until(lambda: _active(conn, "pg_sleep(0.3)"))  # the call is on the hot connection
-    await asyncio.wait_for(d.close(), 10)  # the call gives the connection back: close does not hang
+    await conn.execute("SELECT pg_advisory_lock($1)", GATE)
+    call = asyncio.create_task(d.fetchval(f"SELECT 'done' FROM {GATED_SHARED}"))
+    await until(lambda: _waiting(conn, 1), "the call on the hot connection waiting at the gate")
+    closing = asyncio.create_task(d.close())
+    await conn.execute("SELECT pg_advisory_unlock($1)", GATE)  # a yield: close is under way meanwhile
+    await asyncio.wait_for(closing, 10)  # the call gives the connection back: close does not hang
     assert call.done() and call.result() == "done"
 
 
-async def _active(conn: asyncpg.Connection, text: str) -> bool:
-    n = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE state = 'active' AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
-        text,
+# Calls are held in flight by an advisory lock the test's own connection holds (the gate), and let go
+# when it unlocks: no statement sleeps for a guessed time.
+GATE = 7_140_001
+GATED = "(SELECT pg_advisory_xact_lock(7140001)) AS gate"
+GATED_SHARED = "(SELECT pg_advisory_xact_lock_shared(7140001)) AS gate"
+
+
+async def _waiting(conn: asyncpg.Connection, n: int) -> bool:
+    """Exactly ``n`` sessions wait for the gate."""
+    got = await conn.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid = $1 AND NOT granted",
+        GATE,
     )
-    return bool(n)
+    return bool(got == n)
