@@ -58,7 +58,9 @@ async def test_calls_one_at_a_time_stay_on_one_connection_kept_out_of_the_pool(d
     assert db.idle_size() == 1  # ... and is reported idle (metrics, /system): no call is on it
 
 
-async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(db: Database, conn: asyncpg.Connection) -> None:
+async def test_concurrent_calls_take_pooled_connections_beside_the_hot_one(
+    db: Database, conn: asyncpg.Connection
+) -> None:
     await _pid(db)  # the hot connection exists
     await conn.execute("SELECT pg_advisory_lock($1)", GATE)
     calls = asyncio.gather(*(db.fetchval(f"SELECT pg_backend_pid() FROM {GATED_SHARED}") for _ in range(4)))
