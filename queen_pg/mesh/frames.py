@@ -38,6 +38,7 @@ _HEAD = struct.Struct(">BBBQ")
 MAC_LEN = 32
 MIN_FRAME = _HEAD.size + MAC_LEN
 MAX_BODY = MAX_FRAME - MIN_FRAME
+BODY_BUDGET = 48 * 1024  # bytes of keys per WAKE/CONFIG/INTEREST frame (a frame's body may hold 64 KiB)
 
 
 class FrameError(Exception):
@@ -111,3 +112,62 @@ async def read_frame(reader: asyncio.StreamReader, secret: bytes) -> Frame | Non
     except asyncio.IncompleteReadError:
         raise FrameError("truncated") from None
     return decode(data, secret)
+
+
+# ---- bodies of the key-carrying kinds -----------------------------------------------------------
+
+
+def key_frames(kind: int, secret: bytes, keys: Any) -> list[bytes]:
+    """WAKE or CONFIG frames carrying ``keys`` ((tenant, queue) pairs), as many as BODY_BUDGET needs."""
+    out: list[bytes] = []
+    chunk: list[list[str]] = []
+    size = 0
+    for t, q in keys:
+        chunk.append([t, q])
+        size += len(t) + len(q) + 8
+        if size >= BODY_BUDGET:
+            out.append(encode(kind, chunk, secret))
+            chunk, size = [], 0
+    if chunk:
+        out.append(encode(kind, chunk, secret))
+    return out
+
+
+def interest_frames(
+    secret: bytes, adds: dict[tuple[str, str], float], drops: set[tuple[str, str]], full: bool
+) -> list[bytes]:
+    """INTEREST frames (sibling workers): ``{"full", "add": [[t, q, since]], "drop": [[t, q]]}``;
+    ``full`` replaces what the sibling knows of the sender (set on the first frame only)."""
+    out: list[bytes] = []
+    body: dict[str, Any] = {"full": full, "add": [], "drop": []}
+    size = 0
+    items: list[tuple[str, list[Any], int]] = [("drop", [t, q], len(t) + len(q)) for t, q in drops]
+    items += [("add", [t, q, since], len(t) + len(q)) for (t, q), since in adds.items()]
+    for part, item, n in items:
+        body[part].append(item)
+        size += n + 32
+        if size >= BODY_BUDGET:
+            out.append(encode(INTEREST, body, secret))
+            body, size = {"full": False, "add": [], "drop": []}, 0
+    if size or not out:
+        out.append(encode(INTEREST, body, secret))
+    return out
+
+
+def interest_ok(body: Any) -> bool:
+    """Whether an INTEREST body has the shape :func:`interest_frames` writes."""
+    return (
+        isinstance(body, dict)
+        and isinstance(body.get("full"), bool)
+        and isinstance(body.get("add"), list)
+        and isinstance(body.get("drop"), list)
+        and all(
+            isinstance(k, list)
+            and len(k) == 3
+            and isinstance(k[0], str)
+            and isinstance(k[1], str)
+            and isinstance(k[2], int | float)
+            for k in body["add"]
+        )
+        and all(isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in body["drop"])
+    )

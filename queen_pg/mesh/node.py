@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from queen_pg.engine.waiters import Waiters
 from queen_pg.mesh import frames
-from queen_pg.mesh.peers import Connect, Peer
+from queen_pg.mesh.peers import Connect, Peer, tcp_dialer, unix_dialer
 
 if TYPE_CHECKING:
     from queen_pg.settings import Settings
@@ -51,7 +51,6 @@ log = logging.getLogger("queen_pg.mesh")
 
 HELLO_TIMEOUT_S = 5.0
 SCAN_INTERVAL_S = 1.0
-BODY_BUDGET = 48 * 1024  # bytes of keys per WAKE/CONFIG frame (a frame's body may hold 64 KiB)
 INTEREST_LINGER_S = 5.0  # a key nobody waits on stays of interest this long (re-polling consumers)
 PUSHED_KEEP = 65536  # keys whose last push time is kept for the INTEREST race (then: cleared, floor)
 
@@ -196,51 +195,18 @@ class Mesh:
         delay = self._last_sent + self.config.coalesce_s - loop.time()
         self._handle = loop.call_soon(self._flush) if delay <= 0 else loop.call_later(delay, self._flush)
 
-    def _encode(self, kind: int, keys: Any) -> list[bytes]:
-        out: list[bytes] = []
-        chunk: list[list[str]] = []
-        size = 0
-        for t, q in keys:
-            chunk.append([t, q])
-            size += len(t) + len(q) + 8
-            if size >= BODY_BUDGET:
-                out.append(frames.encode(kind, chunk, self.secret))
-                chunk, size = [], 0
-        if chunk:
-            out.append(frames.encode(kind, chunk, self.secret))
-        return out
-
-    def _interest_frames(
-        self, adds: dict[tuple[str, str], float], drops: set[tuple[str, str]], full: bool
-    ) -> list[bytes]:
-        """INTEREST frames: ``full`` replaces what the sibling knows of us (the first frame only)."""
-        out: list[bytes] = []
-        body: dict[str, Any] = {"full": full, "add": [], "drop": []}
-        size = 0
-        items: list[tuple[str, list[Any], int]] = [("drop", [t, q], len(t) + len(q)) for t, q in drops]
-        items += [("add", [t, q, since], len(t) + len(q)) for (t, q), since in adds.items()]
-        for part, item, n in items:
-            body[part].append(item)
-            size += n + 32
-            if size >= BODY_BUDGET:
-                out.append(frames.encode(frames.INTEREST, body, self.secret))
-                body, size = {"full": False, "add": [], "drop": []}, 0
-        if size or not out:
-            out.append(frames.encode(frames.INTEREST, body, self.secret))
-        return out
-
     def greeting(self, peer: Peer) -> list[bytes]:
         """The frames a newly connected peer gets first: a sibling, all the keys our pops wait on."""
         if not peer.local or self.interest_source is None:
             return []
-        return self._interest_frames(self.interest_source.interest(), set(), full=True)
+        return frames.interest_frames(self.secret, self.interest_source.interest(), set(), full=True)
 
     def _flush(self) -> None:
         self._handle = None
         wakes, configs, maintenance = self._wakes, self._configs, self._maintenance
         adds, drops = self._adds, self._drops
         self._wakes, self._configs, self._maintenance, self._adds, self._drops = set(), set(), False, {}, set()
-        shared = self._encode(frames.CONFIG, configs)
+        shared = frames.key_frames(frames.CONFIG, self.secret, configs)
         if maintenance:
             shared.append(frames.encode(frames.MAINTENANCE, {}, self.secret))
         everyone: list[bytes] | None = None  # the WAKE frames of a peer that hears every wake
@@ -251,21 +217,21 @@ class Mesh:
             known = self._sibling_interest.get(peer.node) if peer.local and peer.node is not None else None
             if known is None:  # a replica, or a sibling that has not told us its interest yet: everything
                 if everyone is None:
-                    everyone = self._encode(frames.WAKE, wakes)
+                    everyone = frames.key_frames(frames.WAKE, self.secret, wakes)
                 out = everyone + shared
             else:
                 mine = [k for k in wakes if k in known]
                 self.wakes_filtered += len(wakes) - len(mine)
-                out = self._encode(frames.WAKE, mine) + shared if mine else shared
+                out = frames.key_frames(frames.WAKE, self.secret, mine) + shared if mine else shared
             for f in out:
                 peer.offer(f)
                 sent = True
             if peer.local and self.interest_source is not None and (peer.resync or adds or drops):
                 if peer.resync:
                     peer.resync = False
-                    notes = self._interest_frames(self.interest_source.interest(), set(), full=True)
+                    notes = frames.interest_frames(self.secret, self.interest_source.interest(), set(), full=True)
                 else:
-                    notes = self._interest_frames(adds, drops, full=False)
+                    notes = frames.interest_frames(self.secret, adds, drops, full=False)
                 for f in notes:
                     if not peer.offer(f) and peer.connected:
                         peer.resync = True  # the outbox was full: the whole state goes next time
@@ -367,21 +333,7 @@ class Mesh:
     def _interest(self, body: Any, node: str) -> None:
         """A sibling's INTEREST frame: record its keys; wake the new ones we pushed since it began
         waiting on them (the wake we filtered out may have crossed its INTEREST)."""
-        if not (
-            isinstance(body, dict)
-            and isinstance(body.get("full"), bool)
-            and isinstance(body.get("add"), list)
-            and isinstance(body.get("drop"), list)
-            and all(
-                isinstance(k, list)
-                and len(k) == 3
-                and isinstance(k[0], str)
-                and isinstance(k[1], str)
-                and isinstance(k[2], int | float)
-                for k in body["add"]
-            )
-            and all(isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in body["drop"])
-        ):
+        if not frames.interest_ok(body):
             self.dropped_recv("malformed")
             return
         if body["full"]:
@@ -401,7 +353,7 @@ class Mesh:
                 late.append((t, q))
         if late:
             self.wakes_caught_up += len(late)
-            out = self._encode(frames.WAKE, late)
+            out = frames.key_frames(frames.WAKE, self.secret, late)
             for p in self.peers.values():
                 if p.local and p.node == node:
                     for f in out:
@@ -465,7 +417,7 @@ class Mesh:
             name = f"unix:{path.name}"
             seen.add(name)
             if name not in self.peers:
-                self._add_peer(name, _unix_dialer(str(path)), local=True)
+                self._add_peer(name, unix_dialer(str(path)), local=True)
         for name in [n for n, p in self.peers.items() if p.local and n not in seen]:
             self._drop_peer(name)
 
@@ -481,7 +433,7 @@ class Mesh:
         cfg = self.config
         try:
             for host, port in cfg.peers:
-                self._add_peer(f"{host}:{port}", _dialer(host, port), local=False)
+                self._add_peer(f"{host}:{port}", tcp_dialer(host, port), local=False)
             if cfg.local_dir is not None:
                 self._scan()
                 self._spawn("scanner", self._scanner())
@@ -530,14 +482,6 @@ def from_settings(settings: Settings, waiters: Waiters, on_maintenance: Callable
         mesh.interest_source = waiters
         waiters.watch_interest(mesh.publish_interest)
     return mesh
-
-
-def _dialer(host: str, port: int) -> Connect:
-    return lambda: asyncio.open_connection(host, port)
-
-
-def _unix_dialer(path: str) -> Connect:
-    return lambda: asyncio.open_unix_connection(path)
 
 
 def _alive(pid: int) -> bool:

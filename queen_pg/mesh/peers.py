@@ -27,6 +27,16 @@ from queen_pg.mesh import frames
 log = logging.getLogger("queen_pg.mesh")
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+def tcp_dialer(host: str, port: int) -> Connect:
+    return lambda: asyncio.open_connection(host, port)
+
+
+def unix_dialer(path: str) -> Connect:
+    return lambda: asyncio.open_unix_connection(path)
+
+
 CONNECT_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 5.0  # a peer that takes longer to take our bytes is treated as gone
 BACKOFF_MIN_S = 0.05
