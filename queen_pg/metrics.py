@@ -295,6 +295,13 @@ class Metrics:
             ["direction", "reason"],
             registry=reg,
         )
+        self.mesh_wakes = Counter(
+            "queen_mesh_wakes",
+            "Wakes between sibling workers by outcome: filtered (not sent: no pop of the sibling waited on "
+            "the queue) or caught_up (sent in answer to a sibling's new interest)",
+            ["outcome"],
+            registry=reg,
+        )
         self.limiter = Gauge(
             "queen_limiter",
             "Concurrency limiter state per route family (field: limit, inflight, queued, rtt, ...)",
@@ -392,6 +399,8 @@ class Metrics:
             self._feed(self.mesh_frames, "sent", mesh.frames_sent)
             self._feed(self.mesh_frames, "received", mesh.frames_received)
             self._feed(self.mesh_frames, "relayed", mesh.frames_relayed)
+            self._feed(self.mesh_wakes, "filtered", mesh.wakes_filtered)
+            self._feed(self.mesh_wakes, "caught_up", mesh.wakes_caught_up)
             for key, n in list(mesh.dropped.items()):
                 direction, _, reason = key.partition(":")
                 self._feed2(self.mesh_dropped, (direction, reason), n)

@@ -18,6 +18,7 @@ import pytest
 from queen_pg.mesh import frames
 from queen_pg.mesh.node import Mesh, MeshConfig, parse_peers
 from queen_pg.mesh.peers import Peer
+from queen_pg.metrics import Metrics
 from queen_pg.settings import Settings
 from tests.conftest import free_port
 from tests.helpers import eventually, until
@@ -393,6 +394,12 @@ async def test_a_pop_that_starts_waiting_as_a_sibling_push_commits_is_woken(tmp_
         w1.waiters.notify("t", "race")  # crosses the INTEREST: w1 does not know yet
         await eventually(ev.is_set, "the pop woken although its INTEREST crossed the wake")
         assert w1.mesh.wakes_filtered == 1 and w1.mesh.wakes_caught_up == 1
+        metrics = Metrics(multiprocess_dir="")  # and a scrape shows both counts, once per sampling
+        for _ in range(2):
+            metrics.sample(None, None, None, None, w1.mesh)
+        text = metrics.render().decode()
+        assert 'queen_mesh_wakes_total{outcome="filtered"} 1.0' in text
+        assert 'queen_mesh_wakes_total{outcome="caught_up"} 1.0' in text
     finally:
         await _stop_siblings(tasks, w1, w2)
 
