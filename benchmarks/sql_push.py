@@ -12,7 +12,9 @@ Cases: ``a`` 1 call of 100 items to one (queue, partition); ``b`` 1 call of 1 it
 every other item repeating a transactionId of the previous call (duplicates answered from log_txns).
 
 ``--push-sql FILE`` applies another 020_push.sql over the schema (A/B against an older commit:
-``git show REV:sql/procedures/020_push.sql > /tmp/old.sql``). The figures are a lower bound on a shared
+``git show REV:sql/procedures/020_push.sql > /tmp/old.sql``); ``--sql FILE`` applies any SQL after it
+(e.g. the schema statements of an older revision). The WAL bytes per message (pg_current_wal_insert_lsn
+before and after) come with the CPU. The figures are a lower bound on a shared
 machine: the load average is printed with them.
 
     python -m benchmarks.sql_push [--cases abc] [--calls N] [--push-sql FILE] [--json OUT]
@@ -97,18 +99,21 @@ async def run_case(conn: asyncpg.Connection, pid: int, key: str, case: Case, cal
     prev: list[str] = []
     walls: list[float] = []
     cpu0 = 0
+    wal0 = 0
     for call in range(warmup + calls):
         items, txns = items_for(case, key, call, prev)
         prev = txns
         args = prepare(items).args_v3()
         sealed = [False] * case.groups
         if call == warmup:
+            wal0 = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
             cpu0 = backend_cpu_ns(pid)
         t0 = time.perf_counter()
         row = await stmt.fetchrow("t", *args, sealed)
         walls.append(time.perf_counter() - t0)
         assert row is not None and len(row["partition_ids"]) == case.groups
     cpu = backend_cpu_ns(pid) - cpu0
+    wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") - wal0
     walls = sorted(walls[warmup:])
     n = case.groups * case.per_group
     return {
@@ -117,21 +122,84 @@ async def run_case(conn: asyncpg.Connection, pid: int, key: str, case: Case, cal
         "items_per_call": n,
         "pg_cpu_us_per_msg": round(cpu / 1000 / calls / n, 2),
         "pg_cpu_us_per_call": round(cpu / 1000 / calls, 1),
+        "wal_bytes_per_msg": round(float(wal) / calls / n, 1),
         "wall_us_per_call_p50": round(statistics.median(walls) * 1e6, 1),
         "wall_us_per_call_p90": round(walls[int(len(walls) * 0.9)] * 1e6, 1),
     }
 
 
-async def bench(dsn: str, push_sql: str | None, cases: str, calls: int | None, warmup: int) -> list[dict[str, Any]]:
+async def bench(
+    dsn: str, push_sql: str | None, cases: str, calls: int | None, warmup: int, extra: list[str] | None = None
+) -> list[dict[str, Any]]:
     conn = await asyncpg.connect(dsn)
     try:
         await apply_sql(conn)
         if push_sql is not None:
             await conn.execute(push_sql)
+        for sql in extra or []:
+            await conn.execute(sql)
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         return [await run_case(conn, pid, k, CASES[k], calls or CASES[k].calls, warmup) for k in cases]
     finally:
         await conn.close()
+
+
+async def _side(dsn: str, push_sql: str | None, extra: list[str]) -> tuple[asyncpg.Connection, int]:
+    conn = await asyncpg.connect(dsn)
+    await apply_sql(conn)
+    if push_sql is not None:
+        await conn.execute(push_sql)
+    for sql in extra:
+        await conn.execute(sql)
+    return conn, await conn.fetchval("SELECT pg_backend_pid()")
+
+
+async def bench_ab(
+    dsns: tuple[str, str],
+    sides: tuple[tuple[str | None, list[str]], tuple[str | None, list[str]]],
+    cases: str,
+    calls: int | None,
+    warmup: int,
+    checkpoint_every: int = 0,
+) -> list[dict[str, Any]]:
+    """Paired A/B: two servers, calls alternating between them (A B, B A, ...) in the same minutes, each
+    call's backend CPU measured alone: machine load hits both sides alike."""
+    ab = [await _side(dsns[k], *sides[k]) for k in (0, 1)]
+    out: list[dict[str, Any]] = []
+    try:
+        for key in cases:
+            case = CASES[key]
+            n = case.groups * case.per_group
+            stmts = [await c.prepare(PUSH_SQL) for c, _ in ab]
+            prev: list[list[str]] = [[], []]
+            cpu = [0, 0]
+            wal0 = [0, 0]
+            for call in range(warmup + (calls or case.calls)):
+                if call == warmup:
+                    wal0 = [await c.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") for c, _ in ab]
+                if checkpoint_every and call >= warmup and (call - warmup) % checkpoint_every == 0:
+                    for c, _ in ab:  # the checkpointer's work, not the backend's: full-page writes follow
+                        await c.execute("CHECKPOINT")
+                for k in (0, 1) if call % 2 == 0 else (1, 0):
+                    items, prev[k] = items_for(case, key, call, prev[k])
+                    args = prepare(items).args_v3()
+                    t0 = backend_cpu_ns(ab[k][1])
+                    await stmts[k].fetchrow("t", *args, [False] * case.groups)
+                    if call >= warmup:
+                        cpu[k] += backend_cpu_ns(ab[k][1]) - t0
+            m = calls or case.calls
+            wal = [await c.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") for c, _ in ab]
+            wal = [wal[k] - wal0[k] for k in (0, 1)]
+            row: dict[str, Any] = {"case": case.name, "calls": m, "items_per_call": n}
+            for k, side in ((0, "a"), (1, "b")):
+                row[f"{side}_pg_cpu_us_per_msg"] = round(cpu[k] / 1000 / m / n, 2)
+                row[f"{side}_wal_bytes_per_msg"] = round(float(wal[k]) / m / n, 1)
+            row["b_over_a"] = round(cpu[1] / cpu[0], 3)
+            out.append(row)
+    finally:
+        for c, _ in ab:
+            await c.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,18 +208,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=None, help="measured calls per case (default: per case, 300-2000)")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured calls first (plans, caches; default 50)")
     ap.add_argument("--push-sql", type=Path, default=None, help="apply this 020_push.sql over the schema (A/B)")
+    ap.add_argument("--sql", type=Path, action="append", default=[], help="also apply this SQL file (repeatable; A/B)")
+    ap.add_argument("--b-push-sql", type=Path, default=None, help="paired A/B: side B's 020_push.sql")
+    ap.add_argument("--b-sql", type=Path, action="append", default=None, help="paired A/B: side B's extra SQL")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="paired A/B: a CHECKPOINT on both sides every N measured calls (full-page writes)",
+    )
     ap.add_argument("--fsync", action="store_true", help="keep fsync on (default: the test fixtures' fast mode)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if bad := set(args.cases) - set(CASES):
         ap.error(f"unknown cases: {''.join(sorted(bad))}")
     push_sql = args.push_sql.read_text() if args.push_sql is not None else None
+    if args.b_push_sql is not None or args.b_sql is not None:
+        main_ab(args, push_sql)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpush-"))
     tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
     pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync)
     try:
         pg.start()
-        results = asyncio.run(bench(pg.admin_dsn(), push_sql, args.cases, args.calls, args.warmup))
+        results = asyncio.run(
+            bench(pg.admin_dsn(), push_sql, args.cases, args.calls, args.warmup, [f.read_text() for f in args.sql])
+        )
     finally:
         pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,7 +241,37 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         print(
             f"{r['case']:<48} pg {r['pg_cpu_us_per_msg']:>8.2f} us/msg {r['pg_cpu_us_per_call']:>8.1f} us/call"
+            f"   wal {r['wal_bytes_per_msg']:>7.1f} B/msg"
             f"   wall p50 {r['wall_us_per_call_p50']:>8.1f} p90 {r['wall_us_per_call_p90']:>8.1f} us/call"
+        )
+    print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"load1": load, "results": results}, indent=2) + "\n")
+
+
+def main_ab(args: argparse.Namespace, push_sql: str | None) -> None:
+    b_push = args.b_push_sql.read_text() if args.b_push_sql is not None else None
+    sides = ((push_sql, [f.read_text() for f in args.sql]), (b_push, [f.read_text() for f in args.b_sql or []]))
+    tmps = [Path(tempfile.mkdtemp(prefix="queen-sqlpush-")) for _ in (0, 1)]
+    pgs = []
+    try:
+        for tmp in tmps:
+            tmp.chmod(0o711)
+            pgs.append(EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync))
+            pgs[-1].start()
+        dsns = (pgs[0].admin_dsn(), pgs[1].admin_dsn())
+        results = asyncio.run(bench_ab(dsns, sides, args.cases, args.calls, args.warmup, args.checkpoint_every))
+    finally:
+        for pg in pgs:
+            pg.stop()
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+    load = os.getloadavg()[0]
+    for r in results:
+        print(
+            f"{r['case']:<48} A {r['a_pg_cpu_us_per_msg']:>8.2f} B {r['b_pg_cpu_us_per_msg']:>8.2f} us/msg"
+            f"  B/A {r['b_over_a']:.3f}   wal A {r['a_wal_bytes_per_msg']:>7.1f}"
+            f" B {r['b_wal_bytes_per_msg']:>7.1f} B/msg"
         )
     print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
     if args.json is not None:

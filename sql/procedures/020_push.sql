@@ -54,7 +54,11 @@ CREATE OR REPLACE FUNCTION queen._push_core(
 -- Generic plans: with array parameters PL/pgSQL's plan cache kept choosing custom plans, i.e. planned
 -- every statement on every call (~40 % of a 1-item push's PostgreSQL CPU); the generic plans of these
 -- statements are the same shapes (index lookups by key, hash/sort over the arrays) at every batch size.
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- No sequential scans: a connection keeps its generic plans, and plans made while autovacuum's
+-- statistics said "a few rows" (its first ANALYZE of log_txns comes early) read log_txns whole once
+-- per pushed item until the next ANALYZE, as the table grew (~257 instead of ~13 us of PostgreSQL CPU
+-- per message at 150,000 rows; tests/test_push_plans.py). Every statement here reads by key.
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 DECLARE
     v_gq      bigint[];       -- queue id per group
     v_win     integer[];      -- dedup window per group (seconds)
@@ -233,7 +237,7 @@ CREATE OR REPLACE FUNCTION queen.push_v3(
     OUT dup_msgid     uuid[],
     OUT dup_offset    bigint[]
 )
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._push_core
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- see queen._push_core
 DECLARE
     n       integer := coalesce(cardinality(p_item_group), 0);
     v_hash  uuid[];
