@@ -603,23 +603,30 @@ $$;
 -- Locks: (docs/locks.md #3) the lease's log_consumers rows FOR UPDATE in ascending (partition_id,
 -- group) order, the order ack_v1, seek and group delete use (a multi-partition lease renewed while it
 -- is acked must not take them the other way round); then the clock is read, after the last wait.
+-- The lease's rows are found through queen.log_leases (lease id -> cursor rows, schema.sql), each
+-- checked on the cursor row itself (lc.lease_id): log_consumers has no index on lease_id. Renewing
+-- changes lease_expires_at only: a HOT update.
 CREATE OR REPLACE FUNCTION queen.lease_extend_v1(p_tenant text, p_lease_id uuid, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (renewed integer, expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz;
 BEGIN
-    PERFORM 1 FROM queen.log_consumers lc
-     WHERE lc.lease_id = p_lease_id AND lc.tenant = p_tenant
+    PERFORM 1 FROM queen.log_leases l
+      JOIN queen.log_consumers lc
+        ON lc.partition_id = l.partition_id AND lc.consumer_group = l.consumer_group
+     WHERE l.lease_id = p_lease_id AND lc.lease_id = p_lease_id AND lc.tenant = p_tenant
      ORDER BY lc.partition_id, lc.consumer_group
-       FOR UPDATE;
+       FOR UPDATE OF lc;
     v_now := coalesce(p_now, clock_timestamp());
     RETURN QUERY
     WITH upd AS (
         UPDATE queen.log_consumers lc
            SET lease_expires_at = v_now + make_interval(secs => greatest(q.lease_time, 1))
-          FROM queen.queues q
-         WHERE lc.lease_id = p_lease_id AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant
+          FROM queen.log_leases l, queen.queues q
+         WHERE l.lease_id = p_lease_id
+           AND lc.partition_id = l.partition_id AND lc.consumer_group = l.consumer_group
+           AND lc.lease_id = p_lease_id AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant
            AND q.id = lc.queue_id
         RETURNING lc.lease_expires_at
     )
