@@ -22,9 +22,10 @@
 --          Pops treat an expired lease as claimable with or without this job; delivery attempts
 --          (delivered_end, attempts) are untouched, so the next claim still counts the redelivery.
 -- Leases by id: the leased rows are found through queen.log_leases (log_consumers has no index on
---          lease_id, schema.sql). Then the call deletes up to 50 × p_limit stale log_leases rows: those
---          whose cursor row does not hold that lease (acked, released, expired and cleared, claimed
---          again, or gone). A row is judged in one snapshot with its cursor row (a pop writes both in
+--          lease_id, schema.sql). Then the call deletes up to 200 × p_limit stale log_leases rows (the
+--          default job: 200,000 per 5 s tick, i.e. 40,000 leased pops a second), those whose cursor row
+--          does not hold that lease (acked, released, expired and cleared, claimed again, or gone).
+--          With the job off on every replica the table grows by one row per leased pop. A row is judged in one snapshot with its cursor row (a pop writes both in
 --          one transaction, and a lease id is never claimed again once its cursor row let it go), so a
 --          live lease's row is never deleted. Deleting takes no lock but those rows' own.
 
@@ -67,7 +68,7 @@ BEGIN
              WHERE NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
                                 WHERE lc.partition_id = s.partition_id AND lc.consumer_group = s.consumer_group
                                   AND lc.lease_id = s.lease_id)
-             LIMIT greatest(p_limit, 1) * 50));
+             LIMIT greatest(p_limit, 1) * 200));
 END;
 $$;
 
