@@ -163,7 +163,31 @@ $$;
 CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
     ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
 DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
-CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id) WHERE lease_id IS NOT NULL;
+-- Leases by id (revision 0010): one row per cursor row a leased pop claims, (lease id, partition,
+-- group), inserted by queen.pop_v1 in its claim statement. log_consumers has no index on lease_id, so a
+-- claim (and a lease extend) rewrites no indexed column: a HOT update, no index entries. The cursor row
+-- stays the truth: a row here only says where to look, every reader checks lc.lease_id = lease_id
+-- (lease extend, the transaction's required lease, the lease_expiry job). Rows whose cursor no longer
+-- holds that lease (acked, released, expired, claimed again, group deleted) are stale, and the
+-- lease_expiry job deletes them (queen.lease_expiry_v1). No foreign key: a key check per pop would be
+-- a statement of its own, and a stale row is harmless.
+CREATE TABLE IF NOT EXISTS queen.log_leases (
+    lease_id            uuid NOT NULL,
+    partition_id        bigint NOT NULL,
+    consumer_group      text NOT NULL,
+    CONSTRAINT log_leases_pkey PRIMARY KEY (lease_id, partition_id, consumer_group)
+);
+DO $$  -- databases made before revision 0010: the live leases get their rows, then the index goes
+BEGIN
+    IF to_regclass('queen.log_consumers_lease_idx') IS NOT NULL THEN
+        INSERT INTO queen.log_leases (lease_id, partition_id, consumer_group)
+        SELECT lc.lease_id, lc.partition_id, lc.consumer_group
+          FROM queen.log_consumers lc WHERE lc.lease_id IS NOT NULL
+        ON CONFLICT DO NOTHING;
+        DROP INDEX queen.log_consumers_lease_idx;
+    END IF;
+END;
+$$;
 -- Databases made before the offset-commit ack (revision 0002): drop the out-of-order array. Only when
 -- it is there: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a booting replica must not take on
 -- every boot.

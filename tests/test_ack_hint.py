@@ -207,3 +207,43 @@ async def test_fused_acks_of_several_leases_use_each_row_s_hint(broker: Broker, 
     rows = await db.fetch("SELECT p.name, lc.cursor_offset FROM queen.log_consumers lc "
                           "JOIN queen.log_partitions p ON p.id = lc.partition_id ORDER BY 1")  # fmt: skip
     assert [(r["name"], r["cursor_offset"]) for r in rows] == [("a", 20), ("b", 15), ("c", 10)]
+
+
+async def test_the_usual_hinted_ack_never_judges_item_by_item(
+    conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[Any], list[str]]
+) -> None:
+    """queen.ack_v3's fast path settles a hinted ack of one lease by itself (queen._ack_settle, renamed
+    away here, is not called), with the look-up's verdicts and row: a retry budget being spent below the
+    new cursor is reset, the attempts of a range delivered again end with it; what it cannot decide (a
+    lease run out) still goes to queen._ack_settle."""
+    pid, lease, rows, txns = leased
+    book = LeaseBook()
+    book.remember(lease, rows)
+    await conn.execute(
+        "UPDATE queen.log_consumers SET fail_offset = 12, failures = 2, attempts = 3, delivered_end = 60"
+        " WHERE partition_id = $1", pid
+    )  # fmt: skip
+    part = txns[:30]
+    out, row = await same_both_ways(conn, pid, lease, [(t, "completed") for t in part], book.hint(lease, pid, part))
+    assert all(v["success"] and not v["released"] for v in out)
+    assert (row["cursor_offset"], row["fail_offset"], row["failures"], row["attempts"]) == (40, None, 0, 3)
+    every = [(t, "completed") for t in txns]
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        await conn.execute("ALTER FUNCTION queen._ack_settle RENAME TO _ack_settle_away")
+        pack = Packed()
+        for t, status in every:
+            pack.add(pid, t, lease, "g", status, None)
+        res = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
+                                  book.hint(lease, pid, txns))  # fmt: skip
+        out = verdicts(res, len(every))
+        assert all(v["success"] and not v["noop"] for v in out) and [v["released"] for v in out][-2:] == [False, True]
+        row = dict(await conn.fetchrow(ROW, pid))
+        assert (row["cursor_offset"], row["lease_id"], row["acked_total"], row["attempts"]) == (110, None, 110, 0)
+        assert row["released_lease_id"] == lease
+        with pytest.raises(asyncpg.UndefinedFunctionError):  # the lease is gone: only _ack_settle can say so
+            await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
+                                book.hint(lease, pid, txns))  # fmt: skip
+    finally:
+        await tr.rollback()

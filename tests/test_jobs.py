@@ -255,6 +255,35 @@ SELECT q.name AS q, c.lease_id, c.lease_expires_at, c.lease_end, c.released_leas
 """
 
 
+async def test_leases_by_id_rows_live_as_long_as_their_lease(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, db: Database
+) -> None:
+    """queen.log_leases (revision 0010): a leased pop writes one row per claimed cursor row; lease
+    extend and the expiry find the lease through it; the expiry job deletes the rows whose cursor let
+    the lease go (acked, expired) and keeps a live lease's row, which extend still finds."""
+    await configure(http, "lb", leaseTime=60)
+    for p in ("a", "b", "c"):
+        await push(http, "lb", [{"payload": p, "transactionId": f"t{p}"}], partition=p)
+    rows = "SELECT lease_id, partition_id FROM queen.log_leases ORDER BY 1, 2"
+    done = await pop(http, "lb", batch=1)  # acked below: its row goes stale
+    two = await pop(http, "lb", batch=2, partitions=2)  # one lease, two cursor rows
+    assert two["partitionsClaimed"] == 2
+    lease = uuid.UUID(two["leaseId"])
+    assert sorted(r["lease_id"] for r in await conn.fetch(rows)) == sorted([uuid.UUID(done["leaseId"]), lease, lease])
+    await ack(http, done["messages"])
+    r = await http.post(f"/api/v1/lease/{lease}/extend")
+    assert r.status_code == 200 and r.json()["renewed"] == 2
+    job = LeaseExpiry(lambda tenant, queue: None)
+    assert await job.run_once(db) == 0
+    assert [r["lease_id"] for r in await conn.fetch(rows)] == [lease, lease]  # the acked one's went
+    # the lease runs out: the job clears both cursor rows, then their rows
+    expires = await conn.fetchval("SELECT max(lease_expires_at) FROM queen.log_consumers WHERE lease_id = $1", lease)
+    assert await job.run_once(db, expires) == 2
+    assert await conn.fetch(rows) == []
+    r = await http.post(f"/api/v1/lease/{lease}/extend")
+    assert r.status_code == 200 and r.json()["renewed"] == 0
+
+
 # --- dlq fill -------------------------------------------------------------------------------------
 
 

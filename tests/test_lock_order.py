@@ -49,8 +49,9 @@ async def ack_items(http: httpx.AsyncClient, msgs: list[dict[str, Any]], status:
 async def test_lease_extend_locks_cursor_rows_in_ascending_order(
     http: httpx.AsyncClient, conn: asyncpg.Connection, db_url: str
 ) -> None:
-    """The lease's rows are claimed (so updated, so placed in the lease_id index) higher partition
-    first; renewing used to lock them in that index order while ack_v1 locks them ascending."""
+    """The lease's rows are claimed higher partition first (so placed in that order in the lease_id
+    index, queen.log_leases since revision 0010); renewing used to lock them in that order while ack_v1
+    locks them ascending."""
     await push(http, "lo", [{"payload": 0}], partition="A")  # A gets the lower partition id
     await push(http, "lo", [{"payload": 0}], partition="B")
     first = await pop(http, "lo", consumerGroup="g", batch=2, partitions=2)

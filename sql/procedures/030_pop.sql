@@ -32,6 +32,9 @@
 --          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group
 --          creation).
 --          A claimed cursor first passes over its log_passes offsets (queen._pass_over, 040_ack.sql).
+--          A leased claim inserts its queen.log_leases row (lease id -> cursor row) in the same
+--          statement, under the cursor row it holds; no other lock (the row's key is new: lease ids are
+--          minted per pop). The claim changes no indexed column of log_consumers: a HOT update.
 -- Fast path: the usual pop (a queue named, no partition, max partitions 1, an existing group, a queue
 --          without delayedProcessing/windowBuffer) runs two statements: discovery + lock of the oldest
 --          claimable cursor row (as the one-queue discovery), then, in a snapshot taken after that lock,
@@ -175,6 +178,9 @@ BEGIN
                        AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
                                         WHERE lp.partition_id = f.partition_id AND lp.consumer_group = p_group)
                     RETURNING lc.partition_id
+                ), lease AS (  -- the lease by id (queen.log_leases, schema.sql), with the claim
+                    INSERT INTO queen.log_leases (lease_id, partition_id, consumer_group)
+                    SELECT p_lease_id, cl.partition_id, p_group FROM claim cl
                 )
                 SELECT f.qname, f.partition_id, f.pname, f.cursor_offset, v_end,
                        least(f.delivered_end, v_end), v_attempt, '{}'::bigint[], v_expires,
@@ -328,13 +334,18 @@ BEGIN
                    claimed_at = v_now
              WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group;
         ELSE
-            UPDATE queen.log_consumers lc
-               SET cursor_offset = c.cursor_offset,
-                   lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
-                   attempts = v_attempt,
-                   delivered_end = greatest(lc.delivered_end, v_end),
-                   claimed_at = v_now
-             WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group;
+            WITH claim AS (
+                UPDATE queen.log_consumers lc
+                   SET cursor_offset = c.cursor_offset,
+                       lease_id = p_lease_id, lease_expires_at = v_expires, lease_end = v_end,
+                       attempts = v_attempt,
+                       delivered_end = greatest(lc.delivered_end, v_end),
+                       claimed_at = v_now
+                 WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group
+                RETURNING lc.partition_id
+            )
+            INSERT INTO queen.log_leases (lease_id, partition_id, consumer_group)  -- the lease by id
+            SELECT p_lease_id, cl.partition_id, p_group FROM claim cl;
         END IF;
 
         RETURN QUERY

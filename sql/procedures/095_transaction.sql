@@ -165,9 +165,12 @@ BEGIN
         END IF;
     END LOOP;
     FOREACH v_lease IN ARRAY coalesce(p_required_leases, '{}') LOOP
-        -- live anywhere (the partial lease_id index), or released by its own acks (their rows)
-        IF NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
-                        WHERE lc.lease_id = v_lease AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant)
+        -- live anywhere (its cursor rows through queen.log_leases), or released by its own acks (their rows)
+        IF NOT EXISTS (SELECT 1 FROM queen.log_leases l
+                         JOIN queen.log_consumers lc
+                           ON lc.partition_id = l.partition_id AND lc.consumer_group = l.consumer_group
+                        WHERE l.lease_id = v_lease AND lc.lease_id = v_lease
+                          AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant)
            AND NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
                             WHERE lc.partition_id = ANY (coalesce(p_ack_pids, '{}'))
                               AND lc.released_lease_id = v_lease AND lc.tenant = p_tenant) THEN
