@@ -18,6 +18,13 @@ Invariants:
 - A fused call runs in a task of the lane, never in a request's task: a client that goes away cancels
   only its own wait, never its neighbours' call. :meth:`Fuser.close` awaits the running calls. A
   request that goes alone at once calls in its own task (nobody else depends on that call).
+- The family's limiter (``queen_pg/limiter.py``) gates the CALLS, not the requests: each procedure
+  call, fused or alone, holds one permit while it runs, and a request waits for its permit inside its
+  batch. The limiter bounds what PostgreSQL sees (concurrent calls) and observes the calls' round trips;
+  a permit per request would count a request's wait for its batch as database queueing, shrink the
+  limit to its floor and so cap the batches (measured: 1-item pushes from 128 clients waited longer for
+  a permit than for their call). A call refused by the limiter (429 ``overloaded``) wrote nothing and
+  is answered to every member as is, never retried alone.
 - Lanes are per tenant, so they are dropped once idle for ``lane_idle_s`` (swept whenever a lane is
   created): tenants that come and go do not grow the map. A lane with a call running or a batch
   waiting is never idle.
@@ -28,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -36,7 +44,8 @@ from queen_pg.db.pool import Database
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.outcomes import Once
-from queen_pg.errors import DB_UNAVAILABLE, QueenError
+from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
+from queen_pg.limiter import Limiter
 
 T = TypeVar("T")
 R = TypeVar("R")  # one request's answer (push: push_engine.Answer, its bytes rendered once; ack: result dicts)
@@ -199,8 +208,10 @@ class Lane(Generic[T, R]):
 
 
 def _shared_fate(exc: BaseException) -> bool:
-    """Failures that say nothing about one member, and may hide a commit: never retried."""
-    return isinstance(exc, QueenError) and exc.kind is DB_UNAVAILABLE
+    """Failures that say nothing about one member: never retried alone. ``db_unavailable`` may hide a
+    commit; ``overloaded`` (the call's limiter permit was refused) wrote nothing, and retrying each
+    member alone would only ask the saturated limiter once per member."""
+    return isinstance(exc, QueenError) and exc.kind in (DB_UNAVAILABLE, OVERLOADED)
 
 
 def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | None = None) -> None:
@@ -213,12 +224,21 @@ def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | 
 
 
 class Fuser:
-    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly."""
+    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly.
+    With ``limiters`` (family -> its limiter) every procedure call of a family, fused or not, holds
+    one permit of it: the caller takes no permit of its own around :meth:`push` and :meth:`ack`."""
 
-    def __init__(self, db: Database, config: FuseConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        db: Database,
+        config: FuseConfig,
+        clock: Callable[[], float] = time.monotonic,
+        limiters: Mapping[str, Limiter] | None = None,
+    ) -> None:
         self.db = db
         self.config = config
         self.clock = clock
+        self.limiters: Mapping[str, Limiter] = limiters or {}
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self.dropped = 0  # idle lanes dropped so far
@@ -235,13 +255,19 @@ class Fuser:
     def enabled(self) -> bool:
         return self.config.hold_us > 0
 
+    def permit(self, family: str) -> AbstractAsyncContextManager[None]:
+        """One permit of the family's limiter around one procedure call (none without a limiter)."""
+        limiter = self.limiters.get(family)
+        return limiter.acquire() if limiter is not None else nullcontext()
+
     def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage, push_engine.Answer]:
         lane = self._push.get(tenant)
         if lane is None:
             self.sweep()
 
             async def call(requests: list[list[push_engine.NewMessage]]) -> list[push_engine.Answer]:
-                return await push_engine.push_many(self.db, tenant, requests)
+                async with self.permit("push"):
+                    return await push_engine.push_many(self.db, tenant, requests)
 
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
@@ -252,7 +278,8 @@ class Fuser:
             self.sweep()
 
             async def call(requests: list[list[ack_engine.AckLike]]) -> list[ack_engine.AckResults]:
-                return await ack_engine.ack_many(self.db, tenant, requests)
+                async with self.permit("ack"):
+                    return await ack_engine.ack_many(self.db, tenant, requests)
 
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
@@ -263,14 +290,16 @@ class Fuser:
         """``push_engine.push``, fused with concurrent pushes of the tenant; a keyed request (``once``,
         the outcome window) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:
-            return await push_engine.push(self.db, tenant, items, once)
+            async with self.permit("push"):
+                return await push_engine.push(self.db, tenant, items, once)
         return await self.push_lane(tenant).submit(items)
 
     async def ack(self, tenant: str, items: list[ack_engine.AckLike], once: Once | None = None) -> Result:
         """``ack_engine.ack``, fused with concurrent acks of the tenant on other cursor rows; a keyed
         request (``once``) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:
-            return await ack_engine.ack(self.db, tenant, items, once)
+            async with self.permit("ack"):
+                return await ack_engine.ack(self.db, tenant, items, once)
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
     def lanes(self) -> list[Lane[Any, Any]]:
