@@ -223,7 +223,8 @@ async def test_a_fused_batch_refused_by_the_limiter_is_429_for_every_member_and_
                 *(http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": i}]}) for i in range(6))
             )
             assert [a.status_code for a in answers] == [429] * 6, [a.text for a in answers]
-            assert all(a.json()["code"] == "overloaded" and int(a.headers["Retry-After"]) in RETRY_AFTER for a in answers)
+            assert all(a.json()["code"] == "overloaded" for a in answers)
+            assert all(int(a.headers["Retry-After"]) in RETRY_AFTER for a in answers)
         assert lane.stats.isolated == 0  # a refused call is not retried member by member
         assert lane.stats.calls < lane.stats.requests == 6  # they were fused
         res = await push(http, "q", [{"payload": "after"}])
