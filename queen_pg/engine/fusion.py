@@ -3,9 +3,10 @@ back per request.
 
 Each (family, tenant) has a :class:`Lane`. A request that finds fewer than ``inflight`` calls of its
 lane running and nothing queued is sent at once, alone: under no concurrency fusion adds nothing.
-Otherwise it joins the open batch, which leaves when a running call of the lane returns (natural
-batching: the batch is whatever arrived during that call), when it reaches ``max_items``, or when
-its oldest member has waited ``hold_us``, whichever comes first. ``hold_us = 0`` disables fusion.
+Otherwise it joins the open batch, which is READY when its oldest member has waited ``hold_us`` or
+it holds ``max_items``, and leaves when it is ready and fewer than ``max_calls`` calls of the lane run,
+or when a running call returns (natural batching: the batch is whatever arrived during that call),
+whichever comes first. ``hold_us = 0`` disables fusion.
 
 Invariants:
 - One fused call is exactly the requests run one after the other in arrival order (the engine's
@@ -25,6 +26,13 @@ Invariants:
   limit to its floor and so cap the batches (measured: 1-item pushes from 128 clients waited longer for
   a permit than for their call). A call refused by the limiter (429 ``overloaded``) wrote nothing and
   is answered to every member as is, never retried alone.
+- At most ``max_calls`` calls of one lane run at once (the alone calls included): a ready batch that
+  finds them all running waits, still gathering members, until one returns. Without the cap the hold
+  timer launched a batch every ``hold_us`` while slow calls ran (measured: 16-18 push calls in flight
+  per worker at peak), and concurrent ``push_v3`` calls of one queue wait on each other's partition
+  rows ("Lock tuple") instead of sharing one bigger call. Two exceptions, both on rare paths: a fused
+  call that failed retries its members alone side by side inside its own slot, and :meth:`Lane.close`
+  (the broker stopping) sends every waiting batch at once.
 - Lanes are per tenant, so they are dropped once idle for ``lane_idle_s`` (swept whenever a lane is
   created): tenants that come and go do not grow the map. A lane with a call running or a batch
   waiting is never idle.
@@ -58,6 +66,7 @@ class FuseConfig:
     hold_us: int = 2000  # longest wait for a batch to leave; 0 = no fusion
     max_items: int = 1000  # a batch leaves at once when it holds this many items
     inflight: int = 1  # calls of one lane running before new requests queue (natural batching)
+    max_calls: int = 2  # calls of one lane running at most; a ready batch waits for one to return
     lane_idle_s: float = 60.0  # a lane idle this long is dropped (swept when a lane is created)
 
 
@@ -105,6 +114,11 @@ class Lane(Generic[T, R]):
         """Requests waiting in batches that have not left yet."""
         return sum(len(b.members) for b in self._pending)
 
+    @property
+    def ready(self) -> int:
+        """Requests in batches that could leave (hold over, or full) but wait for a call slot."""
+        return sum(len(b.members) for b in self._pending if b.timer is None or b.items >= self.config.max_items)
+
     def idle_for(self, now: float) -> float:
         """Seconds this lane has had nothing running and nothing waiting (0 while busy)."""
         if self.running or self._pending or self._tasks or self.idle_since is None:
@@ -113,7 +127,7 @@ class Lane(Generic[T, R]):
 
     async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> R:
         self.idle_since = None
-        if not self._pending and self.running < self.config.inflight:
+        if not self._pending and self.running < min(self.config.inflight, self.config.max_calls):
             return await self._alone_now(items)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         member = _Member(items, keys, future)
@@ -143,11 +157,14 @@ class Lane(Generic[T, R]):
         batch.members.append(member)
         batch.items += len(member.items)
         batch.keys.update(member.keys)
-        if batch.items >= self.config.max_items:
+        if batch.items >= self.config.max_items and self.running < self.config.max_calls:
             self._start(batch)
 
     def _expire(self, batch: _Batch[T, R]) -> None:
-        if batch in self._pending:
+        """The batch's hold is over: it leaves, unless the lane already runs ``max_calls`` calls; then
+        it waits for one of them to return (:meth:`_done`), gathering whoever comes meanwhile."""
+        batch.timer = None
+        if batch in self._pending and self.running < self.config.max_calls:
             self._start(batch)
 
     def _start(self, batch: _Batch[T, R]) -> None:
@@ -184,10 +201,14 @@ class Lane(Generic[T, R]):
             self._done()
 
     def _done(self) -> None:
-        """A call returned: the oldest waiting batch leaves now (natural batching)."""
+        """A call returned: the oldest waiting batch leaves now (natural batching), if the lane runs
+        fewer than ``inflight`` calls, or if that batch is ready (full, or its hold is over) and the
+        lane runs fewer than ``max_calls``."""
         self.running -= 1
-        if self._pending and self.running < self.config.inflight:
-            self._start(self._pending[0])
+        if self._pending and self.running < self.config.max_calls:
+            oldest = self._pending[0]
+            if self.running < self.config.inflight or oldest.timer is None or oldest.items >= self.config.max_items:
+                self._start(oldest)
         elif not self.running and not self._pending:
             self.idle_since = self.clock()
 
