@@ -234,6 +234,14 @@ class Settings(BaseSettings):
         description="Calls of one family (push, ack) running at once before new requests wait to be fused "
         "(natural batching); 0 = always wait fuse_hold_us.",
     )
+    fuse_max_calls: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Calls of one family (push, ack) running at most at once per tenant and worker: a batch "
+        "whose hold is over waits for one of them to return, gathering more requests, instead of adding a "
+        "call that would contend with the running ones for the same rows.",
+    )
     request_id_window_s: int = Field(
         60,
         ge=1,

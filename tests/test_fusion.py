@@ -18,7 +18,7 @@ from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.push import NewMessage
 from queen_pg.errors import QueenError
 from tests.conftest import Broker
-from tests.helpers import eventually, pop
+from tests.helpers import eventually, pop, until
 
 # A batch leaves only when full (inflight 0: nothing goes alone; the hold is far away).
 FULL_ONLY = dict(hold_us=60_000_000, inflight=0)
@@ -216,3 +216,73 @@ async def test_a_malformed_ack_among_fused_acks_fails_alone(http: httpx.AsyncCli
     tx = {"operations": [{"type": "ack", **bad}]}
     r = await http.post("/api/v1/transaction", json=tx)
     assert r.status_code == 200 and r.json()["reason"] == "rejected_ack", r.text
+
+
+async def _waiting(conn: asyncpg.Connection, n: int) -> bool:
+    return await _push_calls_waiting_on_a_lock(conn) == n
+
+
+async def _push_calls_waiting_on_a_lock(conn: asyncpg.Connection) -> int:
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            " AND datname = current_database()"  # the pool's calls (the hot connection shows no query text)
+        )
+    )
+
+
+@pytest.mark.parametrize("max_calls", [1, 2])
+async def test_a_ready_batch_waits_for_a_call_slot_and_gathers_the_rest(
+    db: Database, conn: asyncpg.Connection, max_calls: int
+) -> None:
+    # The calls hang on the partition row (held FOR UPDATE here, as a slow concurrent push would): the first
+    # request goes alone, the next batches leave at their hold until max_calls run; after that a batch whose
+    # hold is over waits for a slot, gathering whoever comes, and leaves as ONE call when a call returns.
+    # Without the cap every 20 ms hold launched one more call against the locked row.
+    fuser = Fuser(db, FuseConfig(hold_us=20_000, inflight=1, max_calls=max_calls))
+    lane = fuser.push_lane("default")
+    assert (await fuser.push("default", [msg("seed")]))[0]["offset"] == 0  # the partition exists
+    tasks: list[asyncio.Task[Any]] = []
+    async with conn.transaction():
+        await conn.execute("SELECT 1 FROM queen.log_partitions WHERE name = 'p' FOR UPDATE")
+        for n in range(max_calls):  # fill the slots: one call each (the first alone, then one per hold)
+            tasks.append(asyncio.create_task(fuser.push("default", [msg(f"slot{n}")])))
+            await eventually(lambda n=n: lane.running == n + 1 and lane.queued == 0, "a call to start")
+        await until(lambda: _waiting(conn, max_calls), "the calls to wait for the row")
+        tasks += [asyncio.create_task(fuser.push("default", [msg(f"late{n}")])) for n in range(8)]
+        await eventually(lambda: lane.ready == 8, "the late batch's hold to be over")
+        assert lane.running == max_calls and lane.queued == 8  # ready, yet it waits: the lane is full
+        assert await _push_calls_waiting_on_a_lock(conn) == max_calls
+        tasks.append(asyncio.create_task(fuser.push("default", [msg("later")])))  # joins the waiting batch
+        await eventually(lambda: lane.queued == 9, "the last request to join the waiting batch")
+        assert lane.running == max_calls
+    answers = await asyncio.gather(*tasks)  # the row is free: the slots' calls return, the batch leaves
+    assert (lane.stats.calls, lane.stats.requests) == (1 + max_calls + 1, 1 + max_calls + 9)
+    offsets = sorted(a[0]["offset"] for a in answers)
+    assert offsets == list(range(1, max_calls + 10))  # gapless after the seed
+    assert lane.running == 0 and lane.queued == 0
+
+
+async def test_a_full_batch_waits_for_a_call_slot_too(db: Database, conn: asyncpg.Connection) -> None:
+    # max_items makes a batch ready at once; with the one slot taken it waits like an expired one, and the
+    # requests after it open the next batch (they leave in turn, one call each time a call returns).
+    fuser = Fuser(db, FuseConfig(hold_us=60_000_000, inflight=1, max_calls=1, max_items=3))
+    lane = fuser.push_lane("default")
+    await fuser.push("default", [msg("seed")])
+    async with conn.transaction():
+        await conn.execute("SELECT 1 FROM queen.log_partitions WHERE name = 'p' FOR UPDATE")
+        first = asyncio.create_task(fuser.push("default", [msg("alone")]))
+        await eventually(lambda: lane.running == 1, "the alone call to start")
+        rest = [asyncio.create_task(fuser.push("default", [msg(f"r{n}")])) for n in range(5)]
+        await eventually(lambda: lane.queued == 5, "the requests to join")
+        assert lane.ready == 3 and lane.running == 1  # the first batch is full, the next one is not
+    await first
+    answers = await asyncio.gather(*rest)
+    assert sorted(a[0]["offset"] for a in answers) == [2, 3, 4, 5, 6]
+    # the full batch left when the alone call returned, the other one when the full one returned
+    assert (lane.stats.calls, lane.stats.requests) == (4, 7)
+
+
+async def test_fuse_max_calls_reaches_the_lanes(start_broker: Any) -> None:
+    broker: Broker = await start_broker(fuse_max_calls=1, jobs_enabled=False)
+    assert broker.app.state.queen.fuser.push_lane("default").config.max_calls == 1

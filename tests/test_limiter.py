@@ -177,7 +177,7 @@ async def test_refusal_is_429_with_retry_after_and_logged_once_per_transition(
 
 
 async def test_a_tiny_busy_limiter_makes_pushes_wait_their_turn(start_broker: Any) -> None:
-    b = await start_broker(limiter_min=1, limiter_max=1, limiter_initial=1)
+    b = await start_broker(limiter_min=1, limiter_max=1, limiter_initial=1, fuse_hold_us=0)  # unfused: a permit each
     lim: Limiter = b.app.state.queen.limiters["push"]
     assert set(b.app.state.queen.limiters) == {"push", "pop", "ack", "transaction", "kv"}
     async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
@@ -188,6 +188,65 @@ async def test_a_tiny_busy_limiter_makes_pushes_wait_their_turn(start_broker: An
         results = await asyncio.gather(*pushes)  # push() asserts 201
     assert sorted(r[0]["offset"] for r in results) == [0, 1, 2]
     assert lim.limit == 1 and lim.in_flight == 0 and lim.queued == 0
+
+
+async def test_fused_pushes_wait_for_one_permit_per_call_not_one_each(start_broker: Any) -> None:
+    """With fusion on, the limiter gates procedure calls: requests waiting in one batch wait for ONE
+    permit (a permit per request sized the limit by the batch wait and capped the batches)."""
+    b = await start_broker(limiter_min=1, limiter_max=1, limiter_initial=1, fuse_hold_us=1_000_000, jobs_enabled=False)
+    lim: Limiter = b.app.state.queen.limiters["push"]
+    lane = b.app.state.queen.fuser.push_lane("default")
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        async with lim.acquire():  # the one permit is busy
+            first = asyncio.create_task(push(http, "busy", [{"payload": 0}]))
+            await eventually(lambda: lim.queued == 1 and lane.running == 1, "the first push's call to wait")
+            rest = [asyncio.create_task(push(http, "busy", [{"payload": i}])) for i in range(1, 6)]
+            await eventually(lambda: lane.queued == 5, "five pushes to gather behind it")
+            assert lim.queued == 1 and lim.in_flight == 1  # still only the first call waits for a permit
+        results = await asyncio.gather(first, *rest)  # push() asserts 201
+    assert sorted(r[0]["offset"] for r in results) == list(range(6))
+    assert lane.stats.calls == 2 and lane.stats.requests == 6  # the first alone, then the five in one call
+    assert lim.in_flight == 0 and lim.queued == 0
+
+
+async def test_a_fused_batch_refused_by_the_limiter_is_429_for_every_member_and_wrote_nothing(
+    start_broker: Any,
+) -> None:
+    b = await start_broker(
+        limiter_min=1, limiter_max=1, limiter_initial=1, admit_hold_ms=300, fuse_hold_us=1_000, jobs_enabled=False
+    )
+    queen = b.app.state.queen
+    lane = queen.fuser.push_lane("default")
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        async with queen.limiters["push"].acquire():
+            answers = await asyncio.gather(
+                *(http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": i}]}) for i in range(6))
+            )
+            assert [a.status_code for a in answers] == [429] * 6, [a.text for a in answers]
+            assert all(a.json()["code"] == "overloaded" for a in answers)
+            assert all(int(a.headers["Retry-After"]) in RETRY_AFTER for a in answers)
+        assert lane.stats.isolated == 0  # a refused call is not retried member by member
+        assert lane.stats.calls < lane.stats.requests == 6  # they were fused
+        res = await push(http, "q", [{"payload": "after"}])
+    assert res[0]["status"] == "queued" and res[0]["offset"] == 0
+    assert await queen.db.fetchval("SELECT count(*) FROM queen.log_txns") == 1  # the 429s wrote nothing
+
+
+async def test_fused_acks_hold_ack_permits_per_call(start_broker: Any) -> None:
+    b = await start_broker(limiter_min=1, limiter_max=1, limiter_initial=1, admit_hold_ms=300, jobs_enabled=False)
+    queen = b.app.state.queen
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as http:
+        await push(http, "q", [{"payload": 1}])
+        r = await http.get("/api/v1/pop/queue/q")
+        m = r.json()["messages"][0]
+        ack = {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"]}
+        async with queen.limiters["ack"].acquire():
+            refused = await http.post("/api/v1/ack/batch", json={"acknowledgments": [ack]})
+            assert refused.status_code == 429 and refused.json()["code"] == "overloaded", refused.text
+        ok = await http.post("/api/v1/ack/batch", json={"acknowledgments": [ack]})
+        assert ok.status_code == 200 and ok.json()[0]["success"] is True, ok.text
+    assert queen.fuser.ack_lane("default").stats.requests == 2
+    assert queen.limiters["ack"].in_flight == 0
 
 
 async def test_a_push_refused_past_the_hold_gets_429_with_retry_after(start_broker: Any) -> None:

@@ -91,7 +91,8 @@ def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group, push_engine.Answer]:
     if lane is None:
 
         async def call(requests: list[list[binary.Group]]) -> list[push_engine.Answer]:
-            return await push_binary.push_many(fuser.db, ten, requests)
+            async with fuser.permit("push"):  # one permit per call, as the fuser's own lanes
+                return await push_binary.push_many(fuser.db, ten, requests)
 
         lane = lanes[ten] = Lane("push-binary", call, fuser.config)
     return lane
@@ -101,7 +102,8 @@ async def _stored(request: Request, ten: str, groups: list[binary.Group], once: 
     st = state(request)
     fuser = st.fuser
     if once is not None or fuser is None or not fuser.enabled:
-        return await push_binary.push(st.db, ten, groups, once)
+        async with permit(request, "push"):
+            return await push_binary.push(st.db, ten, groups, once)
     return await _lane(fuser, ten).submit(groups, frozenset((g.queue, g.partition) for g in groups))
 
 
@@ -116,12 +118,16 @@ async def push(request: Request) -> Response:
     ten = tenant(request)
     sub = producer_sub(request)
     once = await request_once(request, "push")
-    async with permit(request, "push"):
-        if body.framed and push_binary.stored_as_is(crypto.vault(st.db), ten, body.groups, sub):
-            results = await _stored(request, ten, body.groups, once)
+    # the permit of the push limiter is held around each procedure call: by the fusion lanes, else here
+    if body.framed and push_binary.stored_as_is(crypto.vault(st.db), ten, body.groups, sub):
+        results = await _stored(request, ten, body.groups, once)
+    else:
+        items = push_binary.messages(body.groups, sub)
+        if st.fuser is not None:
+            results = await st.fuser.push(ten, items, once)
         else:
-            items = push_binary.messages(body.groups, sub)
-            results = await (st.fuser.push(ten, items, once) if st.fuser else push_engine.push(st.db, ten, items, once))
+            async with permit(request, "push"):
+                results = await push_engine.push(st.db, ten, items, once)
     wake_pushed(st, ten, results.queues)
     count_push(request, ten, results)
     if body.counts_only:

@@ -3,9 +3,10 @@ back per request.
 
 Each (family, tenant) has a :class:`Lane`. A request that finds fewer than ``inflight`` calls of its
 lane running and nothing queued is sent at once, alone: under no concurrency fusion adds nothing.
-Otherwise it joins the open batch, which leaves when a running call of the lane returns (natural
-batching: the batch is whatever arrived during that call), when it reaches ``max_items``, or when
-its oldest member has waited ``hold_us``, whichever comes first. ``hold_us = 0`` disables fusion.
+Otherwise it joins the open batch, which is READY when its oldest member has waited ``hold_us`` or
+it holds ``max_items``, and leaves when it is ready and fewer than ``max_calls`` calls of the lane run,
+or when a running call returns (natural batching: the batch is whatever arrived during that call),
+whichever comes first. ``hold_us = 0`` disables fusion.
 
 Invariants:
 - One fused call is exactly the requests run one after the other in arrival order (the engine's
@@ -18,6 +19,20 @@ Invariants:
 - A fused call runs in a task of the lane, never in a request's task: a client that goes away cancels
   only its own wait, never its neighbours' call. :meth:`Fuser.close` awaits the running calls. A
   request that goes alone at once calls in its own task (nobody else depends on that call).
+- The family's limiter (``queen_pg/limiter.py``) gates the CALLS, not the requests: each procedure
+  call, fused or alone, holds one permit while it runs, and a request waits for its permit inside its
+  batch. The limiter bounds what PostgreSQL sees (concurrent calls) and observes the calls' round trips;
+  a permit per request would count a request's wait for its batch as database queueing, shrink the
+  limit to its floor and so cap the batches (measured: 1-item pushes from 128 clients waited longer for
+  a permit than for their call). A call refused by the limiter (429 ``overloaded``) wrote nothing and
+  is answered to every member as is, never retried alone.
+- At most ``max_calls`` calls of one lane run at once (the alone calls included): a ready batch that
+  finds them all running waits, still gathering members, until one returns. Without the cap the hold
+  timer launched a batch every ``hold_us`` while slow calls ran (measured: 16-18 push calls in flight
+  per worker at peak), and concurrent ``push_v3`` calls of one queue wait on each other's partition
+  rows ("Lock tuple") instead of sharing one bigger call. Two exceptions, both on rare paths: a fused
+  call that failed retries its members alone side by side inside its own slot, and :meth:`Lane.close`
+  (the broker stopping) sends every waiting batch at once.
 - Lanes are per tenant, so they are dropped once idle for ``lane_idle_s`` (swept whenever a lane is
   created): tenants that come and go do not grow the map. A lane with a call running or a batch
   waiting is never idle.
@@ -28,7 +43,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -36,7 +52,8 @@ from queen_pg.db.pool import Database
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.outcomes import Once
-from queen_pg.errors import DB_UNAVAILABLE, QueenError
+from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
+from queen_pg.limiter import Limiter
 
 T = TypeVar("T")
 R = TypeVar("R")  # one request's answer (push: push_engine.Answer, its bytes rendered once; ack: result dicts)
@@ -49,6 +66,7 @@ class FuseConfig:
     hold_us: int = 2000  # longest wait for a batch to leave; 0 = no fusion
     max_items: int = 1000  # a batch leaves at once when it holds this many items
     inflight: int = 1  # calls of one lane running before new requests queue (natural batching)
+    max_calls: int = 2  # calls of one lane running at most; a ready batch waits for one to return
     lane_idle_s: float = 60.0  # a lane idle this long is dropped (swept when a lane is created)
 
 
@@ -96,6 +114,11 @@ class Lane(Generic[T, R]):
         """Requests waiting in batches that have not left yet."""
         return sum(len(b.members) for b in self._pending)
 
+    @property
+    def ready(self) -> int:
+        """Requests in batches that could leave (hold over, or full) but wait for a call slot."""
+        return sum(len(b.members) for b in self._pending if b.timer is None or b.items >= self.config.max_items)
+
     def idle_for(self, now: float) -> float:
         """Seconds this lane has had nothing running and nothing waiting (0 while busy)."""
         if self.running or self._pending or self._tasks or self.idle_since is None:
@@ -104,7 +127,7 @@ class Lane(Generic[T, R]):
 
     async def submit(self, items: list[T], keys: frozenset[Hashable] = frozenset()) -> R:
         self.idle_since = None
-        if not self._pending and self.running < self.config.inflight:
+        if not self._pending and self.running < min(self.config.inflight, self.config.max_calls):
             return await self._alone_now(items)
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         member = _Member(items, keys, future)
@@ -134,11 +157,14 @@ class Lane(Generic[T, R]):
         batch.members.append(member)
         batch.items += len(member.items)
         batch.keys.update(member.keys)
-        if batch.items >= self.config.max_items:
+        if batch.items >= self.config.max_items and self.running < self.config.max_calls:
             self._start(batch)
 
     def _expire(self, batch: _Batch[T, R]) -> None:
-        if batch in self._pending:
+        """The batch's hold is over: it leaves, unless the lane already runs ``max_calls`` calls; then
+        it waits for one of them to return (:meth:`_done`), gathering whoever comes meanwhile."""
+        batch.timer = None
+        if batch in self._pending and self.running < self.config.max_calls:
             self._start(batch)
 
     def _start(self, batch: _Batch[T, R]) -> None:
@@ -175,10 +201,14 @@ class Lane(Generic[T, R]):
             self._done()
 
     def _done(self) -> None:
-        """A call returned: the oldest waiting batch leaves now (natural batching)."""
+        """A call returned: the oldest waiting batch leaves now (natural batching), if the lane runs
+        fewer than ``inflight`` calls, or if that batch is ready (full, or its hold is over) and the
+        lane runs fewer than ``max_calls``."""
         self.running -= 1
-        if self._pending and self.running < self.config.inflight:
-            self._start(self._pending[0])
+        if self._pending and self.running < self.config.max_calls:
+            oldest = self._pending[0]
+            if self.running < self.config.inflight or oldest.timer is None or oldest.items >= self.config.max_items:
+                self._start(oldest)
         elif not self.running and not self._pending:
             self.idle_since = self.clock()
 
@@ -199,8 +229,10 @@ class Lane(Generic[T, R]):
 
 
 def _shared_fate(exc: BaseException) -> bool:
-    """Failures that say nothing about one member, and may hide a commit: never retried."""
-    return isinstance(exc, QueenError) and exc.kind is DB_UNAVAILABLE
+    """Failures that say nothing about one member: never retried alone. ``db_unavailable`` may hide a
+    commit; ``overloaded`` (the call's limiter permit was refused) wrote nothing, and retrying each
+    member alone would only ask the saturated limiter once per member."""
+    return isinstance(exc, QueenError) and exc.kind in (DB_UNAVAILABLE, OVERLOADED)
 
 
 def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | None = None) -> None:
@@ -213,12 +245,21 @@ def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | 
 
 
 class Fuser:
-    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly."""
+    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly.
+    With ``limiters`` (family -> its limiter) every procedure call of a family, fused or not, holds
+    one permit of it: the caller takes no permit of its own around :meth:`push` and :meth:`ack`."""
 
-    def __init__(self, db: Database, config: FuseConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        db: Database,
+        config: FuseConfig,
+        clock: Callable[[], float] = time.monotonic,
+        limiters: Mapping[str, Limiter] | None = None,
+    ) -> None:
         self.db = db
         self.config = config
         self.clock = clock
+        self.limiters: Mapping[str, Limiter] = limiters or {}
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self.dropped = 0  # idle lanes dropped so far
@@ -235,13 +276,19 @@ class Fuser:
     def enabled(self) -> bool:
         return self.config.hold_us > 0
 
+    def permit(self, family: str) -> AbstractAsyncContextManager[None]:
+        """One permit of the family's limiter around one procedure call (none without a limiter)."""
+        limiter = self.limiters.get(family)
+        return limiter.acquire() if limiter is not None else nullcontext()
+
     def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage, push_engine.Answer]:
         lane = self._push.get(tenant)
         if lane is None:
             self.sweep()
 
             async def call(requests: list[list[push_engine.NewMessage]]) -> list[push_engine.Answer]:
-                return await push_engine.push_many(self.db, tenant, requests)
+                async with self.permit("push"):
+                    return await push_engine.push_many(self.db, tenant, requests)
 
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
         return lane
@@ -252,7 +299,8 @@ class Fuser:
             self.sweep()
 
             async def call(requests: list[list[ack_engine.AckLike]]) -> list[ack_engine.AckResults]:
-                return await ack_engine.ack_many(self.db, tenant, requests)
+                async with self.permit("ack"):
+                    return await ack_engine.ack_many(self.db, tenant, requests)
 
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
@@ -263,14 +311,16 @@ class Fuser:
         """``push_engine.push``, fused with concurrent pushes of the tenant; a keyed request (``once``,
         the outcome window) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:
-            return await push_engine.push(self.db, tenant, items, once)
+            async with self.permit("push"):
+                return await push_engine.push(self.db, tenant, items, once)
         return await self.push_lane(tenant).submit(items)
 
     async def ack(self, tenant: str, items: list[ack_engine.AckLike], once: Once | None = None) -> Result:
         """``ack_engine.ack``, fused with concurrent acks of the tenant on other cursor rows; a keyed
         request (``once``) is never fused."""
         if once is not None or not self.enabled or len(items) >= self.config.max_items:
-            return await ack_engine.ack(self.db, tenant, items, once)
+            async with self.permit("ack"):
+                return await ack_engine.ack(self.db, tenant, items, once)
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
     def lanes(self) -> list[Lane[Any, Any]]:
