@@ -48,11 +48,8 @@ async def _leased(http: httpx.AsyncClient, queue: str, n: int, batch: int) -> di
 
 
 def _acks(got: dict[str, Any], status: str = "completed", k: int | None = None) -> list[dict[str, Any]]:
-    return [
-        {"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
-         "status": status}  # fmt: skip
-        for m in got["messages"][:k]
-    ]
+    keys = ("transactionId", "partitionId", "leaseId")
+    return [{**{key: m[key] for key in keys}, "status": status} for m in got["messages"][:k]]
 
 
 async def _park(http: httpx.AsyncClient, b: Broker, queue: str) -> asyncio.Task[httpx.Response]:

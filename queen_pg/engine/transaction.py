@@ -80,9 +80,7 @@ def _refuse_ack(ack: TxAck, why: str) -> Verdict:
     )
 
 
-async def commit(
-    db: Database, tenant: str, tx: TxBundle, once: Once | None = None
-) -> tuple[dict[str, Any], list[str]]:
+async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = None) -> tuple[dict[str, Any], list[str]]:
     """Commit the bundle: (the answer, the queues whose parked pops to wake: those it pushed to, and
     those where its acks left a partition claimable). Raises Verdict when it rolled back (nothing
     written). Under a request key
