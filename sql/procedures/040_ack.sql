@@ -50,7 +50,11 @@
 -- Plans:   _ack_settle, ack_v1 and ack_v3 run with plan_cache_mode = force_generic_plan (nested calls
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
---          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md).
+--          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md). And with
+--          enable_seqscan = off (so are _pass_over, _ack_wakes and _cursor_head, which the cursor's
+--          trigger calls): a connection keeps its generic plans, and plans made while the tables were
+--          ANALYZEd small read log_consumers, log_partitions, log_segments and log_txns whole, per cursor
+--          row or per item, for as long as the connection lived (tests/test_ack_plans.py).
 -- Cost:    linear in the items, on both paths. The item path reads an item's fields in PL/pgSQL
 --          (p_txn_ids[o]: the parameters are expanded arrays, O(1) a read), never in a FOR-query's
 --          SELECT list: a cursor copies its parameters flat, and a flat text[] (or a uuid[] with NULLs)
@@ -59,7 +63,7 @@
 
 CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 -- The cursor moved past the offsets the group passes over (queen.log_passes) that start at p_cursor;
 -- the rows below the result are deleted. The caller holds the cursor row (docs/locks.md #3).
 DECLARE
@@ -174,7 +178,7 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_hints          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- Plans: see the header
 DECLARE
     v_now       timestamptz;
     v_n_items   integer := cardinality(p_partition_ids);
@@ -532,7 +536,7 @@ CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_now            timestamptz DEFAULT NULL
 ) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean,
                  noop boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- see queen._ack_settle
 DECLARE
     a record;
 BEGIN
@@ -586,7 +590,7 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_hint          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[], o_wake text[])
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- see queen._ack_settle
 DECLARE
     v_n        integer;
     v_pids     bigint[];

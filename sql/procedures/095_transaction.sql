@@ -124,7 +124,7 @@ CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_now              timestamptz DEFAULT NULL,
     p_sealed           boolean[] DEFAULT NULL  -- per push group: sealed (queen.push_v1)
 ) RETURNS jsonb
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- Plans: see the header
 DECLARE
     v_now      timestamptz := coalesce(p_now, clock_timestamp());
     v_nacks    integer := coalesce(cardinality(p_ack_pids), 0);
