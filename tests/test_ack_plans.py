@@ -26,8 +26,13 @@ from queen_pg.engine.transaction import TX_SQL
 from tests.test_pop_discovery import Plans, nodes
 
 ACK_FNS = [
-    "queen.ack_v3", "queen._ack_settle", "queen.ack_v1", "queen._ack_wakes", "queen.transaction_v1",
-    "queen._pass_over", "queen._cursor_head",
+    "queen.ack_v3",
+    "queen._ack_settle",
+    "queen.ack_v1",
+    "queen._ack_wakes",
+    "queen.transaction_v1",
+    "queen._pass_over",
+    "queen._cursor_head",
 ]
 KEYED = {"log_txns", "log_partitions", "log_consumers", "log_segments", "queues", "log_passes", "log_leases"}
 
