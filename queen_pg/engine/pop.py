@@ -2,8 +2,9 @@
 
 A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
 permit (the caller's ``permit`` is held only around each claim, and taken again on wake). Wakes come
-from pushes (here, or from a peer through the mesh), from the jobs, and from the lease this process
-handed out expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
+from pushes and from acks, nacks, transactions and lease give-backs that leave a partition claimable
+(here, or from a peer through the mesh), from the jobs, and from the lease this process handed out
+expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
 net, shared by the pops parked on the same queue/group/partition and backed off from
 ``poll_interval`` to the waiters' ``poll_max`` (``queen_pg/engine/probes.py``). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
