@@ -137,11 +137,18 @@ class Group:
         self.name, self.expect, self.done = name, expect, 0
 
 
+POLL_MS = 2_000  # the consumers' long-poll timeout: short, so that the drained consumers end soon after a run
+
+
 async def consume_client(
     conn: Conn, spec: dict[str, Any], group: Group, meter: Meter, drained: asyncio.Event, deadline: float
 ) -> None:
     q = quote(spec["queue"], safe="")
-    path = f"/api/v1/pop/queue/{q}?batch={spec['batch']}&wait=false"
+    # long-poll like the official client's consume loop (wait=true): a pop that finds every partition
+    # leased parks until a push or an ack frees one (spec "poll_ms": 0 = the old wait=false + 2 ms sleep)
+    poll_ms = int(spec.get("poll_ms", POLL_MS))
+    wait = f"wait=true&timeout={poll_ms}" if poll_ms else "wait=false"
+    path = f"/api/v1/pop/queue/{q}?batch={spec['batch']}&{wait}"
     frames = spec.get("frames", False)
     if frames:
         path += "&frames=true"
@@ -156,8 +163,9 @@ async def consume_client(
             status, body = await conn.request(pop_raw)
             meter.reqs += 1
             if status == 204:
-                await asyncio.sleep(0.002)  # every partition leased by a sibling, or drained
-                continue
+                if not poll_ms:
+                    await asyncio.sleep(0.002)  # every partition leased by a sibling, or drained
+                continue  # (long-poll: the wait ran out, the queue is drained)
             if status != 200:
                 if status in (429, 503):
                     await backoff(meter, deadline)

@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pop-prefill", type=int, default=100_000, help="messages pre-filled for pop and fan-out [100000]")
     p.add_argument(
+        "--consume-wait-ms",
+        type=int,
+        default=2_000,
+        help="consumers long-poll (wait=true) with this timeout, like the official client; 0 = the old "
+        "wait=false + 2 ms sleep after an empty pop [2000]",
+    )
+    p.add_argument(
         "--profile",
         default="",
         help="comma-separated scenario keys (or all) to profile with py-spy in one extra, unquoted run; "
@@ -224,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine_info(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                "options": {"runs": args.runs, "duration_s": args.duration, "warmup_s": args.warmup,
                                            "workers": args.workers, "env": args.env, "pop_prefill": args.pop_prefill,
+                                           "consume_wait_ms": args.consume_wait_ms,
                                            "broker_url": args.broker_url}}  # fmt: skip
     broker = None
     try:
@@ -241,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiler = Profiler(pid, args.profile_dir) if profile_keys and pid else None
         ctx = Context(url=url, root_pid=pid, duration=args.duration, warmup=args.warmup,
                       tag=f"{os.getpid()}{int(time.time()) % 100000}", pop_prefill=args.pop_prefill, pg_dsn=pg_dsn,
-                      profiler=profiler)  # fmt: skip
+                      profiler=profiler, consume_wait_ms=args.consume_wait_ms)  # fmt: skip
         rows = []
         for sc in selected:
             print(f"{sc.title} (target {sc.target_text})", flush=True)

@@ -76,6 +76,7 @@ class Context:
     tag: str
     pop_prefill: int
     pg_dsn: str | None = None  # the started broker's PostgreSQL (floor scenario)
+    consume_wait_ms: int = 2_000  # consumers long-poll this long (wait=true); 0 = wait=false + 2 ms sleep
     profiler: Profiler | None = None
     profiling: str | None = None  # the scenario key whose measured calls are being profiled
     shared: dict[str, Any] = field(default_factory=dict)  # set-up results kept across a scenario's runs
@@ -106,7 +107,8 @@ class Context:
         return r
 
     def measure(self, spec: dict[str, Any], label: str = "") -> dict[str, Any]:
-        timed = {"warmup": self.warmup, "duration": self.duration, "root_pid": self.root_pid} | spec
+        timed = {"warmup": self.warmup, "duration": self.duration, "root_pid": self.root_pid,
+                 "poll_ms": self.consume_wait_ms} | spec  # fmt: skip
         prof = self.profiler
         rec = prof.record(f"{self.profiling}{label}") if prof is not None and self.profiling else nullcontext()
         with rec:

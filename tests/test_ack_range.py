@@ -234,7 +234,7 @@ async def test_a_malformed_packed_body_is_refused_whole(conn: asyncpg.Connection
     with pytest.raises(asyncpg.RaiseError, match="26-byte"):
         await conn.fetch(ACK3, b"\x00" * 25, [1], ["g"], [None], ["completed"], b"", None, None)
     row = await conn.fetchrow(ACK3, b"", [], [], [], [], b"", None, None)  # nothing to settle
-    assert [list(v) for v in row.values()] == [[], [], [], [], []]
+    assert [list(v) for v in row.values()] == [[], [], [], [], [], []]  # (o_wake last)
 
 
 async def test_an_unknown_lease_state_is_never_taken_for_a_plain_batch(

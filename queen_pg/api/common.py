@@ -51,7 +51,8 @@ class AppState:
 
 def wake_pushed(st: AppState, ten: str, queues: Sequence[str]) -> None:
     """After a push (JSON or binary) committed: wake the pops waiting on the queues it appended to
-    (``push.Answer.queues``), and once those that name no queue."""
+    (``push.Answer.queues``), and once those that name no queue. Also after an ack or transaction that
+    left partitions claimable (``AckResults.wake``: a lease released with messages left, a nack)."""
     if queues:
         notify = st.waiters.notify
         for q in queues:

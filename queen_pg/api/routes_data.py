@@ -358,6 +358,7 @@ async def _settle(request: Request, items: list[ack_engine.AckLike], route: str)
             results = await ack_engine.ack(st.db, ten, items, once)
     count_ack(request, items, results)
     if isinstance(results, ack_engine.AckResults):  # rendered from the verdicts, no dict per item
+        wake_pushed(st, ten, results.wake)  # a lease released with messages left, a nack: as a push
         return Response(results.body(), media_type="application/json", headers=replay_headers(once))
     return json_response(results, headers=replay_headers(once))
 

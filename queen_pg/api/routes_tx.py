@@ -18,6 +18,7 @@ from queen_pg.api.common import (
     refuse_when_storage_full,
     state,
     tenant,
+    wake_pushed,
 )
 from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import validate_kv_ops
@@ -163,10 +164,8 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot, packed)
     once = await request_once(request, "transaction")  # a keyed transaction commits once
     async with permit(request, "transaction"):
-        answer = await tx_engine.commit(st.db, tenant(request), bundle, once)
-    ten = tenant(request)
-    for q in {p.item.queue for p in pushes}:
-        st.waiters.notify(ten, q)
+        answer, wake = await tx_engine.commit(st.db, tenant(request), bundle, once)
+    wake_pushed(st, tenant(request), wake)  # the pushed queues, and those its acks left claimable
     if framed is not None and framed.counts_only:
         answer = binary.counted(answer, len(acks) + len(pushes))
     return json_response(answer, headers=replay_headers(once))

@@ -22,13 +22,16 @@ from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
-# of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop
+# of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop; and the queues
+# whose parked pops to wake (a cursor row left claimable: its lease released with messages left, a nack)
 ACK_SQL = (
-    "SELECT o_refused, o_errors, o_released, o_dlq, o_noop FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"
+    "SELECT o_refused, o_errors, o_released, o_dlq, o_noop, o_wake"
+    " FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"
 )
 ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
+WAKES_SQL = "SELECT queen._ack_wakes($1, $2, $3)"  # after an ack_v1/ack_v2 call: ack_v3 answers it itself
 
 STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
 
@@ -197,6 +200,11 @@ class Packed:
             self._error_list() if self.erred else None,
         )
 
+    def rows(self) -> tuple[list[int], list[str]]:
+        """The distinct cursor rows (partition ids, groups) the items name, as ``queen._ack_wakes`` takes them."""
+        rows = {(k[0], k[1]) for k in self._kinds}
+        return [r[0] for r in rows], [r[1] for r in rows]
+
     def arrays(self) -> tuple[list[int], list[uuid.UUID], list[str], list[uuid.UUID | None], list[str], list[str],
                               list[str | None]]:  # fmt: skip
         """The same items as ``queen.ack_v1``'s parallel arrays (after the tenant)."""
@@ -246,7 +254,7 @@ class AckResults(Sequence[dict[str, Any]]):
     (byte for byte what ``orjson.dumps`` of the dicts gives: tests/test_ack_bytes.py) and
     :meth:`applied` counts for the metrics; indexing or iterating builds the dicts (tests, callers)."""
 
-    __slots__ = ("_rows", "_start", "_stop", "_v")
+    __slots__ = ("_rows", "_start", "_stop", "_v", "wake")
 
     def __init__(self, verdicts: _Verdicts | None, start: int, stop: int,
                  rows: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
@@ -254,6 +262,9 @@ class AckResults(Sequence[dict[str, Any]]):
         self._start = start
         self._stop = stop
         self._rows = rows  # the dicts themselves (the ack_v1/ack_v2 rows path)
+        # the queues in which the call left a cursor row claimable (queen._ack_wakes): the route wakes the
+        # pops parked there, as after a push. Fused requests: on the first request's results only.
+        self.wake: Sequence[str] = ()
 
     @classmethod
     def of(cls, rows: list[dict[str, Any]]) -> AckResults:
@@ -381,10 +392,11 @@ async def ack_many(
                 continue
         sent.append(i)
         pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
+    wake: Sequence[str] = ()
     if sent and once is None and pack.packable:
         book = book_of(db)
         hint = pack.hint(book)
-        refused, errors, released, dead, noop = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
+        refused, errors, released, dead, noop, wake = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)
         at = sent.__getitem__  # 1-based position among the sent items -> the call's item index
@@ -399,6 +411,7 @@ async def ack_many(
         else:
             rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
+        wake = () if once is not None and once.replayed else await db.fetchval(WAKES_SQL, tenant, *pack.rows())
         got: dict[int, dict[str, Any]] = {}
         for row in rows:
             i = sent[row["idx"] - 1]
@@ -423,12 +436,15 @@ async def ack_many(
                     part.append(r | {"index": r["index"] - start})
             out_rows.append(AckResults.of(part))
             start += len(req)
+        out_rows[0].wake = wake
         return out_rows
     out: list[AckResults] = []
     start = 0
     for req in requests:
         out.append(AckResults(v, start, start + len(req)))
         start += len(req)
+    if out:
+        out[0].wake = wake
     return out
 
 

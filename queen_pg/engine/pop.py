@@ -2,8 +2,9 @@
 
 A waiting pop parks on the queue's in-process event between attempts, holding no connection and no
 permit (the caller's ``permit`` is held only around each claim, and taken again on wake). Wakes come
-from pushes (here, or from a peer through the mesh), from the jobs, and from the lease this process
-handed out expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
+from pushes and from acks, nacks, transactions and lease give-backs that leave a partition claimable
+(here, or from a peer through the mesh), from the jobs, and from the lease this process handed out
+expiring (scheduled at its ``lease_expires_at``); the database re-check is the safety
 net, shared by the pops parked on the same queue/group/partition and backed off from
 ``poll_interval`` to the waiters' ``poll_max`` (``queen_pg/engine/probes.py``). It stops
 claiming a margin before the caller's deadline (250 ms at most, never more than a quarter of the
@@ -113,6 +114,7 @@ class Claim:
     lease_ends: list[int]
     redelivered_ends: list[int]
     attempts: list[int]
+    queues: frozenset[str] = frozenset()  # the queues of the claimed partitions (woken on release)
 
 
 def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
@@ -127,6 +129,7 @@ def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
         [r["lease_end"] for r in firsts],
         [r["redelivered_end"] for r in firsts],
         [r["attempts"] for r in firsts],
+        frozenset(r["queue_name"] for r in firsts),
     )
 
 
@@ -169,7 +172,7 @@ async def _claim(
             answer = render(req, lease_id, rows, v, db)
     except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
         if got is not None:
-            await release(db, tenant, req, got)
+            await release(db, tenant, req, got, waiters)
         raise
     return answer, got
 
@@ -178,8 +181,10 @@ async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | N
     return (await _claim(db, tenant, req, waiters))[0]
 
 
-async def release(db: Database, tenant: str, req: PopRequest, got: Claim) -> int:
-    """Give back a lease whose answer will not be delivered (``queen.lease_release_v1``)."""
+async def release(db: Database, tenant: str, req: PopRequest, got: Claim, waiters: Waiters | None = None) -> int:
+    """Give back a lease whose answer will not be delivered (``queen.lease_release_v1``); its
+    partitions hold messages again, so the pops parked on their queues are woken (``waiters``), here
+    and over the mesh, as after a push."""
     released = await db.fetchval(
         RELEASE_SQL,
         tenant,
@@ -191,6 +196,10 @@ async def release(db: Database, tenant: str, req: PopRequest, got: Claim) -> int
         got.redelivered_ends,
         got.attempts,
     )
+    if released and waiters is not None:
+        for queue in got.queues:
+            waiters.notify(tenant, queue)
+        waiters.notify(tenant, ANY_QUEUE)
     return int(released or 0)
 
 
@@ -253,7 +262,7 @@ async def pop(
                             await schedule_visible_wake(db, waiters, tenant, req)
             if gone():  # nobody to answer: the lease goes back at once instead of expiring
                 if got is not None:
-                    await release(db, tenant, req, got)
+                    await release(db, tenant, req, got, waiters)
                 return None
             if answer is not None or ev is None:
                 if answer is not None and probing:  # found without a wake: the others may have work too

@@ -80,8 +80,10 @@ def _refuse_ack(ack: TxAck, why: str) -> Verdict:
     )
 
 
-async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = None) -> dict[str, Any]:
-    """Commit the bundle; raises Verdict when it rolled back (nothing written). Under a request key
+async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Commit the bundle: (the answer, the queues whose parked pops to wake: those it pushed to, and
+    those where its acks left a partition claimable). Raises Verdict when it rolled back (nothing
+    written). Under a request key
     (``once``) through ``queen.transaction_v2``: a retry within the window answers the recorded result
     (same transactionId, same results) and commits nothing again."""
     pids: list[int] = []
@@ -160,4 +162,5 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
         results[p.index] = {"type": "push", **pushed}
     for res in out["kv"] + out["timers"]:
         results[res["index"]] = res
-    return {"transactionId": out.get("transactionId") or txid, "success": True, "results": results}
+    wake = sorted({it.queue for it in items}.union(out.get("wake") or ()))
+    return {"transactionId": out.get("transactionId") or txid, "success": True, "results": results}, wake

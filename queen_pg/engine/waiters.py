@@ -7,7 +7,8 @@ always wakes it. Anyone may set a pop's event: a push (``notify``), the pop's ow
 again. Wake-ups are hints: a lost one costs latency up to the shared re-check, never a message. The
 number of parked pops is bounded.
 
-:meth:`Waiters.notify` is what the engine calls when a queue got messages: it wakes this process's
+:meth:`Waiters.notify` is what the engine calls when a queue got messages, or a partition holding some
+became claimable (an ack released its lease, a nack, a lease given back): it wakes this process's
 pops and hands the news to the sinks (the mesh, ``queen_pg/mesh/``, which tells the other replicas
 and workers; the engine never imports it). :meth:`Waiters.wake` is the local half, used for wakes
 that come from a peer. :meth:`Waiters.wake_after` schedules a local wake (a lease this process

@@ -50,7 +50,11 @@
 -- Plans:   _ack_settle, ack_v1 and ack_v3 run with plan_cache_mode = force_generic_plan (nested calls
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
---          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md).
+--          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md). And with
+--          enable_seqscan = off (so are _pass_over, _ack_wakes and _cursor_head, which the cursor's
+--          trigger calls): a connection keeps its generic plans, and plans made while the tables were
+--          ANALYZEd small read log_consumers, log_partitions, log_segments and log_txns whole, per cursor
+--          row or per item, for as long as the connection lived (tests/test_ack_plans.py).
 -- Cost:    linear in the items, on both paths. The item path reads an item's fields in PL/pgSQL
 --          (p_txn_ids[o]: the parameters are expanded arrays, O(1) a read), never in a FOR-query's
 --          SELECT list: a cursor copies its parameters flat, and a flat text[] (or a uuid[] with NULLs)
@@ -59,7 +63,7 @@
 
 CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 -- The cursor moved past the offsets the group passes over (queen.log_passes) that start at p_cursor;
 -- the rows below the result are deleted. The caller holds the cursor row (docs/locks.md #3).
 DECLARE
@@ -91,6 +95,44 @@ DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[]
 DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
                                           bytea, bytea, boolean, bigint[]);
 DROP FUNCTION IF EXISTS queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz);
+-- ack_v3 gained the o_wake column (same arguments: CREATE OR REPLACE cannot change the result type), so
+-- the shape without it goes once; callers name the columns they read, so a broker of the previous
+-- release reads the new shape as before
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure(
+                 'queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz, bigint[])')
+                 AND NOT ('o_wake' = ANY (proargnames))) THEN
+        DROP FUNCTION queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz, bigint[]);
+    END IF;
+END;
+$$;
+
+-- queen._ack_wakes: the queues (names, distinct) in which an ack left one of the given cursor rows
+-- claimable: no live lease and something at or above the cursor (head_at, kept by the cursor's trigger).
+-- Called by: queen.ack_v3 (the look-up path; its fast path asks the cursor row it updates itself) and
+--          queen.transaction_v1 after their acks, and by the broker after a queen.ack_v1/ack_v2 call
+--          (queen_pg/engine/ack.py): the broker wakes the pops parked on those queues, here and over the
+--          mesh, as after a push (a released lease, a nack, or a row a pop skipped while the ack held it).
+-- Locks:   none (reads the rows the caller holds). A queue named here may be claimed away by anyone
+--          before the woken pop gets there: a wake is a hint (a spurious one costs a claim attempt).
+CREATE OR REPLACE FUNCTION queen._ack_wakes(p_tenant text, p_partition_ids bigint[], p_groups text[],
+                                            p_now timestamptz DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql SET enable_seqscan = off AS $$  -- plpgsql: a fresh snapshot, after the caller's updates
+DECLARE
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    v_names text[];
+BEGIN
+    SELECT coalesce(array_agg(DISTINCT q.name), '{}') INTO v_names
+      FROM (SELECT DISTINCT u.pid, u.grp FROM unnest(p_partition_ids, p_groups) AS u(pid, grp)) k
+      JOIN queen.log_consumers lc ON lc.partition_id = k.pid AND lc.consumer_group = k.grp
+      JOIN queen.queues q ON q.id = lc.queue_id
+     WHERE lc.tenant = p_tenant AND lc.head_at IS NOT NULL
+       AND (lc.lease_id IS NULL OR lc.lease_expires_at <= v_now);
+    RETURN v_names;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION queen._ack_hashes(p_items bytea)
 RETURNS uuid[]
@@ -136,7 +178,7 @@ CREATE OR REPLACE FUNCTION queen._ack_settle(
     p_hints          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
                  o_noop integer[])
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- Plans: see the header
 DECLARE
     v_now       timestamptz;
     v_n_items   integer := cardinality(p_partition_ids);
@@ -494,7 +536,7 @@ CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_now            timestamptz DEFAULT NULL
 ) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean,
                  noop boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- see queen._ack_settle
 DECLARE
     a record;
 BEGIN
@@ -529,7 +571,9 @@ $$;
 --             queen._ack_settle uses the hint only with the cursor inside the range, the lease live,
 --             no passed-over offsets and the segments still there; else the hashes are looked up as
 --             without it. Same verdicts either way (tests/test_ack_hint.py).
--- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts). The clock is read there,
+-- Result, rules and locks: queen._ack_settle's (one row of sparse verdicts), plus o_wake: the queues in
+-- which the call left a cursor row claimable (queen._ack_wakes; the fast path: its row released with
+-- messages left), whose parked pops the broker wakes. The clock is read there,
 -- after each cursor row's lock. Decoded here: the kinds when there are several, and the hashes unless
 -- a hint may spare them (then queen._ack_settle decodes them if it looks them up after all); the
 -- transactionIds only when a cursor row's items are judged one by one (queen._ack_txns).
@@ -545,8 +589,8 @@ CREATE OR REPLACE FUNCTION queen.ack_v3(
     p_now           timestamptz DEFAULT NULL,
     p_hint          bigint[] DEFAULT NULL
 ) RETURNS TABLE (o_refused integer[], o_errors text[], o_released integer[], o_dlq integer[],
-                 o_noop integer[])
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- see queen._ack_settle
+                 o_noop integer[], o_wake text[])
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- see queen._ack_settle
 DECLARE
     v_n        integer;
     v_pids     bigint[];
@@ -561,6 +605,7 @@ DECLARE
     v_now      timestamptz;
     v_new      bigint;
     v_rel      boolean;
+    v_wake     text;
 BEGIN
     IF length(p_items) % 26 <> 0 THEN
         RAISE EXCEPTION 'queen.ack_v3: p_items holds % bytes, not whole 26-byte items', length(p_items);
@@ -600,13 +645,18 @@ BEGIN
                -- (the segment holding p_hint[2]: the newest starting at or below it, one index probe)
                AND (SELECT s.end_offset FROM queen.log_segments s
                      WHERE s.partition_id = p_kind_pids[1] AND s.base_offset <= p_hint[2]
-                     ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2];
+                     ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2]
+            -- released with messages left (head_at: set by the cursor's trigger): its queue, to wake
+            RETURNING CASE WHEN v_rel AND lc.head_at IS NOT NULL
+                           THEN (SELECT q.name FROM queen.queues q WHERE q.id = lc.queue_id) END
+                 INTO v_wake;
             IF FOUND THEN
                 o_refused := '{}';
                 o_errors := '{}';
                 o_released := CASE WHEN v_rel THEN ARRAY[v_n] ELSE '{}'::integer[] END;
                 o_dlq := '{}';
                 o_noop := '{}';
+                o_wake := CASE WHEN v_wake IS NULL THEN '{}'::text[] ELSE ARRAY[v_wake] END;
                 RETURN NEXT;
                 RETURN;
             END IF;
@@ -641,9 +691,11 @@ BEGIN
                   FROM generate_series(0, v_n - 1) AS i) AS x;
     END IF;
     RETURN QUERY
-    SELECT * FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
-                                    p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1,
-                                    v_hpids, v_hgroups, v_hkinds, p_hint);
+    SELECT a.o_refused, a.o_errors, a.o_released, a.o_dlq, a.o_noop,
+           queen._ack_wakes(p_tenant, p_kind_pids, p_kind_groups, p_now)  -- (runs after _ack_settle)
+      FROM queen._ack_settle(p_tenant, v_pids, v_hashes, NULL, v_leases, v_groups, v_statuses,
+                             p_errors, p_now, p_items, p_txns, cardinality(p_kind_pids) = 1,
+                             v_hpids, v_hgroups, v_hkinds, p_hint) AS a;
 END;
 $$;
 

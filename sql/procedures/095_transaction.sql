@@ -9,8 +9,10 @@
 --            pushes: the arguments of queen.push_v1, and each item's flat index;
 --            p_kv: the validated KV ops (jsonb array), p_kv_base = flat index of p_kv[0];
 --            p_timers + payloads/hashes/message ids: the validated timer ops, p_timer_base likewise.
--- Result:  {"acks":[ack results], "pushes":[push results], "kv":[kv results], "timers":[timer results]},
---          each in input order; the broker stitches them into the flat `results` list.
+-- Result:  {"acks":[ack results], "pushes":[push results], "kv":[kv results], "timers":[timer results],
+--          "wake":[queue names]}, each in input order; the broker stitches them into the flat `results`
+--          list, and wakes the pops parked on the `wake` queues (queen._ack_wakes: an acked cursor row
+--          left claimable, e.g. its lease released with messages left), besides the pushed queues.
 -- Acks follow queen.ack_v1's offset-commit rules (WIRE.md §9.1): a completed ack commits the cursor
 --          through its offset, a nack clamps it and releases the lease, a completed ack below the
 --          cursor under its own lease (live, or released by the cursor row last) is noop=true.
@@ -122,7 +124,7 @@ CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_now              timestamptz DEFAULT NULL,
     p_sealed           boolean[] DEFAULT NULL  -- per push group: sealed (queen.push_v1)
 ) RETURNS jsonb
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$  -- Plans: see the header
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- Plans: see the header
 DECLARE
     v_now      timestamptz := coalesce(p_now, clock_timestamp());
     v_nacks    integer := coalesce(cardinality(p_ack_pids), 0);
@@ -133,6 +135,7 @@ DECLARE
     v_pushes   jsonb := '[]'::jsonb;
     v_kv       jsonb := '[]'::jsonb;
     v_timers   jsonb := '[]'::jsonb;
+    v_wake     text[] := '{}';
     v_res      jsonb;
     v_op       jsonb;
     r          record;
@@ -237,6 +240,8 @@ BEGIN
                 'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[r.ord],
                                 r.v ->> 'error')));
         END IF;
+        -- the queues whose acked cursor rows are claimable now (a released lease, a nack): woken
+        v_wake := queen._ack_wakes(p_tenant, p_ack_pids, p_ack_groups, v_now);
     END IF;
     v_now := coalesce(p_now, clock_timestamp());  -- for KV and timers: after every lock wait
 
@@ -262,6 +267,6 @@ BEGIN
     END LOOP;
 
     RETURN jsonb_build_object('acks', coalesce(v_acks, '[]'::jsonb), 'pushes', coalesce(v_pushes, '[]'::jsonb),
-                              'kv', v_kv, 'timers', v_timers);
+                              'kv', v_kv, 'timers', v_timers, 'wake', to_jsonb(v_wake));
 END;
 $$;
