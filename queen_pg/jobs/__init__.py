@@ -22,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from queen_pg.db.locks import TIMERS_LEADER_LOCK
 from queen_pg.db.pool import Database
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.kv_sweep import KvSweep
+from queen_pg.jobs.leadership import Leadership
 from queen_pg.jobs.lease_expiry import LeaseExpiry
 from queen_pg.jobs.outcomes import OutcomesPrune
 from queen_pg.jobs.retention import Retention
@@ -39,11 +41,13 @@ def default_jobs(
     stats_keep_hours: int = 168,
     trace_keep_hours: int = 168,
     stats_snapshot_interval: float = SNAPSHOT_CONFIG.interval,
+    timers_leadership: Leadership | None = None,
 ) -> list[Job]:
     """The broker's jobs; ``on_claimable(tenant, queue)`` wakes pops parked on a queue. The stats job
     prunes its rows after ``stats_keep_hours`` (0 = never); trace retention runs when
-    ``trace_keep_hours`` > 0."""
-    jobs: list[Job] = [LeaseExpiry(on_claimable), Retention(), DlqFill(), TimersJob(on_claimable), KvSweep()]
+    ``trace_keep_hours`` > 0; the timers job ticks fast only while ``timers_leadership`` leads (if given)."""
+    timers = TimersJob(on_claimable, leadership=timers_leadership)
+    jobs: list[Job] = [LeaseExpiry(on_claimable), Retention(), DlqFill(), timers, KvSweep()]
     jobs.append(OutcomesPrune())  # request outcomes past their window (sql/procedures/096_outcomes.sql)
     jobs.append(Stats(stats_keep_hours))
     jobs.append(StatsSnapshot(replace(SNAPSHOT_CONFIG, interval=stats_snapshot_interval)))
@@ -60,5 +64,8 @@ def start_jobs(
     trace_keep_hours: int = 168,
     stats_snapshot_interval: float = SNAPSHOT_CONFIG.interval,
 ) -> None:
-    for job in default_jobs(on_claimable, stats_keep_hours, trace_keep_hours, stats_snapshot_interval):
+    """Start the jobs, and the timers job's leadership session (one process of all ticks it fast)."""
+    leadership = Leadership(db.dsn, TIMERS_LEADER_LOCK, "timers")
+    supervisor.start("timers_leadership", leadership.run)
+    for job in default_jobs(on_claimable, stats_keep_hours, trace_keep_hours, stats_snapshot_interval, leadership):
         supervisor.start_job(job, db)

@@ -59,6 +59,10 @@ class Job(ABC):
         """Seconds to sleep after a tick that drained the backlog (the interval unless a job says more)."""
         return self.config.interval
 
+    async def pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds between ticks; a job may end the wait early (news that it should tick)."""
+        await asyncio.sleep(delay)
+
     def more(self, done: int) -> bool:
         """Whether to call :meth:`run_once` again at once: the batch came back full."""
         return done >= self.config.limit
@@ -110,7 +114,7 @@ async def run_job(job: Job, db: Database, rng: random.Random | None = None) -> N
                 log.info("event=job_recovered job=%s after_failures=%d", job.name, failures)
             failures = 0
             delay = job.idle_delay()
-        await asyncio.sleep(_jittered(delay, rng))
+        await job.pause(_jittered(delay, rng))
 
 
 def stop_process(name: str) -> None:
