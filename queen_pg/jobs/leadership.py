@@ -1,17 +1,18 @@
-"""Leadership: one process (of all the replicas and workers on a database) leads a fast-ticking job.
+"""Leadership: one process (of all the replicas and workers on a database) ticks the jobs at their pace.
 
 A job whose procedure elects a leader per tick (``pg_try_advisory_xact_lock``, docs/locks.md) is
-correct with any number of processes ticking; but at a short interval every one of them pays a
-wake-up and a database round trip per tick to learn, mostly, that there was nothing to do. A
-:class:`Leadership` picks one process to tick at the job's pace; the others (followers) tick at a
-slow fallback pace only.
+correct with any number of processes ticking; but every one of them pays a wake-up and a database
+round trip per tick to learn, mostly, that there was nothing to do (an idle 2-worker broker: the
+timers job alone, at 0.5 s, was 4 calls a second). A :class:`Leadership` picks one process to tick
+the jobs at their intervals; the others (followers) tick at a slow fallback pace only
+(``follower_interval``, queen_pg/jobs/supervisor.py).
 
 How: a connection of its own (not from the pool) asks ``pg_advisory_lock(key)`` at session level
 and blocks until it gets it: a follower's backend sleeps on the lock wait, with no wake-up on either
 side. The leader keeps the session open; when it ends (the process stops or dies, its connection is
 closed or terminated, PostgreSQL notices a dead peer through the keepalives set below) PostgreSQL
-frees the lock and one follower's wait returns at once: it is leader and :attr:`changed` tells its
-job to tick now. The leader that loses its connection is a follower from that moment, and dials again
+frees the lock and one follower's wait returns at once: it is leader and :attr:`news` tells its
+jobs to tick now. The leader that loses its connection is a follower from that moment, and dials again
 (backed off). Nothing depends on it for correctness: the procedure's own try-lock still elects one
 leader per tick, so two processes that both believe they lead for a moment do the work once, and a
 follower's fallback tick covers a leader that holds the lock but does not tick (a stuck event loop,
@@ -44,14 +45,15 @@ class Leadership:
         self.key = key
         self.name = name
         self.leader = False
-        self.changed = asyncio.Event()  # set when leadership is won or lost (the job clears it)
+        self.news = asyncio.Event()  # set when leadership is won or lost, then replaced by a fresh one
         self.terms = 0  # times this process became leader (metrics, tests)
         self._conn: asyncpg.Connection | None = None
 
     def _set(self, leader: bool) -> None:
         if leader != self.leader:
             self.leader = leader
-            self.changed.set()
+            self.news.set()  # every job waiting on this one wakes
+            self.news = asyncio.Event()
             if leader:
                 self.terms += 1
             log.info("event=leadership job=%s leader=%s", self.name, leader)

@@ -9,7 +9,7 @@ process claim at once. A timer is due at ``deliverAt`` ("not before"); it lands 
 interval after it (a timer whose key a writer holds waits for the next tick).
 
 With a :class:`~queen_pg.jobs.leadership.Leadership` (the broker's processes share one, key
-``TIMERS_LEADER_LOCK``), only its leader ticks every ``interval`` (0.5 s); the others tick every
+``JOBS_LEADER_LOCK``), only its leader ticks every ``interval`` (0.5 s); the others tick every
 ``follower_interval`` (5 s) and tick at once when they become leader, which happens as soon as the
 leader's session ends (PostgreSQL frees the session lock). So a timer lands within about one interval
 of its due time while a leader lives; when the leader process stops or dies, within one interval of
@@ -20,8 +20,6 @@ leader holds the lock but does not tick.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -51,24 +49,8 @@ class TimersJob(Job):
     ) -> None:
         super().__init__(config)
         self.on_fired = on_fired
-        self.leadership = leadership  # None: tick at the interval (tools, tests, a lone process)
+        self.leadership = leadership  # None: tick at the interval (tools, tests)
         self.follower_interval = follower_interval
-
-    def idle_delay(self) -> float:
-        if self.leadership is None or self.leadership.leader:
-            return self.config.interval
-        return self.follower_interval
-
-    async def pause(self, delay: float) -> None:
-        """Sleep, or tick at once when leadership changes (won: the dead leader's due timers wait)."""
-        if self.leadership is None:
-            await asyncio.sleep(delay)
-            return
-        changed = self.leadership.changed
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await changed.wait()
-        changed.clear()
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Timers fired (pushed or found duplicate) by one call."""
