@@ -263,7 +263,8 @@ class AckResults(Sequence[dict[str, Any]]):
         self._stop = stop
         self._rows = rows  # the dicts themselves (the ack_v1/ack_v2 rows path)
         # the queues in which the call left a cursor row claimable (queen._ack_wakes): the route wakes the
-        # pops parked there, as after a push. Fused requests: on the first request's results only.
+        # pops parked there, as after a push. Fused requests: on every request's results (a wake is cheap;
+        # the first request's client may have gone, and then its route wakes nobody).
         self.wake: Sequence[str] = ()
 
     @classmethod
@@ -436,15 +437,16 @@ async def ack_many(
                     part.append(r | {"index": r["index"] - start})
             out_rows.append(AckResults.of(part))
             start += len(req)
-        out_rows[0].wake = wake
+        for res in out_rows:  # every member: the first one's client may have gone (its route wakes nobody)
+            res.wake = wake
         return out_rows
     out: list[AckResults] = []
     start = 0
     for req in requests:
         out.append(AckResults(v, start, start + len(req)))
         start += len(req)
-    if out:
-        out[0].wake = wake
+    for res in out:  # every member: the first one's client may have gone (its route wakes nobody)
+        res.wake = wake
     return out
 
 
