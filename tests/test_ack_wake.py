@@ -239,6 +239,7 @@ async def test_a_fused_ack_s_wake_survives_its_first_member_going_away(broker: B
     """Fused acks share one call and its queues to wake; each route wakes from its own results. When the
     first member's client went away (its route never gets there), the others' results still carry the
     wake: a lease released with messages left must not wait for the parked pops' re-check."""
+
     def items(got: dict[str, Any], k: int | None = None, j: int = 0) -> list[AckItem]:
         return [AckItem(m["transactionId"], m["partitionId"], "completed", None, None, m["leaseId"])
                 for m in got["messages"][j:k]]  # fmt: skip
