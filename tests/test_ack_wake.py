@@ -255,3 +255,26 @@ async def test_a_fused_ack_s_wake_survives_its_first_member_going_away(broker: B
     assert lane.stats.calls == 1 and stays[-1]["leaseReleased"]
     assert list(stays.wake) == ["fw-second"]
     await fuser.close()
+
+
+async def test_a_failed_wake_look_up_does_not_turn_a_committed_ack_into_an_error(
+    db: Database, http: httpx.AsyncClient, conn: Any
+) -> None:
+    """The rows path (queen.ack_v2 under a request key, or ack_v1) commits, then asks queen._ack_wakes
+    in a second call. A wake is a hint: when that look-up fails, the committed ack still gets its
+    verdicts (an error would tell the client it may not have acked, and a retry under a new key or
+    none would find its acks already committed)."""
+    got = await _leased(http, "w-lookup", 3, 2)
+    items = [AckItem(m["transactionId"], m["partitionId"], "completed", None, None, m["leaseId"])
+             for m in got["messages"]]  # fmt: skip
+    await conn.execute("ALTER FUNCTION queen._ack_wakes(text, bigint[], text[], timestamptz) RENAME TO _ack_wakes_gone")
+    o = once("k-lookup", "ack/batch", b"{}", 60)
+    assert o is not None
+    (res,) = await ack_many(db, "default", [items], o)
+    assert [r["success"] for r in res] == [True, True] and res[-1]["leaseReleased"]
+    assert list(res.wake) == []
+    cursor = await conn.fetchval(
+        "SELECT lc.cursor_offset FROM queen.log_consumers lc JOIN queen.queues q ON q.id = lc.queue_id"
+        " WHERE q.name = 'w-lookup'"
+    )
+    assert cursor == 2  # committed

@@ -5,6 +5,7 @@ cursor through N, a nack clamps it, and each item's answer says whether it moved
 
 from __future__ import annotations
 
+import logging
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,7 @@ from queen_pg.db.types import fast_uuid
 from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.errors import QueenError
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
 # of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop; and the queues
@@ -32,6 +34,8 @@ ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # m
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 WAKES_SQL = "SELECT queen._ack_wakes($1, $2, $3)"  # after an ack_v1/ack_v2 call: ack_v3 answers it itself
+
+log = logging.getLogger("queen_pg.ack")
 
 STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
 
@@ -219,6 +223,18 @@ class Packed:
             [k[3] for k in per],
             self._error_list(),
         )
+
+
+async def _wakes(db: Database, tenant: str, pack: Packed) -> Sequence[str]:
+    """``queen._ack_wakes`` after an ack_v1/ack_v2 call, which committed: a wake is a hint, so a
+    failed look-up answers none (the parked pops' re-check covers it) rather than turning the committed
+    ack into an error."""
+    try:
+        got: Sequence[str] = await db.fetchval(WAKES_SQL, tenant, *pack.rows())
+    except QueenError as exc:
+        log.warning("event=ack_wakes_error error=%s", exc)
+        return ()
+    return got
 
 
 async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> AckResults:
@@ -412,7 +428,8 @@ async def ack_many(
         else:
             rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
-        wake = () if once is not None and once.replayed else await db.fetchval(WAKES_SQL, tenant, *pack.rows())
+        if once is None or not once.replayed:
+            wake = await _wakes(db, tenant, pack)
         got: dict[int, dict[str, Any]] = {}
         for row in rows:
             i = sent[row["idx"] - 1]
