@@ -19,6 +19,7 @@ import httpx
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine.ack import AckItem, ack_many
+from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.leases import book_of
 from queen_pg.engine.outcomes import once
 from queen_pg.engine.waiters import Waiters
@@ -232,3 +233,48 @@ async def test_an_ack_on_replica_a_wakes_a_pop_parked_on_b(db_url: str, tmp_path
     finally:
         a.stop()
         b.stop()
+
+
+async def test_a_fused_ack_s_wake_survives_its_first_member_going_away(broker: Broker, http: httpx.AsyncClient) -> None:
+    """Fused acks share one call and its queues to wake; each route wakes from its own results. When the
+    first member's client went away (its route never gets there), the others' results still carry the
+    wake: a lease released with messages left must not wait for the parked pops' re-check."""
+
+    def items(got: dict[str, Any], k: int | None = None, j: int = 0) -> list[AckItem]:
+        return [AckItem(m["transactionId"], m["partitionId"], "completed", None, None, m["leaseId"])
+                for m in got["messages"][j:k]]  # fmt: skip
+
+    first = await _leased(http, "fw-first", 3, 2)
+    second = await _leased(http, "fw-second", 3, 2)
+    fuser = Fuser(broker.app.state.queen.db, FuseConfig(hold_us=60_000_000, inflight=0, max_items=3))
+    lane = fuser.ack_lane("default")
+    gone = asyncio.create_task(fuser.ack("default", items(first, k=1)))  # part of its lease: no wake
+    await eventually(lambda: lane.queued == 1, "the first ack to join the batch")
+    gone.cancel()
+    stays = await fuser.ack("default", items(second))  # fills the batch; releases with 1 message left
+    assert lane.stats.calls == 1 and stays[-1]["leaseReleased"]
+    assert list(stays.wake) == ["fw-second"]
+    await fuser.close()
+
+
+async def test_a_failed_wake_look_up_does_not_turn_a_committed_ack_into_an_error(
+    db: Database, http: httpx.AsyncClient, conn: Any
+) -> None:
+    """The rows path (queen.ack_v2 under a request key, or ack_v1) commits, then asks queen._ack_wakes
+    in a second call. A wake is a hint: when that look-up fails, the committed ack still gets its
+    verdicts (an error would tell the client it may not have acked, and a retry under a new key or
+    none would find its acks already committed)."""
+    got = await _leased(http, "w-lookup", 3, 2)
+    items = [AckItem(m["transactionId"], m["partitionId"], "completed", None, None, m["leaseId"])
+             for m in got["messages"]]  # fmt: skip
+    await conn.execute("ALTER FUNCTION queen._ack_wakes(text, bigint[], text[], timestamptz) RENAME TO _ack_wakes_gone")
+    o = once("k-lookup", "ack/batch", b"{}", 60)
+    assert o is not None
+    (res,) = await ack_many(db, "default", [items], o)
+    assert [r["success"] for r in res] == [True, True] and res[-1]["leaseReleased"]
+    assert list(res.wake) == []
+    cursor = await conn.fetchval(
+        "SELECT lc.cursor_offset FROM queen.log_consumers lc JOIN queen.queues q ON q.id = lc.queue_id"
+        " WHERE q.name = 'w-lookup'"
+    )
+    assert cursor == 2  # committed

@@ -160,3 +160,43 @@ async def test_an_unreachable_database_keeps_a_follower_that_retries(caplog: pyt
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         s.close()
+
+
+async def test_a_database_statement_timeout_does_not_cancel_the_follower_s_wait(
+    db_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database (or role) whose operator set a statement_timeout / lock_timeout: the follower's
+    # pg_advisory_lock is one long statement that waits on a lock by design. It must keep waiting (and
+    # take over at once), not be cancelled every timeout, logged as an error and backed off up to 30 s.
+    await conn.execute(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET statement_timeout = ''200ms''', current_database());"
+        " EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''200ms''', current_database()); END $$"
+    )
+    caplog.set_level(logging.WARNING, "queen_pg.jobs")
+    leader, follower = Leadership(db_url, JOBS_LEADER_LOCK, "jobs"), Leadership(db_url, JOBS_LEADER_LOCK, "jobs")
+    tasks = [asyncio.create_task(leader.run())]
+    try:
+        await eventually(lambda: leader.leader, "the first session to lead")
+        tasks.append(asyncio.create_task(follower.run()))
+
+        async def waited_long() -> bool:  # one wait on the lock, well past the database's timeouts
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = $1 AND wait_event_type = 'Lock'"
+                    " AND query_start < clock_timestamp() - interval '1 second'",
+                    LEADER_APP,
+                )
+            )
+
+        await until(waited_long, "the follower to wait on the lock for a second")
+        assert "event=leadership_error" not in caplog.text
+        assert not follower.leader
+        pid = leader.backend_pid
+        assert pid is not None
+        await conn.execute("SELECT pg_terminate_backend($1)", pid)
+        await eventually(lambda: follower.leader, "the follower to take over")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

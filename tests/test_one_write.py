@@ -157,3 +157,24 @@ async def test_a_held_head_goes_out_at_the_end_of_the_iteration_or_before_a_clos
     ow2.write(b"HTTP/1.1 500 Internal Server Error\r\n\r\n")
     ow2.close()  # e.g. the app failed after the head: the head goes, then the close
     assert sink2.writes[-1] == b"HTTP/1.1 500 Internal Server Error\r\n\r\n" and sink2.closed
+
+
+async def test_head_requests_pipelined_and_closing_get_their_heads_in_order(broker: Broker) -> None:
+    # HEAD: uvicorn writes the head and never the body (the held head leaves at the end of the loop
+    # iteration); a GET pipelined behind it must not overtake it, and a HEAD with Connection: close
+    # gets its head before the close.
+    reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+    try:
+        writer.write(request("HEAD", "/health") + request("GET", "/health") + request("HEAD", "/health"))
+        h1 = await reader.readuntil(b"\r\n\r\n")
+        h2, body2 = await answer(reader)
+        h3 = await reader.readuntil(b"\r\n\r\n")
+        # (/health answers HEAD with 405 and a content-length, which a HEAD answer carries without a body)
+        assert h1.startswith(b"HTTP/1.1 405") and h2.startswith(b"HTTP/1.1 200") and h3.startswith(b"HTTP/1.1 405")
+        assert orjson.loads(body2)  # the GET's body, right after its own head (the HEADs sent none)
+        writer.write(request("HEAD", "/health", extra=b"connection: close\r\n"))
+        h4 = await reader.readuntil(b"\r\n\r\n")
+        assert h4.startswith(b"HTTP/1.1 405") and b"connection: close" in h4.lower()
+        assert await reader.read() == b""  # then the close, nothing else
+    finally:
+        writer.close()

@@ -5,6 +5,7 @@ cursor through N, a nack clamps it, and each item's answer says whether it moved
 
 from __future__ import annotations
 
+import logging
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,7 @@ from queen_pg.db.types import fast_uuid
 from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.errors import QueenError
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
 # of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop; and the queues
@@ -32,6 +34,8 @@ ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # m
 ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
 EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
 WAKES_SQL = "SELECT queen._ack_wakes($1, $2, $3)"  # after an ack_v1/ack_v2 call: ack_v3 answers it itself
+
+log = logging.getLogger("queen_pg.ack")
 
 STATUSES = {"completed": "completed", "success": "completed", "failed": "failed", "retry": "retry", "dlq": "dlq"}
 
@@ -221,6 +225,18 @@ class Packed:
         )
 
 
+async def _wakes(db: Database, tenant: str, pack: Packed) -> Sequence[str]:
+    """``queen._ack_wakes`` after an ack_v1/ack_v2 call, which committed: a wake is a hint, so a
+    failed look-up answers none (the parked pops' re-check covers it) rather than turning the committed
+    ack into an error."""
+    try:
+        got: Sequence[str] = await db.fetchval(WAKES_SQL, tenant, *pack.rows())
+    except QueenError as exc:
+        log.warning("event=ack_wakes_error error=%s", exc)
+        return ()
+    return got
+
+
 async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | None = None) -> AckResults:
     """One result per item, in order; a refused item is ``success: false`` with its reason. Under a
     request key (``once``) through ``queen.ack_v2``: a retry within the window answers the recorded
@@ -263,7 +279,8 @@ class AckResults(Sequence[dict[str, Any]]):
         self._stop = stop
         self._rows = rows  # the dicts themselves (the ack_v1/ack_v2 rows path)
         # the queues in which the call left a cursor row claimable (queen._ack_wakes): the route wakes the
-        # pops parked there, as after a push. Fused requests: on the first request's results only.
+        # pops parked there, as after a push. Fused requests: on every request's results (a wake is cheap;
+        # the first request's client may have gone, and then its route wakes nobody).
         self.wake: Sequence[str] = ()
 
     @classmethod
@@ -411,7 +428,8 @@ async def ack_many(
         else:
             rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
-        wake = () if once is not None and once.replayed else await db.fetchval(WAKES_SQL, tenant, *pack.rows())
+        if once is None or not once.replayed:
+            wake = await _wakes(db, tenant, pack)
         got: dict[int, dict[str, Any]] = {}
         for row in rows:
             i = sent[row["idx"] - 1]
@@ -436,15 +454,16 @@ async def ack_many(
                     part.append(r | {"index": r["index"] - start})
             out_rows.append(AckResults.of(part))
             start += len(req)
-        out_rows[0].wake = wake
+        for res in out_rows:  # every member: the first one's client may have gone (its route wakes nobody)
+            res.wake = wake
         return out_rows
     out: list[AckResults] = []
     start = 0
     for req in requests:
         out.append(AckResults(v, start, start + len(req)))
         start += len(req)
-    if out:
-        out[0].wake = wake
+    for res in out:  # every member: the first one's client may have gone (its route wakes nobody)
+        res.wake = wake
     return out
 
 
