@@ -35,10 +35,6 @@ CLOSE_TIMEOUT_S = 2.0
 # a leader whose host vanished without closing its TCP connection is noticed by PostgreSQL in about
 # idle + interval x count seconds (these are ignored on a Unix socket, where the kernel knows at once)
 KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
-# the follower's pg_advisory_lock is one statement that waits on a lock by design: a statement_timeout
-# or lock_timeout the database or role sets for everyone must not cancel it (it would be logged as an
-# error and redialled with a backoff growing to BACKOFF_MAX_S, delaying the takeover by that much)
-NO_TIMEOUTS = {"statement_timeout": "0", "lock_timeout": "0"}
 
 
 class Leadership:
@@ -66,7 +62,7 @@ class Leadership:
         """One session: connect, wait for the lock, lead until the connection ends."""
         ended = asyncio.Event()
         conn = await asyncpg.connect(
-            self.dsn, server_settings={"application_name": f"queen-pg leader:{self.name}", **KEEPALIVES, **NO_TIMEOUTS}
+            self.dsn, server_settings={"application_name": f"queen-pg leader:{self.name}", **KEEPALIVES}
         )
         self._conn = conn
         try:
