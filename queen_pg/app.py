@@ -135,9 +135,6 @@ def create_app(settings: Settings) -> FastAPI:
         mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
         if mesh is not None:
             mesh.on_config = crypto.forgetting(crypto.vault(db), mesh.on_config)  # a peer configured a queue
-            # one sibling worker reads the maintenance switches for all and tells them of a change
-            refresher.polls, refresher.relay = mesh.polls_for_siblings, mesh.publish_maintenance
-            mesh.on_siblings = refresher.kick  # a sibling came or went: who reads for all may have changed
             await mesh.start()  # binds now (a port in use fails the boot); dials under the supervisor
             jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes

@@ -17,9 +17,6 @@ KV_SWEEP_LOCK = 7_781_200_180  # queen.kv_sweep_v1 (job kv_sweep): one replica p
 # Writers take them exclusive; the firing job takes them shared (try), see docs/locks.md.
 TIMER_KEY_CLASS = 77_813
 TIMERS_FIRE_LOCK = 7_781_200_186  # queen.timers_fire_v1 (job timers): one replica per tick
-# session level, on a connection of its own (queen_pg/jobs/leadership.py): the process that holds it
-# ticks the jobs at their intervals, the others at the follower pace; never taken inside a transaction
-JOBS_LEADER_LOCK = 7_781_200_187
 
 # Request keys of the outcome window: two-int advisory lock (REQUEST_KEY_CLASS, hashtext(tenant/key)),
 # taken by the _v2 procedures before any other lock (sql/procedures/096_outcomes.sql); level -1.

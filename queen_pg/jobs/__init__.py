@@ -9,10 +9,6 @@ Invariants:
 - Leadership per tick: each procedure starts with ``pg_try_advisory_xact_lock`` on its own key
   (docs/locks.md, ``queen_pg/db/locks.py``); a replica that does not get it does nothing, so running
   jobs on every replica is safe and the work is done once.
-- Pace: one process of all (the holder of the session lock ``JOBS_LEADER_LOCK``,
-  ``queen_pg/jobs/leadership.py``) ticks every job at its interval; the others tick 4x less often
-  (the timers job: every 5 s instead of 0.5 s) and take over at once when the leader's session ends.
-  That is cost, not correctness: the per-tick lock above still decides who does the work.
 - Jobs decide nothing the hot paths rely on for correctness: pops claim expired leases without
   lease_expiry, and a lost wake-up costs latency, never a message. Retention never deletes a segment
   a cursor of any group still needs, nor one whose dead letters await their payload.
@@ -26,11 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from queen_pg.db.locks import JOBS_LEADER_LOCK
 from queen_pg.db.pool import Database
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.kv_sweep import KvSweep
-from queen_pg.jobs.leadership import Leadership
 from queen_pg.jobs.lease_expiry import LeaseExpiry
 from queen_pg.jobs.outcomes import OutcomesPrune
 from queen_pg.jobs.retention import Retention
@@ -45,19 +39,16 @@ def default_jobs(
     stats_keep_hours: int = 168,
     trace_keep_hours: int = 168,
     stats_snapshot_interval: float = SNAPSHOT_CONFIG.interval,
-    leadership: Leadership | None = None,
 ) -> list[Job]:
     """The broker's jobs; ``on_claimable(tenant, queue)`` wakes pops parked on a queue. The stats job
     prunes its rows after ``stats_keep_hours`` (0 = never); trace retention runs when
-    ``trace_keep_hours`` > 0; they tick at their intervals only while ``leadership`` leads (if given)."""
+    ``trace_keep_hours`` > 0."""
     jobs: list[Job] = [LeaseExpiry(on_claimable), Retention(), DlqFill(), TimersJob(on_claimable), KvSweep()]
     jobs.append(OutcomesPrune())  # request outcomes past their window (sql/procedures/096_outcomes.sql)
     jobs.append(Stats(stats_keep_hours))
     jobs.append(StatsSnapshot(replace(SNAPSHOT_CONFIG, interval=stats_snapshot_interval)))
     if trace_keep_hours > 0:
         jobs.append(TraceRetention(trace_keep_hours))
-    for job in jobs:
-        job.leadership = leadership
     return jobs
 
 
@@ -69,8 +60,5 @@ def start_jobs(
     trace_keep_hours: int = 168,
     stats_snapshot_interval: float = SNAPSHOT_CONFIG.interval,
 ) -> None:
-    """Start the jobs, and the leadership session (one process of all ticks them at their pace)."""
-    leadership = Leadership(db.dsn, JOBS_LEADER_LOCK, "jobs")
-    supervisor.start("jobs_leadership", leadership.run)
-    for job in default_jobs(on_claimable, stats_keep_hours, trace_keep_hours, stats_snapshot_interval, leadership):
+    for job in default_jobs(on_claimable, stats_keep_hours, trace_keep_hours, stats_snapshot_interval):
         supervisor.start_job(job, db)

@@ -3,10 +3,7 @@
 A :class:`Job` is a small config (name, idle interval, batch limit) and a ``run_once`` that makes one
 bounded stored-procedure call and returns how much it did. :func:`run_job` repeats ``run_once`` at
 once while the batch came back full (:meth:`Job.more`), otherwise sleeps the interval with jitter;
-an error is logged (``event=job_error``) and survived with jittered exponential backoff. With a
-:class:`~queen_pg.jobs.leadership.Leadership` (the broker's jobs share one), a process that does not
-lead sleeps ``follower_interval`` (``FOLLOWER_FACTOR`` x the interval) instead, and ticks at once
-when it becomes leader.
+an error is logged (``event=job_error``) and survived with jittered exponential backoff.
 
 The :class:`Supervisor` starts named asyncio tasks, logs a crash and restarts the task with backoff
 (or, for a task marked critical, calls ``on_fatal``, by default SIGTERM to this process, which
@@ -16,7 +13,6 @@ uvicorn turns into a clean shutdown), and on :meth:`Supervisor.stop` cancels and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -26,18 +22,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from queen_pg.db.pool import Database
-
-if TYPE_CHECKING:
-    from queen_pg.jobs.leadership import Leadership
 
 log = logging.getLogger("queen_pg.jobs")
 
 MAX_BACKOFF_S = 60.0
 JITTER = 0.2  # sleeps are drawn from [1 - JITTER, 1 + JITTER] x the nominal delay
-FOLLOWER_FACTOR = 4.0  # a process that does not lead ticks a job this many times less often
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +46,6 @@ class Job(ABC):
         self.runs = 0  # ticks completed, failed ticks and items done, for metrics (queen_pg/metrics.py)
         self.errors = 0
         self.items = 0
-        # the processes' shared leadership (queen_pg/jobs/leadership.py; None: this process always ticks
-        # at the interval): while another process leads, this one ticks every follower_interval only
-        self.leadership: Leadership | None = None
-        self.follower_interval = config.interval * FOLLOWER_FACTOR
 
     @property
     def name(self) -> str:
@@ -71,29 +58,6 @@ class Job(ABC):
     def idle_delay(self) -> float:
         """Seconds to sleep after a tick that drained the backlog (the interval unless a job says more)."""
         return self.config.interval
-
-    def leads(self) -> bool:
-        return self.leadership is None or self.leadership.leader
-
-    def next_delay(self) -> float:
-        """Seconds to the next tick after one that drained the backlog: :meth:`idle_delay`, stretched
-        to ``follower_interval`` while another process leads."""
-        delay = self.idle_delay()
-        return delay if self.leads() else max(delay, self.follower_interval)
-
-    async def pause(self, delay: float, led: bool = True) -> None:
-        """Wait ``delay`` seconds between ticks; cut short when this process's leadership changes (it
-        won: tick now, the old leader's work waits) or has changed since :meth:`leads` said ``led``."""
-        lead = self.leadership
-        if lead is None:
-            await asyncio.sleep(delay)
-            return
-        if lead.leader != led:
-            return
-        news = lead.news
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await news.wait()
 
     def more(self, done: int) -> bool:
         """Whether to call :meth:`run_once` again at once: the batch came back full."""
@@ -126,7 +90,6 @@ async def run_job(job: Job, db: Database, rng: random.Random | None = None) -> N
     await asyncio.sleep(rng.uniform(0, interval))
     failures = 0
     while True:
-        led = job.leads()
         try:
             job.items += await job.tick(db)
             job.runs += 1
@@ -146,8 +109,8 @@ async def run_job(job: Job, db: Database, rng: random.Random | None = None) -> N
             if failures:
                 log.info("event=job_recovered job=%s after_failures=%d", job.name, failures)
             failures = 0
-            delay = job.next_delay() if job.leads() == led else 0.0  # won or lost the lead meanwhile
-        await job.pause(_jittered(delay, rng), job.leads())
+            delay = job.idle_delay()
+        await asyncio.sleep(_jittered(delay, rng))
 
 
 def stop_process(name: str) -> None:

@@ -7,15 +7,6 @@ tombstone, WIRE §9.5), so a timer scheduled with a delivery time in the past fi
 cycle. ``on_fired(tenant, queue)`` is told which queues got a message, so pops parked on them on this
 process claim at once. A timer is due at ``deliverAt`` ("not before"); it lands within about one
 interval after it (a timer whose key a writer holds waits for the next tick).
-
-With a :class:`~queen_pg.jobs.leadership.Leadership` (the broker's processes share one, key
-``JOBS_LEADER_LOCK``), only its leader ticks every ``interval`` (0.5 s); the others tick every
-``follower_interval`` (5 s) and tick at once when they become leader, which happens as soon as the
-leader's session ends (PostgreSQL frees the session lock). So a timer lands within about one interval
-of its due time while a leader lives; when the leader process stops or dies, within one interval of
-the takeover (the kernel closes a dead process's connection at once; a vanished host is noticed by
-PostgreSQL's keepalives in ~25 s), and at worst within ``follower_interval`` of its due time while a
-leader holds the lock but does not tick.
 """
 
 from __future__ import annotations
@@ -26,13 +17,11 @@ from datetime import datetime
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import timers as timers_engine
-from queen_pg.jobs.leadership import Leadership
 from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
 CONFIG = JobConfig(name="timers", interval=0.5, limit=500)
-FOLLOWER_INTERVAL_S = 5.0  # a process that does not lead: its fallback tick
 
 
 def _nobody(tenant: str, queue: str) -> None:
@@ -40,17 +29,9 @@ def _nobody(tenant: str, queue: str) -> None:
 
 
 class TimersJob(Job):
-    def __init__(
-        self,
-        on_fired: Callable[[str, str], None] = _nobody,
-        config: JobConfig = CONFIG,
-        leadership: Leadership | None = None,
-        follower_interval: float = FOLLOWER_INTERVAL_S,
-    ) -> None:
+    def __init__(self, on_fired: Callable[[str, str], None] = _nobody, config: JobConfig = CONFIG) -> None:
         super().__init__(config)
         self.on_fired = on_fired
-        self.leadership = leadership  # None: tick at the interval (tools, tests)
-        self.follower_interval = follower_interval
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Timers fired (pushed or found duplicate) by one call."""

@@ -127,8 +127,6 @@ class Mesh:
         self._pushed: dict[tuple[str, str], float] = {}  # key -> monotonic time of our last wake of it
         self._pushed_floor = -math.inf
         self._sock_path: Path | None = None
-        self._siblings: frozenset[int] = frozenset()  # pids of the sibling workers' sockets (last scan)
-        self.on_siblings: Callable[[], None] = _nothing  # the set of siblings changed
         self._conns: set[asyncio.Task[Any]] = set()  # inbound connection handlers
         # counters read by queen_pg/metrics.py
         self.frames_sent = 0
@@ -404,21 +402,10 @@ class Mesh:
         if task is not None:
             task.cancel()
 
-    def polls_for_siblings(self) -> bool:
-        """Whether this worker reads shared state at the fast pace for its siblings (the maintenance
-        switches: it tells them of a change, they re-read only then and at a slow fallback pace): the
-        worker whose socket has the lowest pid among the live ones. True without siblings, and until
-        the first scan (a worker that cannot tell polls: it errs on the side of reading)."""
-        if not self._siblings:
-            return True
-        me = self._sock_path.stem if self._sock_path is not None else ""
-        return me.isdigit() and int(me) < min(self._siblings)
-
     def _scan(self) -> None:
         """Find the sibling workers' sockets; forget the ones that went away."""
         assert self.config.local_dir is not None
         seen: set[str] = set()
-        pids: set[int] = set()
         for path in self.config.local_dir.glob("*.sock"):
             if path == self._sock_path:
                 continue
@@ -429,15 +416,10 @@ class Mesh:
                 continue
             name = f"unix:{path.name}"
             seen.add(name)
-            if pid.isdigit():
-                pids.add(int(pid))
             if name not in self.peers:
                 self._add_peer(name, unix_dialer(str(path)), local=True)
         for name in [n for n, p in self.peers.items() if p.local and n not in seen]:
             self._drop_peer(name)
-        if pids != self._siblings:
-            self._siblings = frozenset(pids)
-            self.on_siblings()
 
     async def _scanner(self) -> None:
         while True:
