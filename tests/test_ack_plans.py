@@ -23,7 +23,7 @@ from queen_pg.engine.ack import ACK_ROWS_SQL, ACK_SQL, Packed
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL
 from queen_pg.engine.transaction import TX_SQL
-from tests.test_pop_discovery import Plans, nodes
+from tests.test_pop_discovery import Plans
 
 ACK_FNS = [
     "queen.ack_v3",
@@ -112,13 +112,7 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
     assert nack[0]["success"] and nack[0]["lease_released"]
     assert json.loads(tx)["wake"] == []  # one of 100 acked: the lease is still held
     scans: list[tuple[str, str]] = []
-    for text in plans.notices:
-        if "{" not in text:
-            continue
-        doc = json.loads(text[text.index("{") :])
-        for node in nodes(doc["Plan"]):
-            rel = node.get("Relation Name")
-            if rel in KEYED:
-                scans.append((node["Node Type"], rel))
-                assert node["Node Type"] != "Seq Scan", f"{rel} scanned whole: {doc['Query Text'][:300]}"
+    for kind, rel, _node, doc in plans.scans(KEYED):
+        scans.append((kind, rel))
+        assert kind != "Seq Scan", f"{rel} scanned whole: {doc['Query Text'][:300]}"
     assert any(rel == "log_txns" for _, rel in scans), scans

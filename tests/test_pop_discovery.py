@@ -104,6 +104,19 @@ class Plans:
     def _listen(self, _conn: object, message: Any) -> None:
         self.notices.append(str(message.message))
 
+    def docs(self) -> list[dict[str, Any]]:
+        """Every plan seen, as auto_explain's JSON documents."""
+        return [json.loads(t[t.index("{") :]) for t in self.notices if "{" in t]
+
+    def scans(self, watched: set[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+        """(node type, relation, node, plan document) of every plan node reading a watched relation."""
+        return [
+            (node["Node Type"], node["Relation Name"], node, doc)
+            for doc in self.docs()
+            for node in nodes(doc["Plan"])
+            if node.get("Relation Name") in watched
+        ]
+
     def discovery(self) -> list[dict[str, Any]]:
         """The plans of pop_v1's discovery statements (the cursors that lock log_consumers rows)."""
         found = []

@@ -11,14 +11,13 @@ reads its tables by key whatever the statistics say.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import asyncpg
 import pytest
 
 from queen_pg.engine import push as push_engine
-from tests.test_pop_discovery import Plans, nodes
+from tests.test_pop_discovery import Plans
 
 PUSH = push_engine.PUSH_SQL
 PUSH_FNS = ["queen.push_v3", "queen._push_core"]
@@ -56,13 +55,7 @@ async def test_push_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Con
     assert fresh is not None and list(fresh["dup_idx"]) == []
     assert groups is not None and list(groups["dup_idx"]) == [1, 2]
     scans: list[tuple[str, str]] = []
-    for text in plans.notices:
-        if "{" not in text:
-            continue
-        doc = json.loads(text[text.index("{") :])
-        for node in nodes(doc["Plan"]):
-            rel = node.get("Relation Name")
-            if rel in KEYED:
-                scans.append((node["Node Type"], rel))
-                assert node["Node Type"] != "Seq Scan", f"{rel} scanned whole: {doc['Query Text'][:300]}"
+    for kind, rel, _node, doc in plans.scans(KEYED):
+        scans.append((kind, rel))
+        assert kind != "Seq Scan", f"{rel} scanned whole: {doc['Query Text'][:300]}"
     assert ("Index Scan", "log_txns") in scans or ("Index Only Scan", "log_txns") in scans, scans
