@@ -223,6 +223,9 @@ async def _waiting(conn: asyncpg.Connection, n: int) -> bool:
 
 
 async def _push_calls_waiting_on_a_lock(conn: asyncpg.Connection) -> int:
+    # pg_stat_activity is read once per transaction, and the caller polls inside the one that holds the
+    # row: drop that snapshot first, or a poll made before the calls waited sees the same answer forever
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
     return int(
         await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
