@@ -19,7 +19,16 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant, wake_pushed
+from queen_pg.api.common import (
+    check_name,
+    json_response,
+    permit,
+    producer_sub,
+    push_messages,
+    state,
+    tenant,
+    wake_pushed,
+)
 from queen_pg.api.request_key import replay_headers, request_once
 from queen_pg.api.routes_metrics import count_push
 from queen_pg.engine import binary, push_binary
@@ -122,12 +131,7 @@ async def push(request: Request) -> Response:
     if body.framed and push_binary.stored_as_is(crypto.vault(st.db), ten, body.groups, sub):
         results = await _stored(request, ten, body.groups, once)
     else:
-        items = push_binary.messages(body.groups, sub)
-        if st.fuser is not None:
-            results = await st.fuser.push(ten, items, once)
-        else:
-            async with permit(request, "push"):
-                results = await push_engine.push(st.db, ten, items, once)
+        results = await push_messages(request, ten, push_binary.messages(body.groups, sub), once)
     wake_pushed(st, ten, results.queues)
     count_push(request, ten, results)
     if body.counts_only:

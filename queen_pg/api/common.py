@@ -17,8 +17,10 @@ from queen_pg.api.admission import ByteBudget
 from queen_pg.api.params import check_name
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
+from queen_pg.engine import push as push_engine
 from queen_pg.engine.fusion import Fuser
 from queen_pg.engine.maintenance import Maintenance
+from queen_pg.engine.outcomes import Once
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import STORAGE_FULL, QueenError
 from queen_pg.jobs.storage import StorageCheck
@@ -63,6 +65,18 @@ def wake_pushed(st: AppState, ten: str, queues: Sequence[str]) -> None:
 def state(request: Request) -> AppState:
     st: AppState = request.app.state.queen
     return st
+
+
+async def push_messages(
+    request: Request, ten: str, items: list[push_engine.NewMessage], once: Once | None
+) -> push_engine.Answer:
+    """Push ``items`` (JSON or binary route) through the fuser, which holds a push permit around each
+    procedure call it makes, or alone under the request's own permit when fusion is off."""
+    st = state(request)
+    if st.fuser is not None:
+        return await st.fuser.push(ten, items, once)
+    async with permit(request, "push"):
+        return await push_engine.push(st.db, ten, items, once)
 
 
 def permit(request: Request, family: str) -> AbstractAsyncContextManager[None]:

@@ -14,7 +14,16 @@ from fastapi.responses import Response
 from queen_pg.api import binary
 from queen_pg.api import params as P
 from queen_pg.api.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, narrow, read, stored_json
-from queen_pg.api.common import check_name, json_response, permit, producer_sub, state, tenant, wake_pushed
+from queen_pg.api.common import (
+    check_name,
+    json_response,
+    permit,
+    producer_sub,
+    push_messages,
+    state,
+    tenant,
+    wake_pushed,
+)
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.longpoll import run_pop
 from queen_pg.api.request_key import replay_headers, request_once
@@ -152,11 +161,7 @@ async def push(request: Request) -> Response:
     st = state(request)
     ten = tenant(request)
     once = await request_once(request, "push")  # a keyed push is applied once, and never fused
-    if st.fuser is not None:  # it holds a push permit around each procedure call (engine/fusion.py)
-        results = await st.fuser.push(ten, items, once)
-    else:
-        async with permit(request, "push"):
-            results = await push_engine.push(st.db, ten, items, once)
+    results = await push_messages(request, ten, items, once)
     wake_pushed(st, ten, results.queues)
     count_push(request, ten, results)
     return Response(results.body, 201, replay_headers(once), "application/json")  # rendered by the engine

@@ -454,17 +454,21 @@ async def ack_many(
                     part.append(r | {"index": r["index"] - start})
             out_rows.append(AckResults.of(part))
             start += len(req)
-        for res in out_rows:  # every member: the first one's client may have gone (its route wakes nobody)
-            res.wake = wake
-        return out_rows
+        return _waking(out_rows, wake)
     out: list[AckResults] = []
     start = 0
     for req in requests:
         out.append(AckResults(v, start, start + len(req)))
         start += len(req)
-    for res in out:  # every member: the first one's client may have gone (its route wakes nobody)
+    return _waking(out, wake)
+
+
+def _waking(results: list[AckResults], wake: Sequence[str]) -> list[AckResults]:
+    """Every member's results carry the call's wake: the first one's client may have gone (its route
+    then wakes nobody)."""
+    for res in results:
         res.wake = wake
-    return out
+    return results
 
 
 async def extend_lease(db: Database, tenant: str, lease_id: str) -> dict[str, Any]:
