@@ -36,7 +36,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,11 +128,15 @@ class Supervisor:
     the database would fail the same way again: the supervisor stops). SIGTERM/SIGINT stop the
     workers (each drains as a lone server does); SIGHUP replaces them one by one, the new one
     serving before the old one is stopped. The workers are uvicorn's own ``Process`` (spawned, with
-    its ping/pong health check); only the socket per worker is ours."""
+    its ping/pong health check); only the socket per worker is ours. ``gone(pid)`` runs for every
+    worker that ended, however it ended (a killed worker cannot clean up after itself)."""
 
-    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, sockets: list[socket.socket], gone: Callable[[int], None] = lambda pid: None
+    ) -> None:
         self.config = config
         self.sockets = sockets
+        self.gone = gone
         self.processes: list[Process] = []
         self.should_exit = threading.Event()
         self.failed = False
@@ -161,7 +165,7 @@ class Supervisor:
         for proc in self.processes:
             proc.terminate()
         for proc in self.processes:
-            proc.join()
+            self._join(proc)
         log.info("event=workers_stop supervisor=%d", os.getpid())
 
     def _keep_alive(self) -> None:
@@ -171,7 +175,7 @@ class Supervisor:
             if self.should_exit.is_set() or proc.is_alive(timeout=self.config.timeout_worker_healthcheck):
                 continue
             proc.kill()  # gone, or hung: not answering the ping
-            proc.join()
+            self._join(proc)
             if proc.exitcode == STARTUP_FAILURE:
                 log.error("event=worker_start_failed pid=%s: stopping", proc.pid)
                 self.failed = True
@@ -188,12 +192,25 @@ class Supervisor:
             new = self._start(i)
             if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
                 new.kill()
-                new.join()
+                self._join(new)
                 log.error("event=workers_restart_aborted pid=%s: not ready in time; keeping %s", new.pid, old.pid)
                 return
             old.terminate()
-            old.join()
+            self._join(old)
             self.processes[i] = new
+
+    def _join(self, proc: Process) -> None:
+        proc.join()
+        if proc.pid is not None:
+            self.gone(proc.pid)
+
+
+def _metrics_gone(pid: int, metrics_dir: str) -> None:
+    """Drop an ended worker's live gauges (pool, waiters...) from the shared metrics directory: a
+    worker removes its own when it stops cleanly, a killed one cannot."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
 
 
 def serve_workers(settings: Settings) -> int:
@@ -218,7 +235,7 @@ def serve_workers(settings: Settings) -> int:
         except PortInUse as exc:
             print(f"queen-pg: {exc}", file=sys.stderr, flush=True)
             return 1
-        supervisor = Supervisor(config, sockets)
+        supervisor = Supervisor(config, sockets, gone=lambda pid: _metrics_gone(pid, metrics_dir))
         port = sockets[0].getsockname()[1]
         print(f"queen-pg: {settings.workers} workers on {settings.host}:{port}, one socket each", flush=True)
         try:

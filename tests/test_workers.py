@@ -39,7 +39,7 @@ async def _pids_of_new_connections(url: str, n: int, wait_s: float = 5) -> list[
 async def test_new_connections_reach_both_workers_and_a_dead_one_is_replaced_on_its_socket(
     db_url: str, tmp_path: Path
 ) -> None:
-    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_WORKERS="2")
+    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_WORKERS="2", QUEEN_DB_POOL_SIZE="3")
     try:
         await broker.start()
 
@@ -62,6 +62,14 @@ async def test_new_connections_reach_both_workers_and_a_dead_one_is_replaced_on_
         assert len(set(later)) == 2, later
         assert set(later) - workers, "a replacement worker answered"
         assert f"event=worker_replaced pid={victim}" in broker.log()
+        # the killed worker's live gauges are gone from /metrics: two pools of 3, not three
+        async with httpx.AsyncClient(base_url=broker.url, timeout=5) as http:
+
+            async def two_pools() -> bool:
+                text = (await http.get("/metrics")).text
+                return "queen_db_pool_max_connections 6.0" in text
+
+            await until(two_pools, "the pool gauge of two workers", within=20)
 
         broker.terminate()
         assert await asyncio.to_thread(broker.process.wait, 30) == 0, broker.log()
