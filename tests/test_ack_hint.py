@@ -247,3 +247,69 @@ async def test_the_usual_hinted_ack_never_judges_item_by_item(
                                 book.hint(lease, pid, txns))  # fmt: skip
     finally:
         await tr.rollback()
+
+
+async def test_fused_hinted_acks_of_several_rows_settle_without_the_item_loop(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """Several leases in one ack_v3 call (fused requests), one kind per cursor row, every kind hinted:
+    ack_v3 settles them all itself (queen._ack_settle, renamed away, is not called), with the look-up's
+    verdicts and rows: leaseReleased on each released row's last item, a partial ack keeps its lease.
+    When one row fails a check (its lease ran out) nothing is written by that path: every row goes to
+    queen._ack_settle and the answers are the look-up's."""
+    parts = ("a", "b", "c")
+    for part in parts:
+        await push(http, "mq", [{"partition": part, "payload": {"i": i}, "transactionId": f"{part}{i}"}
+                                for i in range(30)])  # fmt: skip
+    book = LeaseBook()
+    got: dict[str, tuple[int, uuid.UUID]] = {}
+    for part in parts:
+        lease = uuid.uuid4()
+        rows = await conn.fetch(POP_SQL, "default", "mq", part, None, None, "g", 30, 1, lease, False, "all", None, None)
+        assert (rows[0]["lease_start"], rows[0]["lease_end"]) == (0, 30)
+        book.remember(lease, rows)
+        got[part] = (int(rows[0]["partition_id"]), lease)
+    # a: every item (released); b: the first 12 (lease kept); c: every item, its items interleaved with a's
+    plan = [("a", i) for i in range(15)] + [("c", i) for i in range(30)] + [("a", i) for i in range(15, 30)]
+    plan += [("b", i) for i in range(12)]
+
+    def pack_of() -> Packed:
+        pack = Packed()
+        for part, i in plan:
+            pid, lease = got[part]
+            pack.add(pid, f"{part}{i}", lease, "g", "completed", None)
+        return pack
+
+    pids = [got[p][0] for p in parts]
+
+    async def run(hint: list[int | None] | None, now: datetime | None, away: bool) -> tuple[Any, Any]:
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            if away:
+                await conn.execute("ALTER FUNCTION queen._ack_settle RENAME TO _ack_settle_away")
+            res = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack_of().args(), now, hint)
+            rows = [dict(await conn.fetchrow(ROW, pid)) for pid in pids]
+            return verdicts(res, len(plan)), (rows, sorted(res["o_wake"]))
+        finally:
+            await tr.rollback()
+
+    hint = pack_of().hint(book)
+    assert hint is not None and None not in hint and len(hint) == 9
+    fast = await run(hint, None, away=True)  # would raise UndefinedFunctionError if it called _ack_settle
+    looked_up = await run(None, None, away=False)
+    assert fast == looked_up
+    out, (rows, _wake) = fast
+    assert all(v["success"] and not v["noop"] for v in out)
+    assert [i + 1 for i, v in enumerate(out) if v["released"]] == [45, 60]  # c's last item, a's last item
+    assert [(r["cursor_offset"], r["lease_id"] is None) for r in rows] == [(30, True), (12, False), (30, True)]
+    # b's lease ran out (only b's): the look-up decides every row, as without the hint
+    await conn.execute("UPDATE queen.log_consumers SET lease_expires_at = now() - interval '1 second'"
+                       " WHERE partition_id = $1", got["b"][0])  # fmt: skip
+    with pytest.raises(asyncpg.UndefinedFunctionError):
+        await run(hint, None, away=True)
+    fallback = await run(hint, None, away=False)
+    assert fallback == await run(None, None, away=False)
+    out, (rows, _wake) = fallback
+    assert all(not v["success"] for v in out[60:]) and all(v["success"] for v in out[:60])
+    assert [(r["cursor_offset"], r["lease_id"] is None) for r in rows] == [(30, True), (0, False), (30, True)]

@@ -69,6 +69,19 @@ async def _ack(conn: asyncpg.Connection, lease: uuid.UUID, rows: list[Any], stat
     return await conn.fetchrow(ACK_SQL, "default", *pack.args(), pack.hint(book) if hinted else None)
 
 
+async def _ack_fused(conn: asyncpg.Connection, leased: list[tuple[uuid.UUID, list[Any]]]) -> Any:
+    """Several leases acked in one hinted call (fused requests: ack_v3's several-kinds fast path)."""
+    book = LeaseBook()
+    pack = Packed()
+    for lease, rows in leased:
+        book.remember(lease, rows)
+        for pid, txn in _txns(rows):
+            pack.add(pid, txn, lease, "g", "completed", None)
+    hint = pack.hint(book)
+    assert hint is not None and None not in hint
+    return await conn.fetchrow(ACK_SQL, "default", *pack.args(), hint)
+
+
 @pytest.mark.parametrize("fn", ACK_FNS)
 async def test_the_ack_functions_never_plan_a_sequential_scan(conn: asyncpg.Connection, fn: str) -> None:
     config = await conn.fetchval("SELECT proconfig FROM pg_proc WHERE oid = $1::regproc", fn)
@@ -87,12 +100,18 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
     assert list((await _ack(conn, lease, rows, "completed", True))["o_released"]) == [1]
     lease, rows = await _lease(conn, "q", 1)
     assert list((await _ack(conn, lease, rows, "completed", False))["o_released"]) == [1]
+    await _push(conn, "q", "p1", 1, "seed1")
+    await _push(conn, "q", "p2", 1, "seed2")
+    assert list((await _ack_fused(conn, [await _lease(conn, "q", 1), await _lease(conn, "q", 1)]))["o_released"]) == [
+        1,
+        2,
+    ]
     pack = Packed()
     pack.add(rows[0]["partition_id"], "nobody", None, "g", "retry", None)
     await conn.fetch(ACK_ROWS_SQL, "default", *pack.arrays())
     for p in range(40):  # then the tables grow
         await _push(conn, "q", f"p{p}", 150, f"grow{p}")
-    leased = [await _lease(conn, "q", 100) for _ in range(4)]  # four partitions' 100 each
+    leased = [await _lease(conn, "q", 100) for _ in range(6)]  # six partitions' 100 each
     async with Plans(conn) as plans:
         hinted = await _ack(conn, *leased[0], "completed", True)
         looked = await _ack(conn, *leased[1], "completed", False)
@@ -107,10 +126,12 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
             TX_SQL, "default", [pid], [codec.txn_hash(first)], [first], [lease], ["g"], ["completed"], [0], [],
             [], [], [], [], [], [], [], [], "[]", 1, "[]", [], [], [], 1, None,
         )  # fmt: skip
+        fused = await _ack_fused(conn, leased[4:6])
     assert list(hinted["o_released"]) == [100] and list(hinted["o_wake"]) == ["q"]
     assert list(looked["o_released"]) == [100] and list(looked["o_wake"]) == ["q"]
     assert nack[0]["success"] and nack[0]["lease_released"]
     assert json.loads(tx)["wake"] == []  # one of 100 acked: the lease is still held
+    assert list(fused["o_released"]) == [100, 200] and list(fused["o_wake"]) == ["q"]
     scans: list[tuple[str, str]] = []
     for kind, rel, _node, doc in plans.scans(KEYED):
         scans.append((kind, rel))
