@@ -369,13 +369,14 @@ BEGIN
                     SELECT it.ord, it.hash, it.msgid, t.msg_offset AS old_off, t.message_id AS old_id,
                            (t.msg_offset IS NULL AND min(it.ord) OVER (PARTITION BY it.hash) = it.ord) AS live
                       FROM it
-                      CROSS JOIN queen.queues q
-                      LEFT JOIN LATERAL (
-                            SELECT lt.msg_offset, lt.message_id, lt.created_at FROM queen.log_txns lt
-                             WHERE lt.partition_id = v_pid AND lt.txn_hash = it.hash
-                             ORDER BY lt.msg_offset DESC LIMIT 1) t
-                             ON t.created_at > v_ts - make_interval(secs => q.dedup_window_seconds)
-                     WHERE q.id = v_qid
+                      LEFT JOIN (
+                            SELECT DISTINCT ON (lt.txn_hash) lt.txn_hash, lt.msg_offset, lt.message_id, lt.created_at
+                              FROM queen.log_txns lt
+                             WHERE lt.partition_id = v_pid AND lt.txn_hash = ANY (v_hash)
+                             ORDER BY lt.txn_hash, lt.msg_offset DESC) t
+                             ON t.txn_hash = it.hash
+                            AND t.created_at > v_ts - make_interval(secs => (SELECT q.dedup_window_seconds
+                                                                               FROM queen.queues q WHERE q.id = v_qid))
                 ), nb AS MATERIALIZED (
                     SELECT ex.*,
                            CASE WHEN ex.live THEN v_next + count(*) FILTER (WHERE ex.live) OVER (ORDER BY ex.ord) - 1
