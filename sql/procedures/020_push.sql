@@ -224,7 +224,8 @@ $$;
 --          whether any verdict can be a duplicate; when none can (the usual case) the items are stored
 --          by a plain insert statement, without the verdict statement's window functions, sorts and
 --          self-join (PostgreSQL CPU per message of a 100-item call -17 %, of an 8-item call -15 %, of a
---          100-item call half duplicates unchanged: benchmarks/sql_push.py, paired A/B, medians of 5).
+--          100-item call half duplicates +1 %; WAL unchanged: benchmarks/sql_push.py, paired A/B, medians
+--          of 8 runs).
 CREATE OR REPLACE FUNCTION queen.push_v3(
     p_tenant      text,
     p_queues      text[],
