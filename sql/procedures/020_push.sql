@@ -117,7 +117,7 @@ BEGIN
     -- 4-6 when every group holds exactly one item, item i in group i (1-item pushes to different
     -- partitions, fused by the broker): no repeat inside the call is possible, so an item is a duplicate
     -- only of a stored message and a survivor's offset is its partition's next_offset. The verdicts and
-    -- the writes of steps 4-5 in one statement, without their window and group work (~8 % less
+    -- the writes of steps 4-5 in one statement, without their window and group work (~10 % less
     -- PostgreSQL CPU for 8 groups x 1 item, benchmarks/sql_push.py case c); else steps 4-6 below.
     IF cardinality(p_item_group) = cardinality(v_gp) THEN
         WITH it AS MATERIALIZED (
