@@ -9,7 +9,8 @@ transaction (autocommit), as in the broker.
 
 Cases: ``a`` 1 call of 100 items to one (queue, partition); ``b`` 1 call of 1 item; ``c`` 1 call of
 8 groups × 1 item; ``d`` 1 call of 8 items to one partition (fused 1-item requests); ``e`` as ``a`` with
-every other item repeating a transactionId of the previous call (duplicates answered from log_txns).
+every other item repeating a transactionId of the previous call (duplicates answered from log_txns);
+``f`` 1 call of 32 groups × 1 item; ``g`` 1 call of 8 groups × 4 items (the general steps).
 
 ``--push-sql FILE`` applies another 020_push.sql over the schema (A/B against an older commit:
 ``git show REV:sql/procedures/020_push.sql > /tmp/old.sql``); ``--sql FILE`` applies any SQL after it
@@ -67,6 +68,8 @@ CASES = {
     "c": Case("c: 1 call x 8 groups x 1 item", 8, 1, 1000),
     "d": Case("d: 1 call x 8 items, 1 group", 1, 8, 1000),
     "e": Case("e: as a, half duplicates of the previous call", 1, 100, 300, dups=True),
+    "f": Case("f: 1 call x 32 groups x 1 item", 32, 1, 300),
+    "g": Case("g: 1 call x 8 groups x 4 items", 8, 4, 500),
 }
 
 
@@ -204,7 +207,7 @@ async def bench_ab(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sql_push", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="abc", help="which cases to run, in order (letters of abcde; default abc)")
+    ap.add_argument("--cases", default="abc", help="which cases to run, in order (letters of abcdefg; default abc)")
     ap.add_argument("--calls", type=int, default=None, help="measured calls per case (default: per case, 300-2000)")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured calls first (plans, caches; default 50)")
     ap.add_argument("--push-sql", type=Path, default=None, help="apply this 020_push.sql over the schema (A/B)")

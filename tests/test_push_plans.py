@@ -37,8 +37,9 @@ async def test_the_push_functions_never_plan_a_sequential_scan(conn: asyncpg.Con
 
 
 async def test_push_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Connection) -> None:
-    """Tables ANALYZEd while nearly empty, then grown: the one-item path, the one-group set path and the
-    general path (several groups) read every table through an index, and find the duplicates."""
+    """Tables ANALYZEd while nearly empty, then grown: the one-item path, the one-group set path, the
+    general path (several groups) and its one-item-per-group statement read every table through an
+    index, and find the duplicates."""
     queues = [f"q{g}" for g in range(4)]
     await conn.fetch(PUSH, *call(queues, 1, "first"))  # queues, partitions, 4 rows of log_txns
     await conn.execute("ANALYZE queen.log_txns; ANALYZE queen.log_partitions; ANALYZE queen.queues")
@@ -50,10 +51,12 @@ async def test_push_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Con
         batch = await conn.fetchrow(PUSH, *call(["q0"], 100, "grow7"))  # 100 duplicates
         fresh = await conn.fetchrow(PUSH, *call(["q0"], 100, "new"))
         groups = await conn.fetchrow(PUSH, *call(queues, 2, "grow5"))  # general path, q0's 2 are duplicates
+        singles = await conn.fetchrow(PUSH, *call(queues, 1, "grow9"))  # one item per group, q0's a duplicate
     assert one is not None and list(one["dup_idx"]) == [1]
     assert batch is not None and list(batch["dup_idx"]) == list(range(1, 101))
     assert fresh is not None and list(fresh["dup_idx"]) == []
     assert groups is not None and list(groups["dup_idx"]) == [1, 2]
+    assert singles is not None and list(singles["dup_idx"]) == [1]
     scans: list[tuple[str, str]] = []
     for kind, rel, _node, doc in plans.scans(KEYED):
         scans.append((kind, rel))

@@ -351,3 +351,108 @@ async def test_deleting_a_queue_deletes_its_txns(conn: asyncpg.Connection) -> No
     )
     assert orphans == 0
     assert await conn.fetchval("SELECT count(*) FROM queen.log_txns") == 2
+
+
+# _push_core's statement for one item per group (fused 1-item pushes to several partitions) against its
+# general steps, call by call: the same items with the groups listed in reverse skip it (item i is then
+# not in group i).
+def one_per_group_calls(seed: int) -> list[tuple[int, list[tuple[str, str, str]]]]:
+    """(seconds since the start, items) calls of one item to each of 2-4 partitions, transactionIds from
+    a small pool: duplicates of earlier calls, across partitions (not duplicates there), and after the
+    dedup window (60 s)."""
+    rnd = random.Random(seed)
+    parts = [("q", "a"), ("q", "b"), ("r", "a"), ("r", "c")]
+    out = []
+    t = 0
+    for _ in range(16):
+        t += rnd.choice([1, 5, 70])
+        out.append((t, [(q, p, f"t{rnd.randint(0, 5)}") for q, p in rnd.sample(parts, rnd.randint(2, 4))]))
+    return out
+
+
+@pytest.mark.parametrize("seed", [8, 9, 10])
+async def test_one_item_per_group_answers_and_stores_what_the_general_steps_do(
+    conn: asyncpg.Connection, seed: int
+) -> None:
+    import datetime
+
+    for name in ("1q", "1r", "3q", "3r"):
+        await conn.execute(
+            "SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", name
+        )
+    t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    minted_1: dict[uuid.UUID, tuple[int, int]] = {}
+    minted_3: dict[uuid.UUID, tuple[int, int]] = {}
+    dups = queued_again = 0
+    seen: set[tuple[str, str, str]] = set()
+    for c, (t, items) in enumerate(one_per_group_calls(seed)):
+        now = t0 + datetime.timedelta(seconds=t)
+        n = len(items)
+        p1 = prepared_call(items, "1")
+        assert p1.item_group == list(range(1, n + 1))  # item i in group i: the one-statement path
+        one = push_engine.rows_placed(await conn.fetch(V1_AT, *p1.args(), now))
+        p3 = prepared_call(items, "3")
+        general = push_engine.rows_placed(
+            await conn.fetch(
+                V1_AT,
+                p3.queues[::-1],
+                p3.partitions[::-1],
+                p3.blobs[::-1],
+                [n - i for i in range(n)],
+                p3.hashes,
+                p3.msgids,
+                now,
+            )
+        )
+        for i, (a, b) in enumerate(zip(one, general, strict=True)):
+            assert (a[0], a[3]) == (b[0], b[3]), (c, i, items[i])  # status, offset
+            if a[0] == "queued":
+                assert a[1] == p1.msgids[i] and b[1] == p3.msgids[i]
+                minted_1[a[1]] = minted_3[b[1]] = (c, i)
+                queued_again += items[i] in seen
+                seen.add(items[i])
+            else:
+                dups += 1
+                assert minted_1[a[1]] == minted_3[b[1]]  # the same original
+    assert dups > 5 and queued_again > 0
+    assert await state(conn, "1") == await state(conn, "3")
+    q = """SELECT substr(q.name, 2), p.name, t.msg_offset, t.txn_hash, t.created_at, s.created_at, s.dropped,
+                  s.codec, length(s.payload), p.last_write_at
+             FROM queen.log_txns t JOIN queen.log_partitions p ON p.id = t.partition_id
+             JOIN queen.queues q ON q.id = p.queue_id
+             JOIN queen.log_segments s ON s.partition_id = p.id AND t.msg_offset >= s.base_offset
+                                      AND t.msg_offset < s.end_offset
+            WHERE q.name LIKE $1 || '%' ORDER BY 1, 2, 3"""
+    assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
+
+
+async def test_one_item_per_group_refuses_a_sealing_mismatch_and_wakes_caught_up_cursors(
+    conn: asyncpg.Connection,
+) -> None:
+    first = prepared_call([("q", "a", "x"), ("r", "a", "x")], "")
+    (row,) = await conn.fetch(V3, *first.args_v3())
+    assert list(row["base_offsets"]) == [0, 0]
+    await conn.execute(
+        "INSERT INTO queen.log_consumers (partition_id, consumer_group, queue_id, tenant, cursor_offset, head_at)"
+        " SELECT p.id, 'g', p.queue_id, 'default', 1, NULL FROM queen.log_partitions p"
+    )
+    # one of two groups sealed for a plain queue: refused, nothing written
+    before = await state(conn, "")
+    second = prepared_call([("q", "a", "y"), ("r", "a", "y")], "")
+    with pytest.raises(asyncpg.PostgresError, match="encryption_mismatch") as exc:
+        await conn.fetch(
+            "SELECT * FROM queen.push_v3('default', $1, $2, $3, $4, $5, $6, NULL, NULL, $7)",
+            *second.args_v3(),
+            [False, True],
+        )
+    assert exc.value.detail == '{"q": false, "r": false}'
+    assert await state(conn, "") == before
+    # a duplicate in q/a, a message in r/a: only r/a's caught-up cursor becomes pending
+    third = prepared_call([("q", "a", "x"), ("r", "a", "z")], "")
+    (row,) = await conn.fetch(V3, *third.args_v3())
+    assert (list(row["base_offsets"]), list(row["dup_idx"]), list(row["dup_offset"])) == ([1, 1], [1], [0])
+    heads = await conn.fetch(
+        "SELECT p.name AS p, q.name AS q, c.head_at FROM queen.log_consumers c"
+        " JOIN queen.log_partitions p ON p.id = c.partition_id JOIN queen.queues q ON q.id = p.queue_id ORDER BY 2"
+    )
+    assert [(r["q"], r["head_at"] is None) for r in heads] == [("q", True), ("r", False)]
