@@ -21,6 +21,7 @@ from queen_pg.db.types import fast_uuid
 from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.engine.pop_render import NO_CACHE, SegmentCache, cache_of
 from queen_pg.errors import QueenError
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
@@ -154,7 +155,7 @@ class Packed:
 
     MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
 
-    def hint(self, book: LeaseBook) -> list[int | None] | None:
+    def hint(self, book: LeaseBook, cache: SegmentCache = NO_CACHE) -> list[int | None] | None:
         """``queen.ack_v3``'s p_hint: per kind (3 values, in kind order) the span ``book`` resolves for
         a ``completed`` kind under a lease it handed out (queen_pg/engine/leases.py), NULLs for the
         others; None when no kind has one."""
@@ -172,7 +173,7 @@ class Packed:
         for (pid, _group, lease, status), txns in zip(kinds, per, strict=True):
             got = None
             if lease is not None and status == "completed":
-                got = book.hint(lease, pid, txns)
+                got = book.hint(lease, pid, txns, cache)
                 if got is not None:
                     self._hinted.append((lease, pid))
             out += got if got is not None else (None, None, None)
@@ -412,7 +413,7 @@ async def ack_many(
     wake: Sequence[str] = ()
     if sent and once is None and pack.packable:
         book = book_of(db)
-        hint = pack.hint(book)
+        hint = pack.hint(book, cache_of(db))
         refused, errors, released, dead, noop, wake = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)

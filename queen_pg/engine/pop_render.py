@@ -51,6 +51,7 @@ _TAIL_FMT = b',"traceId":%s,"producerSub":%s,"deliveryAttempt":'
 _TAIL_NO_SUB = _TAIL_FMT % (b"null", b"null")  # shared by every frame without trace id and producer
 FRAME_OVERHEAD = 200  # bytes charged per rendered frame beyond its payload (pieces, tuple, list slot)
 ENTRY_OVERHEAD = 300  # bytes charged per cached segment (key, entry, list)
+TXN_OVERHEAD = 64  # bytes charged per transactionId read for the lease book beyond its text (str, list slot)
 
 
 @dataclass(slots=True)
@@ -71,9 +72,11 @@ Piece = tuple[bytes, bytes, bool, bytes]
 
 
 class Segment:
-    """One stored segment, decompressed; its live frames (dropped ones left out) decoded on demand."""
+    """One stored segment, decompressed; its live frames (dropped ones left out) decoded on demand.
+    Also serves the framed pop (:meth:`span`: a cut segment's frames as stored) and the lease book
+    (:meth:`transaction_ids`), so a segment that several pops and acks cut is walked once."""
 
-    __slots__ = ("cost", "pieces", "raw", "starts")
+    __slots__ = ("contiguous", "cost", "pieces", "raw", "starts", "txns")
 
     def __init__(self, blob: bytes, codec_id: int, dropped: Sequence[int] | None) -> None:
         raw = codec._decompressor.decompress(blob) if codec_id == codec.CODEC_ZSTD else bytes(blob)
@@ -88,8 +91,37 @@ class Segment:
             i += 1
         self.raw = raw
         self.starts = starts  # byte offset of live frame k (offset base_offset + k)
+        self.contiguous = not skip  # live frames k..j are one run of bytes (no dropped frame between)
         self.pieces: list[Piece | None] = [None] * len(starts)
+        self.txns: list[str] | None = None
         self.cost = len(raw) + ENTRY_OVERHEAD
+
+    def span(self, k0: int, k1: int) -> bytes:
+        """Live frames k0..k1-1 as stored, one after another (a framed pop's cut record)."""
+        raw, starts = self.raw, self.starts
+        if self.contiguous:
+            return raw[starts[k0] : starts[k1] if k1 < len(starts) else len(raw)]
+        unpack = _U32.unpack_from
+        return b"".join([raw[at : at + 4 + unpack(raw, at)[0]] for at in starts[k0:k1]])
+
+    def transaction_ids(self) -> tuple[list[str], int]:
+        """Live frame k's transactionId at k (read once per segment), and the bytes that added to this
+        entry (0 when read before)."""
+        txns = self.txns
+        if txns is not None:
+            return txns, 0
+        raw = self.raw
+        trace = codec.FLAG_TRACE
+        txns = []
+        append = txns.append
+        for at in self.starts:
+            pos = at + (37 if raw[at + 4] & trace else 21)  # u32 length, u8 flags, 16-byte id[, trace id]
+            end = pos + 2 + (raw[pos] | raw[pos + 1] << 8)
+            append(raw[pos + 2 : end].decode())
+        self.txns = txns
+        added = sum(map(len, txns)) + TXN_OVERHEAD * len(txns)
+        self.cost += added
+        return txns, added
 
     def piece(self, k: int) -> tuple[Piece, int]:
         """Live frame k's pieces, and the bytes it added to this entry (0 when decoded before)."""
@@ -183,7 +215,7 @@ class SegmentCache:
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, SegmentCache] = weakref.WeakKeyDictionary()
-_NO_CACHE = SegmentCache(0)
+NO_CACHE = SegmentCache(0)  # caches nothing: every call decodes what it needs
 
 
 def bind(db: object, cache: SegmentCache) -> None:
@@ -193,7 +225,7 @@ def bind(db: object, cache: SegmentCache) -> None:
 
 def cache_of(db: object) -> SegmentCache:
     """The segment cache of a database handle; one that caches nothing when none was bound."""
-    return _CACHES.get(db, _NO_CACHE)
+    return _CACHES.get(db, NO_CACHE)
 
 
 @dataclass(frozen=True, slots=True)
