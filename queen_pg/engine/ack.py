@@ -6,11 +6,14 @@ cursor through N, a nack clamps it, and each item's answer says whether it moved
 from __future__ import annotations
 
 import logging
+import operator
 import struct
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import accumulate, islice
 from typing import Any, Protocol, overload
 
 import orjson
@@ -21,6 +24,7 @@ from queen_pg.db.types import fast_uuid
 from queen_pg.engine.leases import LeaseBook, book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.engine.pop_render import NO_CACHE, SegmentCache, cache_of
 from queen_pg.errors import QueenError
 
 # the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
@@ -99,7 +103,9 @@ def _pid_key(partition_id: str | int) -> str:
         return str(partition_id)
 
 
-_ITEM = struct.Struct("<16sHII")  # queen.ack_v3's p_items: txn hash, kind, txn start, txn length
+_ITEM = "16sHII"  # queen.ack_v3's p_items, per item: txn hash, kind, txn start, txn length (little-endian)
+_CHUNK = 64
+_CHUNKED = struct.Struct("<" + _ITEM * _CHUNK)  # _CHUNK items in one pack
 
 
 class Packed:
@@ -137,15 +143,34 @@ class Packed:
         self._txns.append(transaction_id.encode())
         self._txn_ids.append(transaction_id)
 
+    def add_kind(self, pid: int, transaction_ids: list[str], lease: uuid.UUID | None, group: str,
+                 status: str) -> None:  # fmt: skip
+        """:meth:`add` for items of one kind, none with an error text (a usual batch), without a call per item."""
+        last = self._last
+        if last is not None and last[0] == pid and last[2] is lease and last[1] == group and last[3] == status:
+            kind = last[4]
+        else:
+            kind = self._kinds.setdefault((pid, group, lease, status), len(self._kinds) + 1)
+            self._last = (pid, group, lease, status, kind)
+        self._kind_of += [kind] * len(transaction_ids)
+        self._txns += map(str.encode, transaction_ids)
+        self._txn_ids += transaction_ids
+
     def _items(self) -> bytes:
-        """The packed items: per item its transactionId's xxh3-128, kind, and where its text sits."""
-        pack, digest = _ITEM.pack, xxhash.xxh3_128_digest
-        out: list[bytes] = []
-        at = 0
-        for raw, kind in zip(self._txns, self._kind_of, strict=True):
-            n = len(raw)
-            out.append(pack(digest(raw), kind & 0xFFFF, at, n))
-            at += n
+        """The packed items: per item its transactionId's xxh3-128, kind, and where its text sits.
+        Packed by columns, :data:`_CHUNK` items per ``struct`` call (no Python work per item)."""
+        txns = self._txns
+        lens = list(map(len, txns))
+        cols: list[Any] = [None] * (4 * len(txns))
+        cols[0::4] = list(map(xxhash.xxh3_128_digest, txns))
+        cols[1::4] = [k & 0xFFFF for k in self._kind_of] if len(self._kinds) > 0xFFFF else self._kind_of
+        cols[2::4] = list(accumulate(lens, initial=0))[:-1]
+        cols[3::4] = lens
+        step = 4 * _CHUNK
+        out = [_CHUNKED.pack(*cols[i : i + step]) for i in range(0, len(cols) - step + 1, step)]
+        tail = len(txns) % _CHUNK
+        if tail:
+            out.append(struct.pack("<" + _ITEM * tail, *cols[len(cols) - 4 * tail :]))
         return b"".join(out)
 
     def _error_list(self) -> list[str | None]:
@@ -154,7 +179,7 @@ class Packed:
 
     MAX_HINTED_KINDS = 64  # beyond (a batch naming many partitions), no hints: ack_v3 matches them per row
 
-    def hint(self, book: LeaseBook) -> list[int | None] | None:
+    def hint(self, book: LeaseBook, cache: SegmentCache = NO_CACHE) -> list[int | None] | None:
         """``queen.ack_v3``'s p_hint: per kind (3 values, in kind order) the span ``book`` resolves for
         a ``completed`` kind under a lease it handed out (queen_pg/engine/leases.py), NULLs for the
         others; None when no kind has one."""
@@ -172,7 +197,7 @@ class Packed:
         for (pid, _group, lease, status), txns in zip(kinds, per, strict=True):
             got = None
             if lease is not None and status == "completed":
-                got = book.hint(lease, pid, txns)
+                got = book.hint(lease, pid, txns, cache)
                 if got is not None:
                     self._hinted.append((lease, pid))
             out += got if got is not None else (None, None, None)
@@ -245,6 +270,8 @@ async def ack(db: Database, tenant: str, items: Sequence[AckLike], once: Once | 
 
 
 _dumps = orjson.dumps
+_KIND = operator.attrgetter("partition_id", "lease_id", "group", "status", "error")
+_STATUS = operator.attrgetter("status")
 _RESULT_OK = (  # one applied item's answer, as orjson.dumps writes its dict
     b'{"index":%d,"transactionId":%s,"success":true,"error":null,"leaseReleased":false,"dlq":false,"noop":false}'
 )
@@ -362,6 +389,11 @@ class AckResults(Sequence[dict[str, Any]]):
         statuses = STATUSES
         errors, noop = v.errors, v.noop
         skip = bool(errors or noop)
+        if not skip:  # counted without a Python frame per item
+            for s, n in Counter(map(_STATUS, islice(v.items, self._start, self._stop))).items():
+                s = statuses.get(s, s)
+                per[s] = per.get(s, 0) + n
+            return per
         for i in range(self._start, self._stop):
             if skip and (i in errors or i in noop):
                 continue
@@ -369,6 +401,72 @@ class AckResults(Sequence[dict[str, Any]]):
             s = statuses.get(s, s)
             per[s] = per.get(s, 0) + 1
         return per
+
+
+def _lease_of(lease_id: str, parsed: dict[str, uuid.UUID | None]) -> uuid.UUID | None:
+    """``lease_id`` as a UUID (None: not one); a batch's items share one lease: parsed once."""
+    lease = parsed.get(lease_id, _UNPARSED)
+    if lease is _UNPARSED:
+        try:
+            lease = parsed[lease_id] = uuid.UUID(lease_id)
+        except ValueError:
+            lease = parsed[lease_id] = None
+    return lease
+
+
+def _add_each(items: Sequence[AckLike], which: range, pack: Packed, sent: list[int],
+              parsed: dict[str, uuid.UUID | None], v: _Verdicts) -> None:  # fmt: skip
+    """Items ``which`` into ``pack`` one by one; a refused one gets its verdict in ``v`` instead."""
+    last_pid: str | int | None = None
+    pid = -1
+    for i in which:
+        item = items[i]
+        raw_pid = item.partition_id
+        if raw_pid != last_pid:  # a batch's items share one partition: parsed once
+            try:
+                pid = int(raw_pid)
+            except ValueError:
+                pid = -1
+            last_pid = raw_pid if 0 <= pid <= BIGINT_MAX else None
+        if not 0 <= pid <= BIGINT_MAX:
+            v.errors[i] = f"unknown partitionId {raw_pid!r}"
+            continue
+        lease: uuid.UUID | None = None
+        if item.lease_id:
+            lease = _lease_of(item.lease_id, parsed)
+            if lease is None:
+                v.errors[i] = "lease is not held (unknown leaseId)"
+                continue
+        sent.append(i)
+        pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
+
+
+
+
+def _add_kind(req: Sequence[AckLike], at: int, pack: Packed, sent: list[int],
+              parsed: dict[str, uuid.UUID | None]) -> bool:  # fmt: skip
+    """One request's items into ``pack`` at once when they are all of one kind (partition, lease,
+    group, status; no error text) and none is refused: the usual batch, the same as :func:`_add_each`
+    without its work per item. False (nothing added) otherwise."""
+    if len(req) < 2 or len(set(map(_KIND, req))) != 1:
+        return False
+    first = req[0]
+    if first.error is not None:
+        return False
+    try:
+        pid = int(first.partition_id)
+    except ValueError:
+        return False
+    if not 0 <= pid <= BIGINT_MAX:
+        return False
+    lease: uuid.UUID | None = None
+    if first.lease_id:
+        lease = _lease_of(first.lease_id, parsed)
+        if lease is None:
+            return False
+    sent += range(at, at + len(req))
+    pack.add_kind(pid, [it.transaction_id for it in req], lease, first.group or QUEUE_MODE, STATUSES[first.status])
+    return True
 
 
 async def ack_many(
@@ -383,36 +481,15 @@ async def ack_many(
     sent: list[int] = []
     pack = Packed()
     parsed: dict[str, uuid.UUID | None] = {}
-    last_pid: str | int | None = None
-    pid = -1
-    for i, item in enumerate(items):
-        raw_pid = item.partition_id
-        if raw_pid != last_pid:  # a batch's items share one partition: parsed once
-            try:
-                pid = int(raw_pid)
-            except ValueError:
-                pid = -1
-            last_pid = raw_pid if 0 <= pid <= BIGINT_MAX else None
-        if not 0 <= pid <= BIGINT_MAX:
-            v.errors[i] = f"unknown partitionId {raw_pid!r}"
-            continue
-        lease: uuid.UUID | None = None
-        if item.lease_id:
-            lease = parsed.get(item.lease_id, _UNPARSED)  # a batch's items share one lease: parsed once
-            if lease is _UNPARSED:
-                try:
-                    lease = parsed[item.lease_id] = uuid.UUID(item.lease_id)
-                except ValueError:
-                    lease = parsed[item.lease_id] = None
-            if lease is None:
-                v.errors[i] = "lease is not held (unknown leaseId)"
-                continue
-        sent.append(i)
-        pack.add(pid, item.transaction_id, lease, item.group or QUEUE_MODE, STATUSES[item.status], item.error)
+    first = 0  # the request's first item in ``items``
+    for req in requests:
+        if not _add_kind(req, first, pack, sent, parsed):
+            _add_each(items, range(first, first + len(req)), pack, sent, parsed, v)
+        first += len(req)
     wake: Sequence[str] = ()
     if sent and once is None and pack.packable:
         book = book_of(db)
-        hint = pack.hint(book)
+        hint = pack.hint(book, cache_of(db))
         refused, errors, released, dead, noop, wake = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)

@@ -12,13 +12,13 @@ as before. The hint saves PostgreSQL the one index descent per item into ``log_t
 the largest part of an ack of 100 there).
 
 The frames are read at ack time, not pop time, so a framed pop (segments shipped as stored) pays
-nothing unless its lease is acked through this process. An ack reaching another worker or broker has
-no hint and is settled the usual way.
+nothing unless its lease is acked through this process; they are read through the segment cache
+(``pop_render.py``), once per segment for all the leases and pops that share it. An ack reaching
+another worker or broker has no hint and is settled the usual way.
 """
 
 from __future__ import annotations
 
-import struct
 import uuid
 import weakref
 from collections import OrderedDict
@@ -26,28 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from queen_pg.db.pool import Record
-from queen_pg.engine import codec
+from queen_pg.engine.pop_render import NO_CACHE, SegmentCache
 
-_HEAD = struct.Struct("<IB")
-_U16 = struct.Struct("<H")
 MAX_BYTES = 8 << 20  # segment bytes referenced at most (the blobs are shared with the pop's rows)
 MAX_LEASES = 1024
 ENTRY_OVERHEAD = 400  # bytes charged per lease beyond its blobs
-
-
-def _whole(raw: bytes, base: int, out: dict[str, int]) -> None:
-    """:meth:`_Claim.resolve` for a segment whose frames are all live and leased (no checks per frame)."""
-    unpack = _HEAD.unpack_from
-    trace = codec.FLAG_TRACE
-    setdefault = out.setdefault  # frames in offset order: the first is the oldest
-    at, stop, off = 0, len(raw), base
-    while at < stop:
-        body_len, flags = unpack(raw, at)
-        pos = at + (37 if flags & trace else 21)  # u32 length, u8 flags, 16-byte id[, 16-byte trace id]
-        end = pos + 2 + (raw[pos] | raw[pos + 1] << 8)
-        setdefault(raw[pos + 2 : end].decode(), off)
-        off += 1
-        at += 4 + body_len
 
 
 class _Claim:
@@ -63,35 +46,32 @@ class _Claim:
         self.rows: list[Record] = []
         self.offsets: dict[str, int] | None = None
 
-    def resolve(self) -> dict[str, int]:
-        """transactionId -> its oldest offset in the leased range (dropped and passed-over frames left out)."""
+    def resolve(self, cache: SegmentCache) -> dict[str, int]:
+        """transactionId -> its oldest offset in the leased range (dropped and passed-over frames left
+        out). A segment's transactionIds are read once through ``cache`` (pop_render.py, shared with
+        the pops that rendered or cut it): an ack then costs no decompression and no frame walk."""
         if self.offsets is not None:
             return self.offsets
         out: dict[str, int] = {}
         for row in self.rows:
-            base, seg_end = row["base_offset"], row["end_offset"]
-            if base >= self.end or seg_end <= self.start:
+            base = row["base_offset"]
+            first, last = max(self.start, base), min(self.end, row["end_offset"])
+            if first >= last:
                 continue
-            blob = row["payload"]
-            raw = codec._decompressor.decompress(blob) if row["codec"] == codec.CODEC_ZSTD else bytes(blob)
-            if not row["dropped"] and not self.passed and self.start <= base and seg_end <= self.end:
-                _whole(raw, base, out)  # the usual segment: every frame live and leased
-                continue
-            dropped = set(row["dropped"] or ())
-            at, stop, i, off = 0, len(raw), 0, base
-            while at < stop:
-                body_len, flags = _HEAD.unpack_from(raw, at)
-                nxt = at + 4 + body_len
-                if i not in dropped:
-                    if self.start <= off < self.end and off not in self.passed:
-                        pos = at + 21 + (16 if flags & codec.FLAG_TRACE else 0)
-                        (tlen,) = _U16.unpack_from(raw, pos)
-                        txn = raw[pos + 2 : pos + 2 + tlen].decode()
-                        if txn not in out:  # frames in offset order: the first is the oldest
-                            out[txn] = off
-                    off += 1
-                at = nxt
-                i += 1
+            seg, key = cache.segment(row, txns=True)
+            txns, added = seg.transaction_ids()
+            cache.grew(key, added)
+            names: Sequence[str] = txns[first - base : last - base]
+            offsets: Sequence[int] = range(first, first + len(names))
+            if self.passed:
+                kept = [(t, o) for t, o in zip(names, offsets, strict=True) if o not in self.passed]
+                names, offsets = [t for t, _ in kept], [o for _, o in kept]
+            # the oldest offset of a transactionId wins: it is assigned last (reversed), and rows come
+            # in offset order, so what ``out`` holds already wins over this row's
+            got = dict(zip(reversed(names), reversed(offsets), strict=True))
+            if out:
+                got.update(out)
+            out = got
         self.offsets = out
         return out
 
@@ -146,15 +126,18 @@ class LeaseBook:
             return
         self.forget(lease)
 
-    def hint(self, lease: uuid.UUID, pid: int, transaction_ids: Sequence[str]) -> list[int] | None:
+    def hint(
+        self, lease: uuid.UUID, pid: int, transaction_ids: Sequence[str], cache: SegmentCache = NO_CACHE
+    ) -> list[int] | None:
         """``[lease_start, lowest, highest]`` offset of the items in the partition's leased range, or
-        None when the lease or partition is not known here or an item is not among its frames."""
+        None when the lease or partition is not known here or an item is not among its frames
+        (``cache``: the decoded segments, pop_render.py)."""
         got = self._leases.get(lease)
         claim = got[0].get(pid) if got is not None else None
         if claim is None or not transaction_ids:
             self.misses += 1
             return None
-        offsets = claim.resolve()
+        offsets = claim.resolve(cache)
         try:
             found = [offsets[t] for t in transaction_ids]
         except KeyError:

@@ -167,7 +167,11 @@ async def _claim(
             # a broker holding keys opens sealed segments (clients refuse flag-4 frames); without keys
             # nothing is sealed by it and segments ship as stored
             shown = [crypto.opened_row(v, r) for r in rows] if v.can_open else rows
-            answer: Answer | None = render_frames(req.group is None, lease, req.group or "", req.autopilot, shown)
+            # a cut segment comes from the segment cache, which never holds opened plaintext
+            cache = pop_render.NO_CACHE if v.can_open else pop_render.cache_of(db)
+            answer: Answer | None = render_frames(
+                req.group is None, lease, req.group or "", req.autopilot, shown, cache
+            )
         else:
             answer = render(req, lease_id, rows, v, db)
     except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered

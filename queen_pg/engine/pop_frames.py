@@ -8,8 +8,10 @@
 
 A segment is stored as exactly such a record's bytes (``codec.py``), so a segment the lease covers
 whole goes out as it is: not decompressed, not decoded, not compressed again. A segment is cut instead
-(decompressed once; the delivered frames' bytes go out raw, codec 0, one record per run of consecutive
-offsets) only where it must be: the lease covers part of it, it holds frames a push dropped as
+(the delivered frames' bytes go out raw, codec 0, one record per run of consecutive offsets, each run
+one slice of the decompressed segment, which comes from the segment cache of ``pop_render.py``: the
+pops cutting one segment, and the acks of their leases, decompress and walk it once) only where it
+must be: the lease covers part of it, it holds frames a push dropped as
 duplicates (they have no offset, and a record's frame i is offset base+i), the group passes over some
 of its offsets (``acked``: settled out of order), or :func:`needs_rewrite` says its frames must be
 rewritten (then each frame is decoded with ``codec.unpack`` and framed again). One pop claim with a
@@ -30,6 +32,7 @@ import orjson
 
 from queen_pg.db.pool import Record
 from queen_pg.engine import codec
+from queen_pg.engine.pop_render import NO_CACHE, SegmentCache
 
 MAGIC = b"QPF1"
 CONTENT_TYPE = "application/x-queen-pop"
@@ -63,65 +66,66 @@ def _text(value: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def _frames(row: Record) -> list[bytes]:
-    """Every live frame of a segment (dropped ones left out), in offset order, as bytes."""
-    if needs_rewrite(row):
-        return [
-            codec.encode_frame(f.message_id, f.transaction_id, f.payload, f.trace_id, f.producer_sub)
-            for f in codec.unpack(row["payload"], row["codec"])
-        ]
-    raw = row["payload"] if row["codec"] == codec.CODEC_RAW else codec._decompressor.decompress(row["payload"])
-    dropped = set(row["dropped"] or ())
-    out: list[bytes] = []
-    at, end, i = 0, len(raw), 0
-    while at < end:
-        (body_len,) = _U32.unpack_from(raw, at)
-        stop = at + 4 + body_len
-        if i not in dropped:
-            out.append(raw[at:stop])
-        at = stop
-        i += 1
-    return out
+def _rewritten(row: Record) -> list[bytes]:
+    """Every live frame of a segment that :func:`needs_rewrite`, decoded and framed again."""
+    return [
+        codec.encode_frame(f.message_id, f.transaction_id, f.payload, f.trace_id, f.producer_sub)
+        for f in codec.unpack(row["payload"], row["codec"])
+    ]
 
 
-def _records(row: Record, lo: int, hi: int, created_us: int) -> tuple[list[bytes], int]:
+def _records(row: Record, lo: int, hi: int, created_us: int, cache: SegmentCache) -> tuple[list[bytes], int]:
     """The records delivering offsets [lo, hi) of one segment, and how many messages they hold."""
     base, seg_end = row["base_offset"], row["end_offset"]
     first, last = max(lo, base), min(hi, seg_end)
     if first >= last:
         return [], 0
     passed = {o for o in (row["acked"] or ()) if first <= o < last}
-    if first == base and last == seg_end and not passed and not row["dropped"] and not needs_rewrite(row):
+    rewrite = needs_rewrite(row)
+    if first == base and last == seg_end and not passed and not row["dropped"] and not rewrite:
         blob = row["payload"]
         return [_RECORD.pack(base, created_us, seg_end - base, row["codec"], len(blob)), blob], seg_end - base
-    frames = _frames(row)
+    # cut: the live frames of each run of delivered offsets, as one raw record (the decompressed
+    # segment and its frame boundaries come from the segment cache: one walk for all the pops cutting it)
+    span: Callable[[int, int], bytes]
+    if rewrite:
+        frames = _rewritten(row)
+        span = lambda k0, k1: b"".join(frames[k0:k1])  # noqa: E731
+    else:
+        span = cache.segment(row)[0].span
+    runs: list[tuple[int, int]] = []
+    if not passed:
+        runs.append((first, last))
+    else:
+        run_base = None
+        for off in range(first, last):
+            if off in passed:
+                if run_base is not None:
+                    runs.append((run_base, off))
+                    run_base = None
+            elif run_base is None:
+                run_base = off
+        if run_base is not None:
+            runs.append((run_base, last))
     out: list[bytes] = []
-    run: list[bytes] = []
-    run_base = first
     n = 0
-
-    def flush() -> None:
-        if run:
-            data = b"".join(run)
-            out.extend((_RECORD.pack(run_base, created_us, len(run), codec.CODEC_RAW, len(data)), data))
-            run.clear()
-
-    for off in range(first, last):
-        if off in passed:
-            flush()
-            continue
-        if not run:
-            run_base = off
-        run.append(frames[off - base])
-        n += 1
-    flush()
+    for a, b in runs:
+        data = span(a - base, b - base)
+        out.extend((_RECORD.pack(a, created_us, b - a, codec.CODEC_RAW, len(data)), data))
+        n += b - a
     return out, n
 
 
 def render_frames(
-    queue_mode: bool, lease: str, group: str, autopilot: bool, rows: Sequence[Record]
+    queue_mode: bool,
+    lease: str,
+    group: str,
+    autopilot: bool,
+    rows: Sequence[Record],
+    cache: SegmentCache = NO_CACHE,
 ) -> FramedPop | None:
-    """The QPF1 answer for pop_v1's rows (``pop.render``'s twin); None when nothing is delivered."""
+    """The QPF1 answer for pop_v1's rows (``pop.render``'s twin); None when nothing is delivered.
+    ``cache`` holds the decompressed segments a cut needs (never pass it rows holding opened plaintext)."""
     parts: list[bytes] = []
     claims = 0
     total = 0
@@ -140,7 +144,7 @@ def render_frames(
             records: list[bytes] = []
             n = 0
             for row in prows:
-                recs, k = _records(row, lo, hi, (row["created_at"] - _EPOCH) // _US)
+                recs, k = _records(row, lo, hi, (row["created_at"] - _EPOCH) // _US, cache)
                 records.extend(recs)
                 n += k
             if n == 0:

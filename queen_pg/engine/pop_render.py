@@ -51,6 +51,7 @@ _TAIL_FMT = b',"traceId":%s,"producerSub":%s,"deliveryAttempt":'
 _TAIL_NO_SUB = _TAIL_FMT % (b"null", b"null")  # shared by every frame without trace id and producer
 FRAME_OVERHEAD = 200  # bytes charged per rendered frame beyond its payload (pieces, tuple, list slot)
 ENTRY_OVERHEAD = 300  # bytes charged per cached segment (key, entry, list)
+TXN_OVERHEAD = 64  # bytes charged per transactionId read for the lease book beyond its text (str, list slot)
 
 
 @dataclass(slots=True)
@@ -71,25 +72,70 @@ Piece = tuple[bytes, bytes, bool, bytes]
 
 
 class Segment:
-    """One stored segment, decompressed; its live frames (dropped ones left out) decoded on demand."""
+    """One stored segment, decompressed; its live frames (dropped ones left out) decoded on demand.
+    Also serves the framed pop (:meth:`span`: a cut segment's frames as stored) and the lease book
+    (:meth:`transaction_ids`), so a segment that several pops and acks cut is walked once."""
 
-    __slots__ = ("cost", "pieces", "raw", "starts")
+    __slots__ = ("contiguous", "cost", "pieces", "raw", "starts", "txns")
 
-    def __init__(self, blob: bytes, codec_id: int, dropped: Sequence[int] | None) -> None:
+    def __init__(self, blob: bytes, codec_id: int, dropped: Sequence[int] | None, txns: bool = False) -> None:
+        """``txns``: read the transactionIds (:meth:`transaction_ids`) in the same walk."""
         raw = codec._decompressor.decompress(blob) if codec_id == codec.CODEC_ZSTD else bytes(blob)
         skip = set(dropped or ())
         starts: list[int] = []
         at, end, i = 0, len(raw), 0
-        while at < end:
-            (body_len,) = _U32.unpack_from(raw, at)
-            if i not in skip:
-                starts.append(at)
-            at += 4 + body_len
-            i += 1
+        self.txns: list[str] | None = None
+        if txns:
+            names: list[str] = []
+            start, name, unpack, trace = starts.append, names.append, _HEAD.unpack_from, codec.FLAG_TRACE
+            while at < end:
+                body_len, flags = unpack(raw, at)
+                if not skip or i not in skip:
+                    start(at)
+                    pos = at + (37 if flags & trace else 21)  # u32 length, u8 flags, 16-byte id[, trace id]
+                    name(raw[pos + 2 : pos + 2 + (raw[pos] | raw[pos + 1] << 8)].decode())
+                at += 4 + body_len
+                i += 1
+            self.txns = names
+        else:
+            while at < end:
+                (body_len,) = _U32.unpack_from(raw, at)
+                if i not in skip:
+                    starts.append(at)
+                at += 4 + body_len
+                i += 1
         self.raw = raw
         self.starts = starts  # byte offset of live frame k (offset base_offset + k)
+        self.contiguous = not skip  # live frames k..j are one run of bytes (no dropped frame between)
         self.pieces: list[Piece | None] = [None] * len(starts)
-        self.cost = len(raw) + ENTRY_OVERHEAD
+        self.cost = len(raw) + ENTRY_OVERHEAD + (_txn_cost(self.txns) if self.txns is not None else 0)
+
+    def span(self, k0: int, k1: int) -> bytes:
+        """Live frames k0..k1-1 as stored, one after another (a framed pop's cut record)."""
+        raw, starts = self.raw, self.starts
+        if self.contiguous:
+            return raw[starts[k0] : starts[k1] if k1 < len(starts) else len(raw)]
+        unpack = _U32.unpack_from
+        return b"".join([raw[at : at + 4 + unpack(raw, at)[0]] for at in starts[k0:k1]])
+
+    def transaction_ids(self) -> tuple[list[str], int]:
+        """Live frame k's transactionId at k (read once per segment), and the bytes that added to this
+        entry (0 when read before)."""
+        txns = self.txns
+        if txns is not None:
+            return txns, 0
+        raw = self.raw
+        trace = codec.FLAG_TRACE
+        txns = []
+        append = txns.append
+        for at in self.starts:
+            pos = at + (37 if raw[at + 4] & trace else 21)  # u32 length, u8 flags, 16-byte id[, trace id]
+            end = pos + 2 + (raw[pos] | raw[pos + 1] << 8)
+            append(raw[pos + 2 : end].decode())
+        self.txns = txns
+        added = _txn_cost(txns)
+        self.cost += added
+        return txns, added
 
     def piece(self, k: int) -> tuple[Piece, int]:
         """Live frame k's pieces, and the bytes it added to this entry (0 when decoded before)."""
@@ -124,6 +170,10 @@ class Segment:
         return got, added
 
 
+def _txn_cost(txns: list[str]) -> int:
+    return sum(map(len, txns)) + TXN_OVERHEAD * len(txns)
+
+
 SegmentKey = tuple[int, int, int, int, int, int]
 
 
@@ -148,11 +198,12 @@ class SegmentCache:
     def entries(self) -> int:
         return len(self._entries)
 
-    def segment(self, row: Record) -> tuple[Segment, SegmentKey | None]:
-        """The row's decoded segment (cached, or decoded now and cached when it fits)."""
+    def segment(self, row: Record, txns: bool = False) -> tuple[Segment, SegmentKey | None]:
+        """The row's decoded segment (cached, or decoded now and cached when it fits); ``txns``: one
+        decoded now reads its transactionIds in the same walk (the lease book's)."""
         blob = row["payload"]
         if self.max_bytes <= 0:
-            return Segment(blob, row["codec"], row["dropped"]), None
+            return Segment(blob, row["codec"], row["dropped"], txns), None
         key = (row["partition_id"], row["base_offset"], row["end_offset"], row["codec"], len(blob),
                xxhash.xxh3_64_intdigest(blob))  # fmt: skip
         seg = self._entries.get(key)
@@ -161,7 +212,7 @@ class SegmentCache:
             self.stats.hits += 1
             return seg, key
         self.stats.misses += 1
-        seg = Segment(blob, row["codec"], row["dropped"])
+        seg = Segment(blob, row["codec"], row["dropped"], txns)
         if seg.cost > self.max_bytes:
             return seg, None
         self._entries[key] = seg
@@ -183,7 +234,7 @@ class SegmentCache:
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, SegmentCache] = weakref.WeakKeyDictionary()
-_NO_CACHE = SegmentCache(0)
+NO_CACHE = SegmentCache(0)  # caches nothing: every call decodes what it needs
 
 
 def bind(db: object, cache: SegmentCache) -> None:
@@ -193,7 +244,7 @@ def bind(db: object, cache: SegmentCache) -> None:
 
 def cache_of(db: object) -> SegmentCache:
     """The segment cache of a database handle; one that caches nothing when none was bound."""
-    return _CACHES.get(db, _NO_CACHE)
+    return _CACHES.get(db, NO_CACHE)
 
 
 @dataclass(frozen=True, slots=True)
