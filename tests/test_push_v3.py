@@ -62,6 +62,45 @@ async def state(conn: asyncpg.Connection, prefix: str) -> list[Any]:
     return [tuple(r) for r in rows]
 
 
+class SameVerdicts:
+    """Two pushes of the same items, compared item by item: same status and offset, each queued item
+    keeps the id it was given, each duplicate names the same original on both sides."""
+
+    def __init__(self) -> None:
+        self.minted_a: dict[uuid.UUID, tuple[int, int]] = {}  # message id -> (call, item) that minted it
+        self.minted_b: dict[uuid.UUID, tuple[int, int]] = {}
+        self.seen: set[Any] = set()
+        self.dups = self.queued_again = 0
+
+    def check(self, c: int, items: list[Any], a_rows: list[Any], b_rows: list[Any], ids_a: list[Any],
+              ids_b: list[Any]) -> None:  # fmt: skip
+        for i, (a, b) in enumerate(zip(a_rows, b_rows, strict=True)):
+            assert (a[0], a[3]) == (b[0], b[3]), (c, i, items[i])  # status, offset
+            if a[0] == "queued":
+                assert a[1] == ids_a[i] and b[1] == ids_b[i]
+                self.minted_a[a[1]] = self.minted_b[b[1]] = (c, i)
+                self.queued_again += items[i] in self.seen
+                self.seen.add(items[i])
+            else:
+                self.dups += 1
+                assert self.minted_a[a[1]] == self.minted_b[b[1]]  # the same original
+
+
+# what the two sides stored: hashes, times, segments ({more}: the segments' codec and size, the
+# partitions' last write, for two sides that stored the same blobs)
+STORED = """SELECT substr(q.name, 2), p.name, t.msg_offset, t.txn_hash, t.created_at, s.created_at, s.dropped{more}
+              FROM queen.log_txns t JOIN queen.log_partitions p ON p.id = t.partition_id
+              JOIN queen.queues q ON q.id = p.queue_id
+              JOIN queen.log_segments s ON s.partition_id = p.id AND t.msg_offset >= s.base_offset
+                                       AND t.msg_offset < s.end_offset
+             WHERE q.name LIKE $1 || '%' ORDER BY 1, 2, 3"""
+
+
+async def same_stored(conn: asyncpg.Connection, blobs_too: bool = False) -> None:
+    q = STORED.format(more=", s.codec, length(s.payload), p.last_write_at" if blobs_too else "")
+    assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_push_v3_answers_and_stores_what_push_v1_does(conn: asyncpg.Connection, seed: int) -> None:
     minted_v1: dict[uuid.UUID, tuple[int, int]] = {}  # message id -> (call, item) that minted it
@@ -264,38 +303,18 @@ async def test_one_group_path_answers_and_stores_what_the_general_path_does(
             "SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", name
         )
     t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
-    minted_v1: dict[uuid.UUID, tuple[int, int]] = {}
-    minted_v3: dict[uuid.UUID, tuple[int, int]] = {}
-    dups = queued_again = 0
-    seen: set[str] = set()
+    same = SameVerdicts()
     for c, (t, items) in enumerate(one_group_calls(seed, distinct)):
         now = t0 + datetime.timedelta(seconds=t)
         p1 = prepared_call(items, "1")
         v1 = push_engine.rows_placed(await conn.fetch(V1_AT, *p1.args(), now))
         p3 = prepared_call(items, "3")
         (row,) = await conn.fetch(V3_AT, *p3.args_v3(), now)
-        v3 = push_engine.placed(p3, row)
-        for i, (a, b) in enumerate(zip(v1, v3, strict=True)):
-            assert (a[0], a[3]) == (b[0], b[3]), (c, i, items[i])  # status, offset
-            if a[0] == "queued":
-                assert a[1] == p1.msgids[i] and b[1] == p3.msgids[i]
-                minted_v1[a[1]] = minted_v3[b[1]] = (c, i)
-                queued_again += items[i] in seen
-                seen.add(items[i])
-            else:
-                dups += 1
-                assert minted_v1[a[1]] == minted_v3[b[1]]  # the same original
+        same.check(c, items, v1, push_engine.placed(p3, row), p1.msgids, p3.msgids)
     # duplicates (fewer without repeats inside a call), and repeats queued again after the window
-    assert dups > (1 if distinct else 5) and queued_again > 0
+    assert same.dups > (1 if distinct else 5) and same.queued_again > 0
     assert await state(conn, "1") == await state(conn, "3")
-    # the stored hashes, ids and times too (the general path's are the reference)
-    q = """SELECT substr(q.name, 2), p.name, t.msg_offset, t.txn_hash, t.created_at, s.created_at, s.dropped
-             FROM queen.log_txns t JOIN queen.log_partitions p ON p.id = t.partition_id
-             JOIN queen.queues q ON q.id = p.queue_id
-             JOIN queen.log_segments s ON s.partition_id = p.id AND t.msg_offset >= s.base_offset
-                                      AND t.msg_offset < s.end_offset
-            WHERE q.name LIKE $1 || '%' ORDER BY 1, 2, 3"""
-    assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
+    await same_stored(conn)  # the stored hashes, ids and times too (the general path's are the reference)
 
 
 @pytest.mark.parametrize("n", [1, 3])  # the one-item statements and the set statement
@@ -381,10 +400,7 @@ async def test_one_item_per_group_answers_and_stores_what_the_general_steps_do(
             "SELECT queen.configure_queue_v1('default', $1, NULL, NULL, '{\"dedupWindowSeconds\": 60}'::jsonb)", name
         )
     t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
-    minted_1: dict[uuid.UUID, tuple[int, int]] = {}
-    minted_3: dict[uuid.UUID, tuple[int, int]] = {}
-    dups = queued_again = 0
-    seen: set[tuple[str, str, str]] = set()
+    same = SameVerdicts()
     for c, (t, items) in enumerate(one_per_group_calls(seed)):
         now = t0 + datetime.timedelta(seconds=t)
         n = len(items)
@@ -404,26 +420,10 @@ async def test_one_item_per_group_answers_and_stores_what_the_general_steps_do(
                 now,
             )
         )
-        for i, (a, b) in enumerate(zip(one, general, strict=True)):
-            assert (a[0], a[3]) == (b[0], b[3]), (c, i, items[i])  # status, offset
-            if a[0] == "queued":
-                assert a[1] == p1.msgids[i] and b[1] == p3.msgids[i]
-                minted_1[a[1]] = minted_3[b[1]] = (c, i)
-                queued_again += items[i] in seen
-                seen.add(items[i])
-            else:
-                dups += 1
-                assert minted_1[a[1]] == minted_3[b[1]]  # the same original
-    assert dups > 5 and queued_again > 0
+        same.check(c, items, one, general, p1.msgids, p3.msgids)
+    assert same.dups > 5 and same.queued_again > 0
     assert await state(conn, "1") == await state(conn, "3")
-    q = """SELECT substr(q.name, 2), p.name, t.msg_offset, t.txn_hash, t.created_at, s.created_at, s.dropped,
-                  s.codec, length(s.payload), p.last_write_at
-             FROM queen.log_txns t JOIN queen.log_partitions p ON p.id = t.partition_id
-             JOIN queen.queues q ON q.id = p.queue_id
-             JOIN queen.log_segments s ON s.partition_id = p.id AND t.msg_offset >= s.base_offset
-                                      AND t.msg_offset < s.end_offset
-            WHERE q.name LIKE $1 || '%' ORDER BY 1, 2, 3"""
-    assert [tuple(r) for r in await conn.fetch(q, "1")] == [tuple(r) for r in await conn.fetch(q, "3")]
+    await same_stored(conn, blobs_too=True)
 
 
 async def test_one_item_per_group_refuses_a_sealing_mismatch_and_wakes_caught_up_cursors(
