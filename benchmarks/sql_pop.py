@@ -29,7 +29,8 @@ from benchmarks.sql_push import PAYLOAD, backend_cpu_ns
 from queen_pg.db.apply import apply_sql
 from queen_pg.embedded_pg import EmbeddedPostgres
 from queen_pg.engine import codec
-from queen_pg.engine.ack import ACK_SQL, Packed
+from queen_pg.engine.ack import ACK_SQL
+from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare

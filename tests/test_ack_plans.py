@@ -19,7 +19,8 @@ import pytest
 
 from queen_pg.engine import codec
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.ack import ACK_ROWS_SQL, ACK_SQL, Packed
+from queen_pg.engine.ack import ACK_ROWS_SQL, ACK_SQL
+from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL
 from queen_pg.engine.transaction import TX_SQL

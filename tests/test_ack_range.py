@@ -20,11 +20,11 @@ import httpx
 import pytest
 from queen import Queen
 
-from queen_pg.engine.ack import Packed
+from queen_pg.engine.ack_pack import Packed
 from tests.conftest import Broker
 from tests.helpers import pop, push
 
-ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # items packed (ack.Packed)
+ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # items packed (ack_pack.Packed)
 ACK1 = "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # parallel arrays (Packed.arrays)
 ROW = (
     "SELECT cursor_offset, lease_id, lease_end, released_lease_id, attempts, fail_offset, failures, acked_total"

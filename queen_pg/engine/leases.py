@@ -58,7 +58,7 @@ class _Claim:
             first, last = max(self.start, base), min(self.end, row["end_offset"])
             if first >= last:
                 continue
-            seg, key = cache.segment(row, txns=True)
+            seg, key = cache.segment(row)
             txns, added = seg.transaction_ids()
             cache.grew(key, added)
             names: Sequence[str] = txns[first - base : last - base]

@@ -78,37 +78,23 @@ class Segment:
 
     __slots__ = ("contiguous", "cost", "pieces", "raw", "starts", "txns")
 
-    def __init__(self, blob: bytes, codec_id: int, dropped: Sequence[int] | None, txns: bool = False) -> None:
-        """``txns``: read the transactionIds (:meth:`transaction_ids`) in the same walk."""
+    def __init__(self, blob: bytes, codec_id: int, dropped: Sequence[int] | None) -> None:
         raw = codec._decompressor.decompress(blob) if codec_id == codec.CODEC_ZSTD else bytes(blob)
         skip = set(dropped or ())
         starts: list[int] = []
         at, end, i = 0, len(raw), 0
-        self.txns: list[str] | None = None
-        if txns:
-            names: list[str] = []
-            start, name, unpack, trace = starts.append, names.append, _HEAD.unpack_from, codec.FLAG_TRACE
-            while at < end:
-                body_len, flags = unpack(raw, at)
-                if not skip or i not in skip:
-                    start(at)
-                    pos = at + (37 if flags & trace else 21)  # u32 length, u8 flags, 16-byte id[, trace id]
-                    name(raw[pos + 2 : pos + 2 + (raw[pos] | raw[pos + 1] << 8)].decode())
-                at += 4 + body_len
-                i += 1
-            self.txns = names
-        else:
-            while at < end:
-                (body_len,) = _U32.unpack_from(raw, at)
-                if i not in skip:
-                    starts.append(at)
-                at += 4 + body_len
-                i += 1
+        while at < end:
+            (body_len,) = _U32.unpack_from(raw, at)
+            if i not in skip:
+                starts.append(at)
+            at += 4 + body_len
+            i += 1
+        self.txns: list[str] | None = None  # read by transaction_ids(), the first time it is asked
         self.raw = raw
         self.starts = starts  # byte offset of live frame k (offset base_offset + k)
         self.contiguous = not skip  # live frames k..j are one run of bytes (no dropped frame between)
         self.pieces: list[Piece | None] = [None] * len(starts)
-        self.cost = len(raw) + ENTRY_OVERHEAD + (_txn_cost(self.txns) if self.txns is not None else 0)
+        self.cost = len(raw) + ENTRY_OVERHEAD
 
     def span(self, k0: int, k1: int) -> bytes:
         """Live frames k0..k1-1 as stored, one after another (a framed pop's cut record)."""
@@ -198,12 +184,11 @@ class SegmentCache:
     def entries(self) -> int:
         return len(self._entries)
 
-    def segment(self, row: Record, txns: bool = False) -> tuple[Segment, SegmentKey | None]:
-        """The row's decoded segment (cached, or decoded now and cached when it fits); ``txns``: one
-        decoded now reads its transactionIds in the same walk (the lease book's)."""
+    def segment(self, row: Record) -> tuple[Segment, SegmentKey | None]:
+        """The row's decoded segment (cached, or decoded now and cached when it fits)."""
         blob = row["payload"]
         if self.max_bytes <= 0:
-            return Segment(blob, row["codec"], row["dropped"], txns), None
+            return Segment(blob, row["codec"], row["dropped"]), None
         key = (row["partition_id"], row["base_offset"], row["end_offset"], row["codec"], len(blob),
                xxhash.xxh3_64_intdigest(blob))  # fmt: skip
         seg = self._entries.get(key)
@@ -212,7 +197,7 @@ class SegmentCache:
             self.stats.hits += 1
             return seg, key
         self.stats.misses += 1
-        seg = Segment(blob, row["codec"], row["dropped"], txns)
+        seg = Segment(blob, row["codec"], row["dropped"])
         if seg.cost > self.max_bytes:
             return seg, None
         self._entries[key] = seg
