@@ -318,6 +318,7 @@ DECLARE
     v_enc   boolean;
     v_bad   boolean;
     v_dups  boolean;  -- more than one item: a verdict may be a duplicate (a stored hash, a repeat)
+    v_win   integer;  -- more than one item: the queue's dedup window (seconds), read with the probe
     v_hash1 uuid;     -- one item: its hash and id
     v_mid1  uuid;
     v_ooff  bigint;   -- one item: the stored original's offset and id (a duplicate)
@@ -403,8 +404,9 @@ BEGIN
                    EXISTS (SELECT 1 FROM queen.log_txns lt
                             WHERE lt.partition_id = v_pid AND lt.txn_hash = ANY (v_hash)
                               AND lt.created_at > v_ts - make_interval(secs => q.dedup_window_seconds))
-                   OR (SELECT count(DISTINCT h) FROM unnest(v_hash) AS h) <> n
-              INTO v_enc, v_bad, v_dups
+                   OR (SELECT count(DISTINCT h) FROM unnest(v_hash) AS h) <> n,
+                   q.dedup_window_seconds
+              INTO v_enc, v_bad, v_dups, v_win
               FROM queen.queues q
              WHERE q.id = v_qid;
             IF v_bad THEN
@@ -445,8 +447,7 @@ BEGIN
                              WHERE lt.partition_id = v_pid AND lt.txn_hash = ANY (v_hash)
                              ORDER BY lt.txn_hash, lt.msg_offset DESC) t
                              ON t.txn_hash = it.hash
-                            AND t.created_at > v_ts - make_interval(secs => (SELECT q.dedup_window_seconds
-                                                                               FROM queen.queues q WHERE q.id = v_qid))
+                            AND t.created_at > v_ts - make_interval(secs => v_win)
                 ), nb AS MATERIALIZED (
                     SELECT ex.*,
                            CASE WHEN ex.live THEN v_next + count(*) FILTER (WHERE ex.live) OVER (ORDER BY ex.ord) - 1
