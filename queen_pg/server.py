@@ -260,10 +260,57 @@ class _Guarded(_Guard):
         super().shutdown()  # type: ignore[misc]
 
 
+CONTINUE = b"HTTP/1.1 100 "
+
+
+class OneWrite:
+    """A request cycle's view of the connection: the response head goes out with the first body chunk,
+    in ONE write. uvicorn writes the head when ``http.response.start`` is sent and the body at the next
+    message, two ``send()`` calls and two segments on the wire (TCP_NODELAY) for every answer; each
+    costs a syscall through the loopback stack and may wake the client twice. The head (the cycle's
+    first write that is not a ``100 Continue``) is held, and leaves with the next write, or at the end
+    of this loop iteration (``call_soon``: a streaming body's first chunk may come later), or before a
+    close, whichever comes first. Everything else goes to the transport as it is."""
+
+    __slots__ = ("_fresh", "_head", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+        self._fresh = True  # the head has not been written yet
+
+    def write(self, data: bytes) -> None:
+        if self._fresh and not data.startswith(CONTINUE):
+            self._fresh = False
+            self._head = data
+            self._loop.call_soon(self.flush)
+            return
+        head, self._head = self._head, None
+        self._transport.write(data if head is None else head + data)
+
+    def flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:  # anything else uvicorn may ask of a transport
+        return getattr(self._transport, name)
+
+
 if HttpToolsProtocol is not None:
 
     class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
-        pass
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
+            cycle.transport = OneWrite(self.transport, self.loop)
+            super()._start_asgi_task(cycle, app)
 
 
 class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
