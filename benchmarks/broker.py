@@ -73,9 +73,15 @@ class BrokerProcess:
     """``queen-pg serve`` on free ports with an embedded PostgreSQL of its own."""
 
     def __init__(
-        self, workers: int | None = None, log_level: str = "warning", env: dict[str, str] | None = None
+        self,
+        workers: int | None = None,
+        log_level: str = "warning",
+        env: dict[str, str] | None = None,
+        root: Path | None = None,
     ) -> None:
+        """``root``: run another source tree's broker (its ``.venv``), e.g. the old side of an A/B."""
         self.workers = workers
+        self.root = root
         self.extra_env = env or {}
         self.log_level = log_level
         self.port = free_port()
@@ -107,8 +113,9 @@ class BrokerProcess:
     def start(self, timeout: float = 120.0) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="queen-bench-"))
         self.tmp.chmod(0o711)  # searchable by the postgres account, not listable
+        python = sys.executable if self.root is None else str(self.root / ".venv" / "bin" / "python")
         cmd = [
-            sys.executable, "-m", "queen_pg.cli", "serve",
+            python, "-m", "queen_pg.cli", "serve",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--data-dir", str(self.data_dir), "--pg-port", str(self.pg_port),
             "--log-level", self.log_level,
@@ -118,7 +125,9 @@ class BrokerProcess:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "QUEEN_DATABASE_URL")}
         env |= self.extra_env
         with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.root or ROOT, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
+            )
         try:
             wait_healthy(self.url, timeout, self.proc)
         except BenchError as exc:

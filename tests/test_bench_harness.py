@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
+from benchmarks import pair
 from benchmarks import run as bench
 from benchmarks.profiling import summarize
 from benchmarks.scenarios import Metric
@@ -72,6 +74,44 @@ async def test_unreachable_broker_is_an_error_not_a_hang(tmp_path: Path) -> None
 async def test_unknown_scenario_is_refused(tmp_path: Path) -> None:
     rc, _res = await run_bench(tmp_path, "--scenarios", "push_single,nope")
     assert rc == 2
+
+
+async def test_pair_alternates_its_blocks_and_every_request_lands(broker: Broker, conn: asyncpg.Connection) -> None:
+    order: list[int] = []
+
+    def cpu(pid: int) -> dict[str, float]:  # the process tree's CPU; records which side a block measured
+        order.append(pid)
+        return pair.tree_cpu(os.getpid())
+
+    a, b = pair.Side(broker.url, 1), pair.Side(broker.url, 2)  # one broker as both sides, told apart by pid
+    res = await asyncio.to_thread(pair.run_pair, a, b, "push", 3, 5, cpu)
+    assert order[::2] == order[1::2] == [1, 2, 2, 1, 1, 2]  # A B, B A, A B: a before and after per block
+    for side in "AB":
+        runs = res["sides"][side]["runs"]
+        assert len(runs) == 3 and all(r["p50_ms"] > 0 and r["broker_us"] >= 0 for r in runs)
+        assert res["sides"][side]["p50_ms"] == sorted(r["p50_ms"] for r in runs)[1]  # the median block
+    assert 0 <= res["b_cheaper"] <= 3 and 0 <= res["b_faster"] <= 3
+    stored = await conn.fetchval(
+        "SELECT sum(p.next_offset) FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id"
+        " WHERE q.name = 'pair-bench'"
+    )
+    assert stored == 2 * 3 * 5  # every push of every block was stored, none twice
+    miss = await asyncio.to_thread(pair.block, a, "miss", 3)  # a 404 is what a miss must answer
+    assert miss["p50_ms"] > 0
+
+
+async def test_pair_block_stops_at_an_answer_it_did_not_expect(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pair.REQUESTS, "lost", ("GET", "/no/such/route", None))  # expects 2xx, gets 404
+    with pytest.raises(RuntimeError, match="answered 404"):
+        await asyncio.to_thread(pair.block, pair.Side(broker.url, os.getpid()), "lost", 3)
+    with pytest.raises(OSError):  # nothing listens there
+        await asyncio.to_thread(pair.block, pair.Side(f"http://127.0.0.1:{free_port()}", os.getpid()), "health", 1)
+
+
+def test_pair_cli_refuses_a_tree_without_its_venv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        pair.main(["--a", str(tmp_path)])
+    assert exc.value.code == 2 and "has no .venv/bin/python" in capsys.readouterr().err
 
 
 def test_targets_are_judged_in_their_direction() -> None:
