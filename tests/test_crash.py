@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 from queen import Queen
 
 from queen_pg.db.pool import Database
@@ -83,6 +84,7 @@ def _committed_already(error: Exception) -> bool:
     return "duplicate" in text or "already committed" in text
 
 
+@pytest.mark.timeout(300)  # its own bound is the 240 s loop below (46 s on a quiet machine; 120 s once hit when loaded)
 async def test_kill_9_during_a_thousand_transactions(db_url: str, conn: asyncpg.Connection, tmp_path: Path) -> None:
     broker = BrokerProcess(db_url, tmp_path / "broker.log")
     await broker.start()
