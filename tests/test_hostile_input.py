@@ -179,6 +179,12 @@ async def test_nul_in_paths_is_400(http: httpx.AsyncClient, path: str) -> None:
     refused(await http.get(path))
 
 
+@pytest.mark.parametrize("name", ["a%00b", "x" * 300, "vendor/" + "y" * 5000])
+async def test_an_impossible_dashboard_file_name_is_404(http: httpx.AsyncClient, name: str) -> None:
+    """A NUL (ValueError) or a name past NAME_MAX (OSError ENAMETOOLONG) was a 500 from Path.resolve."""
+    refused(await http.get(f"/dashboard/{name}"), 404)
+
+
 async def test_nul_in_lease_and_retry_paths_is_400(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     before = await rows(conn)
     refused(await http.post("/api/v1/lease/l%00/extend"))
