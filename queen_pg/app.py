@@ -148,6 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
             fit_connections(settings.max_connections),
             app.state.queen.waiters.drain,
             drain_delay_s=settings.drain_delay_ms / 1000,
+            body_idle_timeout_s=settings.body_idle_timeout_s,
         )
         app.state.queen.transport = transport
         install_lame_duck(transport)  # SIGTERM: /health 503 and a delay before the listener closes

@@ -70,6 +70,12 @@ IDEMPOTENCY_KEY_REUSED = ErrorKind("idempotency_key_reused", 422, "{detail}")
 CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 
 
+# A request body that stops arriving (queen_pg/server.py, QUEEN_BODY_IDLE_TIMEOUT_S): answered by the
+# protocol, which then closes the connection.
+REQUEST_TIMEOUT = ErrorKind("request_timeout", 408, "{detail}")
+CATALOG[REQUEST_TIMEOUT.code] = REQUEST_TIMEOUT
+
+
 # Security (queen_pg/security/): answered by its middleware before any route runs.
 UNAUTHORIZED = ErrorKind("unauthorized", 401, "{detail}")  # + WWW-Authenticate: Bearer
 FORBIDDEN = ErrorKind("forbidden", 403, "{detail}")

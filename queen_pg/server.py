@@ -7,6 +7,10 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
 
 - a head deadline: a connection whose request head has not fully arrived ``header_timeout_s``
   after its first byte (or after it was accepted) is answered 408 and closed;
+- a body deadline: a request whose body stops arriving (no byte for ``body_idle_timeout_s`` while
+  uvicorn is reading, i.e. not paused because the app is not reading yet) is answered 408 and closed:
+  a declared Content-Length never sent would otherwise hold the connection, and the admission bytes
+  charged for it, until the client goes away;
 - a connection cap: beyond ``max_connections`` open connections per process a new one is answered
   503 + ``Retry-After`` and closed at once;
 - the lame duck (SIGTERM with ``drain_delay_ms`` > 0): ``/health`` answers 503 ``draining`` at once,
@@ -41,6 +45,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from queen_pg.errors import REQUEST_TIMEOUT, QueenError
 from queen_pg.settings import Settings
 
 try:  # the protocol uvicorn's "auto" picks
@@ -68,6 +73,8 @@ class Transport:
     draining: bool = False  # the lame duck has begun: /health is 503, responses close their connection
     refused_connections: int = 0
     head_timeouts: int = 0
+    body_idle_timeout_s: float = 30.0
+    body_timeouts: int = 0
     # uvicorn's server-wide sets (its ServerState), seen through the first connection
     connections: set[Any] | None = None
     tasks: set[asyncio.Task[None]] | None = None
@@ -96,7 +103,7 @@ class Transport:
         return (
             f"event=shutdown drained_pops={self.drained_pops or 0} in_flight={self.in_flight} "
             f"took_ms={took * 1000:.0f} refused_connections={self.refused_connections} "
-            f"head_timeouts={self.head_timeouts}"
+            f"head_timeouts={self.head_timeouts} body_timeouts={self.body_timeouts}"
         )
 
 
@@ -167,6 +174,9 @@ TOO_MANY = _raw_answer(
 HEAD_TIMEOUT = _raw_answer(
     b"408 Request Timeout", {"error": "the request head did not arrive in time", "code": "request_timeout"}
 )
+BODY_TIMEOUT = _raw_answer(
+    b"408 Request Timeout", QueenError(REQUEST_TIMEOUT, detail="the request body stopped arriving").body()
+)
 
 
 class _Guard:
@@ -183,6 +193,7 @@ class _Guard:
         self._queen: Transport | None = app_state.get(STATE_KEY)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
+        self._body_timer: asyncio.TimerHandle | None = None
         if self._queen is not None and self._queen.connections is None:
             self._queen.connections, self._queen.tasks = self.connections, self.tasks
 
@@ -218,6 +229,7 @@ class _Guard:
     def _after_data(self) -> None:
         if self._head_timer is not None and self.cycle is not self._head_cycle:
             self._disarm_head()  # a new request cycle: its head is complete
+        self._arm_body()
         if self._queen is not None and self._queen.draining and self.cycle is not None and self.cycle.keep_alive:
             close_after(self.cycle)  # the lame duck: this connection's last request
 
@@ -228,6 +240,37 @@ class _Guard:
                 self._queen.head_timeouts += 1
             self.transport.write(HEAD_TIMEOUT)
             self.transport.close()
+
+    def _body_pending(self) -> bool:
+        """A request whose body has not all arrived, and no answer begun."""
+        c = self.cycle
+        return c is not None and bool(c.more_body) and not c.response_started
+
+    def _arm_body(self) -> None:
+        """(Re)start the body's idle clock after bytes arrived; stop it once the body is complete."""
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if self._queen is not None and self._body_pending():
+            self._body_timer = self.loop.call_later(self._queen.body_idle_timeout_s, self._body_expired)
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_expired(self) -> None:
+        self._body_timer = None
+        if not self._body_pending() or self.transport.is_closing():
+            return
+        flow = getattr(self, "flow", None)
+        if flow is not None and flow.read_paused:  # the app has not read yet (admission): not the client's fault
+            self._arm_body()
+            return
+        if self._queen is not None:
+            self._queen.body_timeouts += 1
+        self.transport.write(BODY_TIMEOUT)
+        self.transport.close()  # the app's receive() sees http.disconnect (ClientDisconnect, no answer)
 
     def _drain(self) -> None:
         if self._queen is not None:
@@ -253,6 +296,7 @@ class _Guarded(_Guard):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head()
+        self._disarm_body()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def shutdown(self) -> None:

@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         description="A connection whose request head has not fully arrived this many seconds after its first "
         "byte (or after it was accepted) is answered 408 and closed.",
     )
+    body_idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="A request whose body stops arriving (no byte for this many seconds while the broker is "
+        "ready to read) is answered 408 and closed, so it holds no admission bytes or connection for good.",
+    )
     max_connections: int = Field(
         10_000,
         ge=1,

@@ -122,3 +122,38 @@ async def test_connections_beyond_the_cap_are_refused_with_503(guarded: Callable
     writer.close()
     for _, w in held:
         w.close()
+
+
+async def test_a_stalled_body_is_answered_408_and_frees_its_admission_bytes(guarded: Callable[..., Any]) -> None:
+    """A Content-Length never sent held the connection and the admission bytes charged for it until the
+    client went away (hostile sweep): four such pushes of 64 MiB filled the 256 MiB budget for good."""
+    b = await guarded(body_idle_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    writer.write(
+        b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 1000000\r\n\r\n" + b'{"items": [{"queue": "q", "payload": "' + b"x" * 100
+    )
+    await writer.drain()
+    t0 = time.monotonic()
+    answer = await asyncio.wait_for(read_all(reader), 5)
+    assert answer.startswith(b"HTTP/1.1 408") and b'"code":"request_timeout"' in answer, answer
+    assert 0.4 <= time.monotonic() - t0 < 2.0
+    writer.close()
+    budget = b.app.state.queen.admission
+    await eventually(lambda: budget.sem.used == 0, "the admission bytes to be released")
+    assert b.app.state.queen.transport.body_timeouts == 1
+
+
+async def test_a_body_sent_slowly_but_steadily_is_not_cut(guarded: Callable[..., Any]) -> None:
+    b = await guarded(body_idle_timeout_s=0.3)
+    body = b'{"items": [{"queue": "q", "payload": 1}]}'
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    writer.write(b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
+    writer.write(b"content-length: %d\r\n\r\n" % len(body))
+    for i in range(0, len(body), 8):  # 6 chunks 0.2 s apart: 1 s in all, each gap under the timeout
+        writer.write(body[i : i + 8])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the client's pace, not a wait for the broker
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 201"), head
+    writer.close()

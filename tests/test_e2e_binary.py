@@ -276,6 +276,14 @@ def _hostile() -> dict[str, bytes]:
         "payload empty": _frames_body("h", "p", [_frame(payload=b"")]),
         "payload two documents": _frames_body("h", "p", [_frame(payload=b"1 2")]),
         "payload integer beyond 64 bits": _frames_body("h", "p", [_frame(payload=b"123456789012345678901234567890")]),
+        # 1023 levels: orjson reads them, msgspec (the exact re-read for long digit runs) recursed past
+        # the interpreter's limit (RecursionError: a 500)
+        "payload nested 1023 deep with a long integer": _frames_body(
+            "h", "p", [_frame(payload=b"[" * 1023 + b"12345678901234567890" + b"]" * 1023)]
+        ),
+        "flag-4 payload nested 1023 deep with a long integer": encode_push_binary(
+            [PushBatch("h", "p", [b"[" * 1023 + b"12345678901234567890" + b"]" * 1023], ["a"])]
+        ),
         "no groups": b"QPB1\x08" + struct.pack("<I", 0),
         "empty queue name": _frames_body("", "p", [_frame()]),
         "zero messages": _frames_body("h", "p", [], n=0, z=zc.compress(b"")),

@@ -4,6 +4,7 @@ not be acked cannot be created."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import asyncpg
@@ -15,6 +16,11 @@ from tests.helpers import push
 BIG = 2**64  # one past what a 64-bit integer holds
 BIG_JSON = str(2**70)
 NUL = "a\x00b"
+DEEP = b"[" * 5000 + b"]" * 5000  # deeper than Python's recursion limit
+DEEP_OBJ = b'{"a":' * 5000 + b"1" + b"}" * 5000
+DEEP_TIMER = b'{"op": "schedule", "queue": "q", "timerKey": "k", "txn": "t", "delayMs": 1000, "payload": "%s"}' % (
+    base64.b64encode(DEEP)
+)
 EDGES = ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00")
 JSON = {"content-type": "application/json"}
 
@@ -79,6 +85,20 @@ BODIES: list[tuple[str, bytes]] = [
     ("/api/v1/configure", b'{"queue": "q", "options": {"dedupWindowSeconds": 4611686018427387904}}'),
     ("/api/v1/configure", b'{"queue": "q", "options": {"delayedProcessing": 4611686018427387904}}'),
     ("/api/v1/configure", b'{"queue": "q", "options": {"priority": -2147483649}}'),
+    # nesting past the decoder's recursion (msgspec raised RecursionError: a 500), at each family
+    ("/api/v1/push", b'{"items": [{"queue": "q", "payload": ' + DEEP + b"}]}"),
+    ("/api/v1/push", b'{"items": [{"queue": "q", "payload": ' + DEEP_OBJ + b"}]}"),
+    ("/api/v1/ack", b'{"transactionId": "t", "partitionId": "1", "x": ' + DEEP + b"}"),
+    ("/api/v1/ack/batch", b'{"acknowledgments": ' + DEEP + b"}"),
+    ("/api/v1/configure", b'{"queue": "q", "options": {"custom": ' + DEEP + b"}}"),
+    ("/api/v1/traces", b'{"transactionId": "t", "partitionId": "1", "data": ' + DEEP_OBJ + b"}"),
+    ("/api/v1/kv", b'{"operations": [{"op": "put", "ns": "n", "key": "k", "forever": true, "value": ' + DEEP + b"}]}"),
+    ("/api/v1/locks", b'{"operations": ' + DEEP + b"}"),
+    ("/api/v1/timers", b'{"operations": [{"op": "schedule", "queue": "q", "x": ' + DEEP + b"}]}"),
+    ("/api/v1/timers", b'{"operations": [' + DEEP_TIMER + b"]}"),
+    ("/api/v1/transaction", b'{"operations": [{"type": "push", "items": [{"queue": "q", "payload": ' + DEEP + b"}]}]}"),
+    ("/api/v1/transaction", b'{"operations": [], "timers": [' + DEEP_TIMER + b"]}"),
+    ("/api/v1/system/maintenance", b'{"enabled": false, "x": ' + DEEP + b"}"),
     # transactions carry the same rules
     (
         "/api/v1/transaction",
@@ -157,6 +177,12 @@ async def test_hostile_query_parameters_are_400(
 )
 async def test_nul_in_paths_is_400(http: httpx.AsyncClient, path: str) -> None:
     refused(await http.get(path))
+
+
+@pytest.mark.parametrize("name", ["a%00b", "x" * 300, "vendor/" + "y" * 5000])
+async def test_an_impossible_dashboard_file_name_is_404(http: httpx.AsyncClient, name: str) -> None:
+    """A NUL (ValueError) or a name past NAME_MAX (OSError ENAMETOOLONG) was a 500 from Path.resolve."""
+    refused(await http.get(f"/dashboard/{name}"), 404)
 
 
 async def test_nul_in_lease_and_retry_paths_is_400(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:

@@ -261,6 +261,13 @@ async def test_tenant_header_validation_and_default(start_broker: Any) -> None:
         assert "dq" in str(listed)  # no header: the default tenant
         r = await http.get("/api/v1/resources/queues", headers={"x-queen-tenant": "other"})
         assert "dq" not in r.text
+        # two tenant headers (a proxy appending its own after the client's): 400, nothing written
+        two = [("x-queen-tenant", "other"), ("x-queen-tenant", "third"), ("content-type", "application/json")]
+        r = await http.post("/api/v1/push", content=b'{"items": [{"queue": "dup", "payload": 1}]}', headers=two)
+        assert r.status_code == 400 and "more than once" in r.json()["error"], r.text
+        for t in ("other", "third"):
+            r = await http.get("/api/v1/resources/queues", headers={"x-queen-tenant": t})
+            assert "dup" not in r.text
 
 
 async def test_tenancy_off_ignores_the_header(broker: Broker) -> None:

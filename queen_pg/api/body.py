@@ -170,10 +170,18 @@ def where(err: msgspec.ValidationError) -> tuple[str, str]:
     return path or "body", message
 
 
+# msgspec decodes nested arrays and objects by recursion: a body nesting deeper than the interpreter's
+# recursion limit (about 1000 levels, fewer under the ASGI stack) raises RecursionError, not a
+# DecodeError. RFC 8259 lets a parser limit nesting; nothing deeper than 254 levels can be stored anyway.
+TOO_DEEP = "JSON nests too deeply to be read (a stored value may nest at most 254 levels)"
+
+
 def decode(raw: bytes, t: type[T], *, kind: ErrorKind = BAD_REQUEST, **fields: Any) -> T:
     """``raw`` as ``t``; malformed JSON is 400 ``bad_json``, a wrong shape 400 of ``kind`` naming the field."""
     try:
         value: T = _decode(raw, t)
+    except RecursionError:
+        raise QueenError(kind, detail=f"body: {TOO_DEEP}", **fields) from None
     except msgspec.ValidationError as err:
         path, message = where(err)
         raise QueenError(kind, detail=f"{path}: {message}", **fields) from None
@@ -226,6 +234,8 @@ def decode_family(raw: bytes, t: type[T], kind: ErrorKind, *, owned: Callable[[s
         raise QueenError(kind, detail='request body is empty; expected {"operations": [...]}', reason="bad_body")
     try:
         value: T = _decode(raw, t)
+    except RecursionError:
+        raise QueenError(kind, detail=f"body: {TOO_DEEP}", reason="bad_body") from None
     except msgspec.ValidationError as err:
         path, message = where(err)
         field = _FIELD.search(message)

@@ -37,8 +37,12 @@ def webapp_dir() -> Path:
 
 
 def _file(root: Path, name: str) -> Response:
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or not path.is_file() or path.suffix not in _TYPES:
+    try:
+        path = (root / name).resolve()
+        found = path.is_relative_to(root) and path.is_file() and path.suffix in _TYPES
+    except (ValueError, OSError):  # a NUL in the name (ValueError), a name past NAME_MAX (ENAMETOOLONG)
+        found = False
+    if not found:
         raise QueenError(NOT_FOUND, detail=f"no dashboard file {name!r}")
     return FileResponse(path, media_type=_TYPES[path.suffix], headers=_CACHE)
 

@@ -204,8 +204,8 @@ def is_json(data: bytes) -> bool:
     try:
         value = msgspec.json.decode(data)
         return not has_nul(orjson.dumps(value))
-    except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONEncodeError):
-        return False
+    except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONEncodeError, RecursionError):
+        return False  # RecursionError: nesting past the interpreter's limit (msgspec recurses per level)
 
 
 def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], bytes]:

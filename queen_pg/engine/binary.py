@@ -169,6 +169,8 @@ def check_payload(payload: bytes) -> None:
             exact = msgspec.json.decode(payload)
         except msgspec.MsgspecError as exc:
             raise ValueError(str(exc)) from None
+        except RecursionError:  # msgspec recurses per level; orjson above reads up to 1024 of them
+            raise ValueError("nesting too deep") from None
         orjson.dumps(exact)
     # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
     if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:

@@ -151,12 +151,29 @@ class Security:
                     await _error(send, FORBIDDEN, detail)
                     return None
         try:
-            tenant = resolve(self.settings, headers.get(HEADER.encode()), claims)
+            if tenancy_enabled(self.settings) and _repeated(scope, _TENANT_KEY):
+                # which one counts would be a guess: a proxy that appends its own after the client's
+                # would otherwise leave the client's (the first) in charge
+                raise TenantError(400, f"{HEADER} is given more than once; send exactly one")
+            tenant = resolve(self.settings, headers.get(_TENANT_KEY), claims)
         except TenantError as exc:
             await _error(send, FORBIDDEN if exc.status == 403 else BAD_REQUEST, str(exc))
             return None
         sub = claims.get("sub") if claims is not None else None
         return Principal(sub if isinstance(sub, str) else None, level, tenant, claims is not None)
+
+
+_TENANT_KEY = HEADER.encode()
+
+
+def _repeated(scope: Scope, name: bytes) -> bool:
+    seen = False
+    for key, _ in scope["headers"]:
+        if key == name:
+            if seen:
+                return True
+            seen = True
+    return False
 
 
 def _bearer(value: str | None) -> str | None:
