@@ -6,7 +6,9 @@ Procedures and engine code raise :class:`QueenError` with a catalog code; one ha
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -130,14 +132,24 @@ class QueenError(Exception):
         return None
 
 
+_LOG_UNSAFE = re.compile(r'[\x00-\x20"\\\x7f-\x9f\u2028\u2029]')
+
+
+def log_value(value: object) -> str:
+    """A value for a ``key=value`` log line: as it is, or JSON-quoted (ASCII escapes) when it holds a
+    space, a quote, a backslash or a control character, so that a client's path or text can neither
+    end the line nor pass for another key."""
+    text = str(value)
+    return json.dumps(text) if _LOG_UNSAFE.search(text) else text
+
+
 def internal(log: logging.Logger, exc: BaseException, **context: object) -> QueenError:
     """The 500 for an unexpected ``exc``: one log line ``event=internal_error request_id=...`` with the
     cause and its traceback; the answer carries only the request id."""
     rid = secrets.token_hex(8)
-    where = "".join(f" {k}={v}" for k, v in context.items())
-    log.error(
-        "event=internal_error request_id=%s%s error=%s", rid, where, f"{exc.__class__.__name__}: {exc}", exc_info=exc
-    )
+    where = "".join(f" {k}={log_value(v)}" for k, v in context.items())
+    cause = log_value(f"{exc.__class__.__name__}: {exc}")
+    log.error("event=internal_error request_id=%s%s error=%s", rid, where, cause, exc_info=exc)
     return QueenError(INTERNAL, request_id=rid)
 
 

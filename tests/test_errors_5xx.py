@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from queen_pg.embedded_pg import EmbeddedPostgres
+from queen_pg.errors import internal, log_value
 from tests.conftest import Broker, broker_settings, free_port
 from tests.helpers import eventually, push, until
 
@@ -158,3 +159,18 @@ async def test_a_client_gone_mid_body_is_not_an_internal_error(
         await eventually(lambda: not broker.server.server_state.tasks, "the push to end")
     assert any("event=client_disconnect" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_clients_text_in_the_500_log_line_can_neither_end_it_nor_pass_for_a_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("queen_pg.app")
+    with caplog.at_level(logging.ERROR, logger="queen_pg.app"):
+        err = internal(log, ValueError("bad\nevent=forged"), path="/dashboard/a\x00b\nrequest_id=0 x=1")
+    (line,) = internal_lines(caplog, err.body()["requestId"])
+    text = line.getMessage()
+    assert "\n" not in text and "\x00" not in text
+    assert 'path="/dashboard/a\\u0000b\\nrequest_id=0 x=1"' in text
+    assert 'error="ValueError: bad\\nevent=forged"' in text
+    assert text.count("request_id=") == 2  # the real key, and the client's text inside the quoted path
+    assert log_value("/api/v1/push") == "/api/v1/push"  # the usual path stays as it is

@@ -17,6 +17,8 @@ from typing import Any
 
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from queen_pg.errors import log_value
+
 log = logging.getLogger("queen_pg.access")
 
 
@@ -48,7 +50,7 @@ class Forwarded:
                 client[0],
                 scope.get("scheme", "http"),
                 scope.get("method", "-"),
-                scope.get("path", "-"),
+                log_value(scope.get("path", "-")),
                 status,
                 (time.perf_counter() - started) * 1000,
             )

@@ -16,7 +16,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from queen_pg.errors import internal
+from queen_pg.errors import internal, log_value
 
 log = logging.getLogger("queen_pg.app")
 
@@ -40,7 +40,7 @@ class InternalErrors:
         try:
             await self.app(scope, receive, tracked)
         except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing broken
-            log.debug("event=client_disconnect path=%s", scope.get("path", "?"))
+            log.debug("event=client_disconnect path=%s", log_value(scope.get("path", "?")))
         except Exception as exc:
             err = internal(log, exc, path=scope.get("path", "?"))
             if started:
