@@ -248,9 +248,7 @@ class _Guard:
 
     def _arm_body(self) -> None:
         """(Re)start the body's idle clock after bytes arrived; stop it once the body is complete."""
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._disarm_body()
         if self._queen is not None and self._body_pending():
             self._body_timer = self.loop.call_later(self._queen.body_idle_timeout_s, self._body_expired)
 
