@@ -72,8 +72,8 @@ IDEMPOTENCY_KEY_REUSED = ErrorKind("idempotency_key_reused", 422, "{detail}")
 CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 
 
-# A request body that stops arriving (queen_pg/server.py, QUEEN_BODY_IDLE_TIMEOUT_S): answered by the
-# protocol, which then closes the connection.
+# A request head or body that stops arriving (queen_pg/server.py: QUEEN_HEADER_TIMEOUT_S,
+# QUEEN_BODY_IDLE_TIMEOUT_S): answered by the protocol, which then closes the connection.
 REQUEST_TIMEOUT = ErrorKind("request_timeout", 408, "{detail}")
 CATALOG[REQUEST_TIMEOUT.code] = REQUEST_TIMEOUT
 

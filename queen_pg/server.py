@@ -171,12 +171,14 @@ TOO_MANY = _raw_answer(
     {"error": "too many connections to this broker process; retry later", "code": "overloaded"},
     b"retry-after: 1\r\n",
 )
-HEAD_TIMEOUT = _raw_answer(
-    b"408 Request Timeout", {"error": "the request head did not arrive in time", "code": "request_timeout"}
-)
-BODY_TIMEOUT = _raw_answer(
-    b"408 Request Timeout", QueenError(REQUEST_TIMEOUT, detail="the request body stopped arriving").body()
-)
+
+
+def _timed_out(detail: str) -> bytes:
+    return _raw_answer(b"408 Request Timeout", QueenError(REQUEST_TIMEOUT, detail=detail).body())
+
+
+HEAD_TIMEOUT = _timed_out("the request head did not arrive in time")
+BODY_TIMEOUT = _timed_out("the request body stopped arriving")
 
 
 class _Guard:
