@@ -44,12 +44,18 @@ def loadavg() -> list[float]:
         return []
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path = ROOT) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
+
+
+def git_state(tree: Path = ROOT) -> tuple[str | None, bool | None]:
+    """A source tree's commit and whether it has uncommitted changes to tracked files (None: unknown)."""
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=tree)
+    return _git("rev-parse", "--short", "HEAD", cwd=tree), (bool(status) if status is not None else None)
 
 
 def _version(pkg: str) -> str | None:
@@ -60,7 +66,7 @@ def _version(pkg: str) -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    commit, dirty = git_state()
     return {
         "cpu_model": _cpu_model(),
         "cores": os.cpu_count(),
@@ -68,8 +74,8 @@ def machine_info() -> dict[str, Any]:
         "ram_gb": _ram_gb(),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "git_commit": _git("rev-parse", "--short", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
+        "git_commit": commit,
+        "git_dirty": dirty,
         "packages": {p: _version(p) for p in PACKAGES},
         "loadavg_start": loadavg(),
     }

@@ -19,7 +19,6 @@ import argparse
 import http.client
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from benchmarks.broker import BrokerProcess
-from benchmarks.machine import ROOT, loadavg, machine_info
+from benchmarks.machine import ROOT, git_state, loadavg, machine_info
 from benchmarks.procstat import tree_cpu
 
 PUSH_BODY = json.dumps({"items": [{"queue": "pair-bench", "partition": "p", "payload": {"n": 1}}]}).encode()
@@ -118,17 +117,8 @@ def report(res: dict[str, Any]) -> str:
 
 def _tree(path: Path) -> dict[str, Any]:
     """A side's source tree, its commit and whether it had uncommitted changes."""
-
-    def git(*a: str) -> str | None:
-        try:
-            return subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()  # fmt: skip
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"path": str(path.resolve()), "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(status) if status is not None else None}  # fmt: skip
+    commit, dirty = git_state(path)
+    return {"path": str(path.resolve()), "commit": commit, "dirty": dirty}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
