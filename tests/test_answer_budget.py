@@ -119,7 +119,9 @@ async def test_64_identical_get_prefix_from_a_read_only_token_is_413_not_megabyt
         r = await kv(http, attack, ro)
         assert_too_large(r)
         assert len(r.content) < 1000
-        assert "operations[0..1]" in r.json()["detail"]  # the procedure stopped at the 2nd of 64 ops
+        # the procedure stopped within the first ops (the 2nd getPrefix page stops early at what is
+        # left, the 3rd passes the budget), it did not read the other 61
+        assert "operations[0..2] passes" in r.json()["detail"]
         assert spy.largest <= BUDGET + SLACK, spy.largest  # PostgreSQL stopped: 64 x 160 KB never reached us
 
 
