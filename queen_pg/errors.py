@@ -77,6 +77,11 @@ CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 REQUEST_TIMEOUT = ErrorKind("request_timeout", 408, "{detail}")
 CATALOG[REQUEST_TIMEOUT.code] = REQUEST_TIMEOUT
 
+# The answer budget (QUEEN_MAX_ANSWER_BYTES): a read that cannot page (a /kv batch) and would answer
+# more is refused, by queen._refuse in sql/procedures/080_kv.sql; the detail names the limit.
+ANSWER_TOO_LARGE = ErrorKind("answer_too_large", 413, "{detail}")
+CATALOG[ANSWER_TOO_LARGE.code] = ANSWER_TOO_LARGE
+
 
 # Security (queen_pg/security/): answered by its middleware before any route runs.
 UNAUTHORIZED = ErrorKind("unauthorized", 401, "{detail}")  # + WWW-Authenticate: Bearer

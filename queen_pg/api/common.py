@@ -30,7 +30,16 @@ from queen_pg.security import principal
 from queen_pg.server import Transport
 from queen_pg.settings import Settings
 
-__all__ = ["AppState", "check_name", "json_response", "permit", "refuse_when_storage_full", "state", "tenant"]
+__all__ = [
+    "AppState",
+    "answer_budget",
+    "check_name",
+    "json_response",
+    "permit",
+    "refuse_when_storage_full",
+    "state",
+    "tenant",
+]
 
 
 @dataclass(slots=True)
@@ -65,6 +74,12 @@ def wake_pushed(st: AppState, ten: str, queues: Sequence[str]) -> None:
 def state(request: Request) -> AppState:
     st: AppState = request.app.state.queen
     return st
+
+
+def answer_budget(request: Request) -> int:
+    """Bytes an answer that gathers many items may take (QUEEN_MAX_ANSWER_BYTES,
+    queen_pg/engine/answers.py): pages stop there, a /kv batch past it is 413."""
+    return state(request).settings.max_answer_bytes
 
 
 async def push_messages(

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from queen_pg.api import params as P
-from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.common import answer_budget, json_response, permit, state, tenant
 from queen_pg.api.docs import answers, params
 from queen_pg.api.schemas import Answer
 from queen_pg.engine import kv as kv_engine
@@ -65,6 +65,8 @@ class KvKeys(Answer):
 @router.get(
     "/api/v1/kv/keys",
     summary="A namespace's live keys by prefix (empty = all), byte order, a keyset page",
+    description="The page stops early (`truncated`, `nextAfter`) when its rows reach the answer budget "
+    "(QUEEN_MAX_ANSWER_BYTES); it always holds at least one row.",
     openapi_extra=params(NS.doc(), PREFIX.doc(), AFTER_KEY.doc(), LIMIT.doc(), KEYS_ONLY.doc()),
     responses=answers({200: KvKeys}, 400, 429),
 )
@@ -75,5 +77,7 @@ async def keys(request: Request) -> Response:
     limit = LIMIT.read(request)
     keys_only = KEYS_ONLY.read(request)
     async with permit(request, "kv"):
-        page = await kv_engine.keys(state(request).db, tenant(request), ns, prefix, after, limit, keys_only)
+        page = await kv_engine.keys(
+            state(request).db, tenant(request), ns, prefix, after, limit, keys_only, max_bytes=answer_budget(request)
+        )
     return json_response(page)

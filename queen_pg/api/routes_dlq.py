@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.common import answer_budget, json_response, state, tenant
 from queen_pg.api.docs import answers, params
 from queen_pg.api.params import Param, read_page
 from queen_pg.api.routes_messages import message_key
@@ -28,6 +28,8 @@ PAGE = page(100, MAX_PAGE, 10**9)
 @router.get(
     "/dlq",
     summary="List dead letters, newest first, paged with limit/offset",
+    description="A page stops early when its dead letters reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at "
+    "least one): then it carries `truncated: true` and `nextOffset`, the offset of the next page.",
     openapi_extra=params(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
     responses=answers({200: DlqPage}, 400, 413),
 )
@@ -41,6 +43,7 @@ async def list_dlq(request: Request) -> Response:
         until=UNTIL.read(request),
         limit=limit,
         offset=offset,
+        max_bytes=answer_budget(request),
     )
     st = state(request)
     return json_response(await dlq_engine.list_dead(st.db, tenant(request), query))

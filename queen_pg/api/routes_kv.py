@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.body import INT32, INT64, decode_family
-from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.common import answer_budget, json_response, permit, state, tenant
 from queen_pg.api.docs import answers, body
 from queen_pg.api.kv_ops import WRITE_OPS, validate_kv_ops, validate_lock_ops
 from queen_pg.api.request_key import replay_headers, request_once
@@ -216,7 +216,9 @@ def exact_ops(raw: bytes) -> list[Any]:
     description="One result per op, in order. Lost conditions are data (`applied: false` with `reason`), "
     "except a `required` one: then nothing is written and the answer is the 200 verdict `{ok: false, reason: "
     "kv_precondition, failedIndex, kvReason, version, value}` with no `results`. A malformed op is 400 "
-    "`kv_bad_request` naming the op index and field (`reason`: a stable id).",
+    "`kv_bad_request` naming the op index and field (`reason`: a stable id). The answer has a byte budget "
+    "(QUEEN_MAX_ANSWER_BYTES): a getPrefix page stops early at what the ops before it left (`truncated`, "
+    "`nextAfter`), and a batch whose answer would pass it is 413 `answer_too_large`, nothing applied.",
     openapi_extra=body(KvRequest, parameters=REQUEST_KEY),
     responses=answers({200: KvAnswer | KvVerdict}, 400, 413, 422, 429),
 )
@@ -229,7 +231,9 @@ async def kv(request: Request) -> Response:
             need(request, Level.READ_WRITE)
         once = await request_once(request, "kv")  # a keyed batch is applied once (outcome window)
         async with permit(request, "kv"):
-            result = await kv_engine.apply(state(request).db, tenant(request), ops, once=once)
+            result = await kv_engine.apply(
+                state(request).db, tenant(request), ops, once=once, max_bytes=answer_budget(request)
+            )
     except Verdict as verdict:  # a required condition lost: nothing written (WIRE §2.6 "required")
         return json_response({"ok": False, "reason": verdict.reason, **verdict.detail})
     except QueenError as exc:

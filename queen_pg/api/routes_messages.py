@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.common import json_response, state, tenant
+from queen_pg.api.common import answer_budget, json_response, state, tenant
 from queen_pg.api.docs import answers, params
 from queen_pg.api.params import Param
 from queen_pg.api.routes_resources import page_params
@@ -65,7 +65,9 @@ def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
     description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
     "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
     "status for that group: consumed, leased, pending or dead), status (only the messages in that state "
-    "for consumerGroup, which it requires; total and paging count those), limit (1-1000, default 100), offset.",
+    "for consumerGroup, which it requires; total and paging count those), limit (1-1000, default 100), offset. "
+    "A page stops early when its messages reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at least one "
+    "message): then it carries `truncated: true` and `nextOffset`, the offset of the next page.",
     openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, STATUS, *page()),
     responses=answers({200: MessagePage}, 400, 404, 413),
 )
@@ -89,6 +91,7 @@ async def list_messages(request: Request) -> Response:
         limit=page.limit,
         offset=page.offset,
         status=status,
+        max_bytes=answer_budget(request),
     )
     st = state(request)
     return json_response(await message_engine.list_messages(st.db, tenant(request), query))

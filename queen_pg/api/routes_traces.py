@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.body import Name, PartitionId, TxnId, read, stored_json
-from queen_pg.api.common import check_name, json_response, state, tenant
+from queen_pg.api.common import answer_budget, check_name, json_response, state, tenant
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.params import Param
 from queen_pg.api.routes_messages import message_key, partition_id_param
@@ -39,6 +39,10 @@ class TraceBody(msgspec.Struct):
     eventType: Name = "info"
 
 
+CUT = (
+    "A page stops early when its traces reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at least one): "
+    "then it carries `truncated: true` and `nextOffset`, the offset of the next page."
+)
 SEARCH = Param("search", "case-insensitive substring of the name", "text")
 SINCE = Param("from", f"created at or after, {ISO}", "time")
 UNTIL = Param("to", f"created before, {ISO}", "time")
@@ -88,6 +92,7 @@ async def names(request: Request) -> Response:
 @router.get(
     "/by-name/{name}",
     summary="Traces carrying a name, newest first (from, to, limit, offset)",
+    description=CUT,
     openapi_extra=params(SINCE, UNTIL, *page()),
     responses=answers({200: TracesByName}, 400, 413),
 )
@@ -96,13 +101,14 @@ async def by_name(request: Request, name: str) -> Response:
     since, until = SINCE.read(request), UNTIL.read(request)  # from >= to: an empty window, an empty page
     page = page_params(request)
     st = state(request)
-    return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page))
+    budget = answer_budget(request)
+    return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page, budget))
 
 
 @router.get(
     "/{partition_id}/{transaction_id:path}",
     summary="A message's trace timeline, oldest first",
-    description="A message with no trace is an empty timeline; an unknown partition is 404.",
+    description="A message with no trace is an empty timeline; an unknown partition is 404. " + CUT,
     openapi_extra=params(*page()),
     responses=answers({200: MessageTraces}, 400, 404),
 )
@@ -110,4 +116,5 @@ async def for_message(request: Request, partition_id: str, transaction_id: str) 
     pid, txn = message_key(partition_id, transaction_id)
     page = page_params(request)
     st = state(request)
-    return json_response(await trace_engine.for_message(st.db, tenant(request), pid, txn, page))
+    budget = answer_budget(request)
+    return json_response(await trace_engine.for_message(st.db, tenant(request), pid, txn, page, budget))

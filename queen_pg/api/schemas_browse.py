@@ -13,6 +13,16 @@ from pydantic import Field
 
 from queen_pg.api.schemas import Answer
 
+
+class BudgetPage(Answer):
+    """A limit/offset page that the answer budget (QUEEN_MAX_ANSWER_BYTES) may stop early."""
+
+    truncated: Literal[True] | None = Field(
+        None, description="only when the page stopped before `limit` items at the answer budget"
+    )
+    nextOffset: int | None = Field(None, description="with truncated: the `offset` of the next page")
+
+
 # --- messages ------------------------------------------------------------------------------------
 
 
@@ -35,7 +45,7 @@ class BrowsedMessage(Message):
     )
 
 
-class MessagePage(Answer):
+class MessagePage(BudgetPage):
     messages: list[BrowsedMessage]
     total: int
     limit: int
@@ -137,7 +147,7 @@ class DeadLetter(Answer):
     failedAt: str
 
 
-class DlqPage(Answer):
+class DlqPage(BudgetPage):
     messages: list[DeadLetter] = Field(description="newest first")
     total: int
     limit: int
@@ -170,7 +180,7 @@ class NamedTraceEvent(TraceEvent):
     transactionId: str
 
 
-class MessageTraces(Answer):
+class MessageTraces(BudgetPage):
     partitionId: str
     transactionId: str
     queue: str
@@ -181,7 +191,7 @@ class MessageTraces(Answer):
     offset: int
 
 
-class TracesByName(Answer):
+class TracesByName(BudgetPage):
     traceName: str
     traces: list[NamedTraceEvent] = Field(description="newest first")
     total: int

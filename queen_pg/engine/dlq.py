@@ -11,10 +11,11 @@ import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
+from queen_pg.engine.answers import AnswerBudget, mark_cut
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.security import crypto
 
-LIST_SQL = "SELECT * FROM queen.dlq_list_v1($1, $2, $3, $4, $5, $6, $7, $8)"
+LIST_SQL = "SELECT * FROM queen.dlq_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 REQUEUE_SQL = "SELECT queen.dlq_requeue_v1($1, $2, $3, $4)"
 
 
@@ -27,6 +28,7 @@ class DlqQuery:
     until: datetime | None
     limit: int
     offset: int
+    max_bytes: int | None = None  # the answer budget (queen_pg/engine/answers.py); None = none
 
 
 def frame_at(
@@ -58,9 +60,8 @@ def _payload(row: Record, frame: codec.Frame | None, vault: crypto.Vault) -> Any
     return orjson.Fragment(crypto.opened(vault, frame)) if frame is not None else None
 
 
-def _dead(r: Record, vault: crypto.Vault) -> dict[str, Any]:
+def _dead(r: Record, frame: codec.Frame | None, vault: crypto.Vault) -> dict[str, Any]:
     # producerSub: the fill job's copy (log_dlq.producer_sub), else the segment's frame
-    frame = _frame(r)
     return {
         "id": str(r["message_id"]) if r["message_id"] else None,
         "dlqId": r["id"],
@@ -79,12 +80,32 @@ def _dead(r: Record, vault: crypto.Vault) -> dict[str, Any]:
     }
 
 
+def _size(row: Record, frame: codec.Frame | None) -> int:
+    """The bytes a dead letter adds to the answer: its payload (as stored or decoded) and its error."""
+    data = row["sealed"] if row["sealed"] is not None else row["payload_json"]
+    if data is None and frame is not None:
+        data = frame.payload
+    return len(data or b"") + len(row["error"] or "")
+
+
 async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
-    rows = await db.fetch(LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset)
+    """A page of dead letters, newest first. The procedure stops at the answer budget by stored bytes;
+    a dead letter decoded out of a zstd segment is measured here, and the page stops there too."""
+    rows = await db.fetch(
+        LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset, q.max_bytes
+    )
     v = crypto.vault(db)
-    messages = [_dead(r, v) for r in rows if r["id"] is not None]
+    budget = AnswerBudget(q.max_bytes) if q.max_bytes is not None else None
+    messages: list[dict[str, Any]] = []
+    for r in rows:
+        if r["id"] is None:
+            continue  # a page past the end: only the total
+        frame = _frame(r)
+        if budget is not None and not budget.admit(_size(r, frame)):
+            break
+        messages.append(_dead(r, frame, v))
     total = rows[0]["total"] if rows else 0
-    return {"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}
+    return mark_cut({"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}, "messages")
 
 
 async def requeue(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:

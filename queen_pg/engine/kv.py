@@ -1,4 +1,4 @@
-"""KV (WIRE.md §2.6): one call of ``queen.kv_v1`` per batch.
+"""KV (WIRE.md §2.6): one call of ``queen.kv_v3`` per batch (the outcome window and the answer budget).
 
 A ``required`` op that lost its condition raises :class:`~queen_pg.errors.Verdict`
 (``kv_precondition``, with ``failedIndex``, ``kvReason``, ``version``, ``value``): nothing of the batch
@@ -15,8 +15,7 @@ import orjson
 from queen_pg.db.pool import Database
 from queen_pg.engine.outcomes import Once
 
-KV_SQL = "SELECT queen.kv_v1($1, $2::text::jsonb, $3)"
-KV_ONCE_SQL = "SELECT * FROM queen.kv_v2($1, $2::text::jsonb, $3, $4, $5, $6, $7)"
+KV_SQL = "SELECT * FROM queen.kv_v3($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8)"
 
 
 async def run_ops(
@@ -40,10 +39,24 @@ async def run_ops(
 
 
 async def apply(
-    db: Database, tenant: str, ops: list[dict[str, Any]], now: datetime | None = None, once: Once | None = None
+    db: Database,
+    tenant: str,
+    ops: list[dict[str, Any]],
+    now: datetime | None = None,
+    once: Once | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Apply validated ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op."""
-    return await run_ops(db, KV_SQL, KV_ONCE_SQL, tenant, ops, now, once)
+    """Apply validated ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op.
+
+    ``max_bytes`` is the answer budget (queen_pg/engine/answers.py; None = none): a getPrefix page stops
+    at what the ops before it left, and a batch whose answer passes it is 413 ``answer_too_large``
+    (nothing applied)."""
+    keyed = once.args() if once is not None else (None, "kv", None, 60)
+    rows = await db.fetch(KV_SQL, tenant, orjson.dumps(ops).decode(), now, max_bytes, *keyed)
+    if once is not None:
+        once.replayed = rows[0]["replayed"]
+    result: dict[str, Any] = orjson.loads(rows[0]["result"])
+    return result
 
 
 NAMESPACES_SQL = "SELECT ns FROM queen.kv_namespaces_v1($1, $2, $3)"
@@ -57,7 +70,7 @@ async def namespaces(db: Database, tenant: str, after: str | None, limit: int) -
     return {"namespaces": names, "truncated": truncated, "nextAfter": names[-1] if truncated else None}
 
 
-KEYS_SQL = "SELECT queen.kv_keys_v1($1, $2, $3, $4, $5, $6, $7)"
+KEYS_SQL = "SELECT queen.kv_keys_v2($1, $2, $3, $4, $5, $6, $7, $8)"
 
 
 async def keys(
@@ -69,7 +82,10 @@ async def keys(
     limit: int,
     keys_only: bool,
     now: datetime | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """A keyset page of a namespace's live keys starting with ``prefix`` (``""``: all), as getPrefix."""
-    page: dict[str, Any] = orjson.loads(await db.fetchval(KEYS_SQL, tenant, ns, prefix, after, limit, keys_only, now))
+    """A keyset page of a namespace's live keys starting with ``prefix`` (``""``: all), as getPrefix;
+    it stops early (``truncated``, ``nextAfter``) at ``max_bytes``, the answer budget (None = none)."""
+    raw = await db.fetchval(KEYS_SQL, tenant, ns, prefix, after, limit, keys_only, now, max_bytes)
+    page: dict[str, Any] = orjson.loads(raw)
     return page

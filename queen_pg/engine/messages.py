@@ -16,11 +16,12 @@ import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
+from queen_pg.engine.answers import AnswerBudget, mark_cut
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
 
-LIST_SQL = "SELECT * FROM queen.messages_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+LIST_SQL = "SELECT * FROM queen.messages_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
 GET_SQL = "SELECT * FROM queen.message_get_v2($1, $2, $3)"
 DELETE_SQL = "SELECT queen.message_delete_v1($1, $2, $3)"
 
@@ -38,6 +39,7 @@ class MessageQuery:
     limit: int
     offset: int
     status: str | None = None  # only the messages in this state for ``group`` (consumed|leased|pending|dead)
+    max_bytes: int | None = None  # the answer budget (queen_pg/engine/answers.py); None = none
 
 
 def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
@@ -108,12 +110,31 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
         q.limit,
         q.offset,
         q.status,
+        q.max_bytes,
     )
     if not rows or rows[0]["status"] != "ok":
         raise _refused(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
+    messages = _page(rows, q, crypto.vault(db))
+    return mark_cut(
+        {
+            "messages": messages,
+            "total": rows[0]["total"],
+            "limit": q.limit,
+            "offset": q.offset,
+            "queue": q.queue,
+            "partition": q.partition,
+            "order": "desc" if q.descending else "asc",
+        },
+        "messages",
+    )
+
+
+def _page(rows: list[Record], q: MessageQuery, v: crypto.Vault) -> list[dict[str, Any]]:
+    """The page's messages from its segments, in page order, until they reach the answer budget (the
+    procedure stopped by stored bytes; a zstd segment decodes larger, so decoding stops here too)."""
     messages: list[dict[str, Any]] = []
     end = q.offset + q.limit
-    v = crypto.vault(db)
+    budget = AnswerBudget(q.max_bytes) if q.max_bytes is not None else None
     for row in rows:
         if row["partition_id"] is None:
             continue  # a page past the end: only the total
@@ -124,20 +145,14 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
             frames.reverse()
         for i, (off, frame) in enumerate(frames, start=row["skip"]):
             if q.offset <= i < end:
+                if budget is not None and not budget.admit(len(frame.payload) + len(frame.transaction_id)):
+                    return messages
                 msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"], v)
                 if q.group is not None:
                     msg["consumerGroup"] = None if q.group == QUEUE_MODE else q.group
                     msg["status"] = _state(row, off)
                 messages.append(msg)
-    return {
-        "messages": messages,
-        "total": rows[0]["total"],
-        "limit": q.limit,
-        "offset": q.offset,
-        "queue": q.queue,
-        "partition": q.partition,
-        "order": "desc" if q.descending else "asc",
-    }
+    return messages
 
 
 def _missing(partition_id: int, transaction_id: str) -> QueenError:

@@ -14,11 +14,12 @@ import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine.admin import Page
+from queen_pg.engine.answers import mark_cut
 from queen_pg.errors import NOT_FOUND, QueenError
 
 ADD_SQL = "SELECT queen.trace_add_v1($1, $2, $3, $4, $5, $6, $7)"
-FOR_MESSAGE_SQL = "SELECT queen.traces_for_message_v1($1, $2, $3, $4, $5)"
-BY_NAME_SQL = "SELECT queen.traces_by_name_v1($1, $2, $3, $4, $5, $6)"
+FOR_MESSAGE_SQL = "SELECT queen.traces_for_message_v2($1, $2, $3, $4, $5, $6)"
+BY_NAME_SQL = "SELECT queen.traces_by_name_v2($1, $2, $3, $4, $5, $6, $7)"
 NAMES_SQL = "SELECT queen.trace_names_v1($1, $2, $3, $4)"
 
 
@@ -46,21 +47,31 @@ async def record(db: Database, tenant: str, ev: TraceEvent) -> dict[str, Any]:
     return result
 
 
-async def for_message(db: Database, tenant: str, partition_id: int, transaction_id: str, page: Page) -> dict[str, Any]:
-    raw = await db.fetchval(FOR_MESSAGE_SQL, tenant, partition_id, transaction_id, page.limit, page.offset)
+async def for_message(
+    db: Database, tenant: str, partition_id: int, transaction_id: str, page: Page, max_bytes: int | None = None
+) -> dict[str, Any]:
+    """A message's timeline, oldest first; the page stops at ``max_bytes`` (the answer budget)."""
+    raw = await db.fetchval(FOR_MESSAGE_SQL, tenant, partition_id, transaction_id, page.limit, page.offset, max_bytes)
     result: dict[str, Any] = orjson.loads(raw)
     if "notFound" in result:
         raise _no_partition(partition_id)
-    return result
+    return mark_cut(result, "traces")
 
 
 async def by_name(
-    db: Database, tenant: str, name: str, since: datetime | None, until: datetime | None, page: Page
+    db: Database,
+    tenant: str,
+    name: str,
+    since: datetime | None,
+    until: datetime | None,
+    page: Page,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
+    """Traces carrying ``name``, newest first; the page stops at ``max_bytes`` (the answer budget)."""
     result: dict[str, Any] = orjson.loads(
-        await db.fetchval(BY_NAME_SQL, tenant, name, since, until, page.limit, page.offset)
+        await db.fetchval(BY_NAME_SQL, tenant, name, since, until, page.limit, page.offset, max_bytes)
     )
-    return result
+    return mark_cut(result, "traces")
 
 
 async def names(db: Database, tenant: str, search: str | None, page: Page) -> dict[str, Any]:

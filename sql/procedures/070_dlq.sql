@@ -7,7 +7,13 @@
 --   is not filled yet (the dlq_fill job copies it out of the zstd segment), the segment that holds it
 --   (base_offset, dropped, codec, blob) so the broker can decode it; producer_sub and sealed (filled
 --   rows: the frame's producerSub, and an encrypted queue's payload still sealed; the broker opens it).
---   Locks: none (reads).
+--   Locks: none (reads). v2 with no budget (kept one release for a rolling deploy).
+--
+-- queen.dlq_list_v2(tenant, queue, group, partition, from, to, limit, offset, max_bytes)
+--   Called by: GET /api/v1/dlq (queen_pg/engine/dlq.py). As v1, and the page stops at the answer
+--   budget (queen_pg/engine/answers.py): a row is handed out only while the bytes of the rows before
+--   it (its payload's JSON text, or its sealed bytes, or the stored bytes of the segment it brings,
+--   plus its error) are under max_bytes (the first row always; NULL = no limit). Locks: none (reads).
 --
 -- queen.dlq_requeue_v1(tenant, partition_id, txn_hash, message_id, now) -> jsonb
 --   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry (queen_pg/engine/dlq.py).
@@ -34,9 +40,9 @@
 -- broker of the previous release reads its columns by name, so the name stays (the old shape is dropped).
 DROP FUNCTION IF EXISTS queen.dlq_list_v1(text, text, text, text, timestamptz, timestamptz, integer, integer);
 
-CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
+CREATE OR REPLACE FUNCTION queen.dlq_list_v2(
     p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
-    p_limit integer, p_offset integer)
+    p_limit integer, p_offset integer, p_max_bytes bigint)
 RETURNS TABLE (id bigint, queue_name text, partition_name text, partition_id bigint, consumer_group text,
                msg_offset bigint, message_id uuid, transaction_id text, payload_json text, error text,
                attempts integer, created_at timestamptz, failed_at timestamptz, total bigint,
@@ -58,17 +64,39 @@ LANGUAGE sql STABLE AS $$
         SELECT count(*) AS n FROM matching
     ), page AS (
         SELECT * FROM matching ORDER BY failed_at DESC, id DESC LIMIT p_limit OFFSET p_offset
+    ), sized AS (
+        -- the bytes each row brings: octet_length of a bytea reads no payload; a jsonb's text is made once
+        SELECT h.*, s.base_offset AS s_base, s.dropped AS s_dropped, s.codec AS s_codec, s.payload AS s_blob,
+               coalesce(sum(coalesce(octet_length(h.payload::text), octet_length(h.sealed), octet_length(s.payload), 0)
+                            + coalesce(octet_length(h.error), 0))
+                        OVER (ORDER BY h.failed_at DESC, h.id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                        0) AS bytes_before
+          FROM page h
+          LEFT JOIN LATERAL (
+                SELECT s.base_offset, s.dropped, s.codec, s.payload FROM queen.log_segments s
+                 WHERE h.payload IS NULL AND s.partition_id = h.partition_id AND s.base_offset <= h.msg_offset
+                 ORDER BY s.base_offset DESC LIMIT 1) s ON true
+    ), kept AS (
+        SELECT * FROM sized WHERE p_max_bytes IS NULL OR sized.bytes_before < p_max_bytes
     )
     SELECT h.id, h.qname, h.pname, h.partition_id, h.consumer_group, h.msg_offset, h.message_id,
            h.transaction_id, h.payload::text, h.error, h.attempts, h.created_at, h.failed_at, t.n,
-           s.base_offset, s.dropped, s.codec, s.payload, h.producer_sub, h.sealed
+           h.s_base, h.s_dropped, h.s_codec, h.s_blob, h.producer_sub, h.sealed
       FROM total t
-      LEFT JOIN page h ON true
-      LEFT JOIN LATERAL (
-            SELECT s.base_offset, s.dropped, s.codec, s.payload FROM queen.log_segments s
-             WHERE h.payload IS NULL AND s.partition_id = h.partition_id AND s.base_offset <= h.msg_offset
-             ORDER BY s.base_offset DESC LIMIT 1) s ON true
+      LEFT JOIN kept h ON true
      ORDER BY h.failed_at DESC, h.id DESC;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
+    p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
+    p_limit integer, p_offset integer)
+RETURNS TABLE (id bigint, queue_name text, partition_name text, partition_id bigint, consumer_group text,
+               msg_offset bigint, message_id uuid, transaction_id text, payload_json text, error text,
+               attempts integer, created_at timestamptz, failed_at timestamptz, total bigint,
+               seg_base bigint, seg_dropped integer[], seg_codec smallint, seg_blob bytea,
+               producer_sub text, sealed bytea)
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM queen.dlq_list_v2(p_tenant, p_queue, p_group, p_partition, p_from, p_to, p_limit, p_offset, NULL);
 $$;
 
 CREATE OR REPLACE FUNCTION queen.dlq_requeue_v1(

@@ -8,8 +8,11 @@
 --   of docs/locks.md, before timer keys, queues, partitions and consumers. The lock also covers keys
 --   that do not exist yet. Two keys with one hash share a lock (harmless: more serialization).
 --
--- queen._kv_apply(tenant, op jsonb, now) -> jsonb
+-- queen._kv_apply(tenant, op jsonb, now[, max_bytes]) -> jsonb
 --   Applies ONE op already validated by queen_pg/api/kv_ops.py; the caller holds the key's lock.
+--   max_bytes (NULL or absent = no limit; the answer budget, queen_pg/engine/answers.py): a getPrefix
+--   page also stops before the row that would take its rows past it (at least one row); getMany stops
+--   reading once its rows pass it (the caller, queen._kv_run, then refuses the call).
 --   Result: the op's WIRE object, {op, ns, key?, ...}:
 --     get       {found:true, key, value, version, expiresAt, updatedAt} | {found:false}
 --     getMany   {rows:[{key,value,version,expiresAt,updatedAt}], missing:[keys]} (request order)
@@ -32,8 +35,17 @@
 --   0 and applies its TTL only when it creates the row: a live row keeps its expiry. Time only from
 --   p_now (NULL = now()).
 --
+-- queen._kv_run(tenant, ops jsonb, now, max_bytes) -> jsonb
+--   The batch of POST /api/v1/kv, called by queen.kv_v3 (096_outcomes.sql; queen_pg/engine/kv.py).
+--   As kv_v1 below, with an answer budget (NULL = none): each op may take what the ops before it left
+--   (see _kv_apply), and once the results' JSON text (less the value of an applied put or putIfAbsent:
+--   the request's own bytes, echoed) passes max_bytes the call is refused with
+--   queen._refuse('answer_too_large', ...) (413 in the broker; the detail names the limit): the batch
+--   is rolled back, nothing is written, and no more op is read.
+--
 -- queen.kv_v1(tenant, ops jsonb, now) -> jsonb
---   Called by: POST /api/v1/kv (queen_pg/engine/kv.py). ops = the validated op list.
+--   queen._kv_run with no budget (kept one release for a rolling deploy: older brokers call it).
+--   ops = the validated op list.
 --   Locks: queen._kv_lock on every key the batch writes or checks (docs/locks.md #0); reads take none
 --   (a read sees what committed before the statement, and what this batch wrote before it).
 --   Result: {"results":[{index, op, ns, key?, ...}]}, one per op, in order.
@@ -118,40 +130,65 @@ LANGUAGE sql AS $$
     RETURNING k.*
 $$;
 
-CREATE OR REPLACE FUNCTION queen._kv_get_many(p_tenant text, p_ns text, p_keys jsonb, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    WITH req AS (
-        SELECT e.key, min(e.ord) AS ord
-          FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS e(key, ord)
-         GROUP BY e.key
-    ), hit AS (
-        SELECT req.ord, req.key, k AS hitrow
-          FROM req
-          LEFT JOIN queen.kv k
-            ON k.tenant = p_tenant AND k.ns = p_ns AND k.key = req.key
-           AND (k.expires_at IS NULL OR k.expires_at > p_now)
-    )
-    SELECT jsonb_build_object(
-        'rows', coalesce(jsonb_agg(queen._kv_row_json(hit.hitrow) ORDER BY hit.ord)
-                         FILTER (WHERE (hit.hitrow).key IS NOT NULL), '[]'::jsonb),
-        'missing', coalesce(jsonb_agg(hit.key ORDER BY hit.ord)
-                            FILTER (WHERE (hit.hitrow).key IS NULL), '[]'::jsonb))
-      FROM hit
-$$;
-
-CREATE OR REPLACE FUNCTION queen._kv_get_prefix(p_tenant text, p_op jsonb, p_now timestamptz)
+-- getMany: the live rows in request order (a key asked twice: its first place), the missing keys.
+-- p_max_bytes (NULL = no limit): the rows stop once their JSON text passes it (the caller refuses).
+CREATE OR REPLACE FUNCTION queen._kv_get_many(
+    p_tenant text, p_ns text, p_keys jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_limit integer := least(greatest(coalesce((p_op->>'limit')::integer, 100), 1), 1000);
-    v_keys_only boolean := coalesce((p_op->>'keysOnly')::boolean, false);
-    v_rows jsonb;
-    v_count integer;
-    v_last text;
+    v_key     text;
+    v_row     queen.kv;
+    v_json    jsonb;
+    v_rows    jsonb[] := '{}';
+    v_missing text[] := '{}';
+    v_used    bigint := 0;
 BEGIN
-    WITH page AS (
-        SELECT k
+    FOR v_key IN
+        SELECT e.key FROM jsonb_array_elements_text(p_keys) WITH ORDINALITY AS e(key, ord)
+         GROUP BY e.key ORDER BY min(e.ord)
+    LOOP
+        SELECT * INTO v_row FROM queen.kv k
+         WHERE k.tenant = p_tenant AND k.ns = p_ns AND k.key = v_key
+           AND (k.expires_at IS NULL OR k.expires_at > p_now);
+        IF NOT FOUND THEN
+            v_missing := array_append(v_missing, v_key);
+            CONTINUE;
+        END IF;
+        v_json := queen._kv_row_json(v_row);
+        v_rows := array_append(v_rows, v_json);
+        v_used := v_used + octet_length(v_json::text);
+        EXIT WHEN v_used > p_max_bytes;  -- over the budget: the caller refuses the call
+    END LOOP;
+    RETURN jsonb_build_object('rows', to_jsonb(v_rows), 'missing', to_jsonb(v_missing));
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._kv_get_many(p_tenant text, p_ns text, p_keys jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen._kv_get_many(p_tenant, p_ns, p_keys, p_now, NULL::bigint)
+$$;
+
+-- getPrefix: a keyset page. p_max_bytes (NULL = no limit): the page also stops before the row that
+-- would take its rows' JSON text past it (truncated, nextAfter = the last row shown); its first row is
+-- always shown (the caller measures the answer). Rows are read one at a time: a page that stops early
+-- reads one row past it, never the whole `limit`.
+CREATE OR REPLACE FUNCTION queen._kv_get_prefix(p_tenant text, p_op jsonb, p_now timestamptz, p_max_bytes bigint)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_limit     integer := least(greatest(coalesce((p_op->>'limit')::integer, 100), 1), 1000);
+    v_keys_only boolean := coalesce((p_op->>'keysOnly')::boolean, false);
+    v_row       queen.kv;
+    v_json      jsonb;
+    v_size      bigint;
+    v_used      bigint := 0;
+    v_rows      jsonb[] := '{}';
+    v_more      boolean := false;
+BEGIN
+    FOR v_row IN
+        SELECT k.*
           FROM queen.kv k
          WHERE k.tenant = p_tenant AND k.ns = p_op->>'ns'
            AND starts_with(k.key, p_op->>'prefix')
@@ -159,22 +196,35 @@ BEGIN
            AND (k.expires_at IS NULL OR k.expires_at > p_now)
          ORDER BY k.key COLLATE "C"
          LIMIT v_limit + 1
-    ), numbered AS (
-        SELECT page.k, row_number() OVER (ORDER BY (page.k).key COLLATE "C") AS n FROM page
-    )
-    SELECT coalesce(jsonb_agg(CASE WHEN v_keys_only THEN queen._kv_row_json(numbered.k) - 'value'
-                                   ELSE queen._kv_row_json(numbered.k) END ORDER BY numbered.n)
-                    FILTER (WHERE numbered.n <= v_limit), '[]'::jsonb),
-           count(*),
-           max((numbered.k).key) FILTER (WHERE numbered.n = v_limit)
-      INTO v_rows, v_count, v_last
-      FROM numbered;
-    RETURN jsonb_build_object('prefix', p_op->>'prefix', 'rows', v_rows, 'truncated', v_count > v_limit,
-                              'nextAfter', CASE WHEN v_count > v_limit THEN v_last END);
+    LOOP
+        IF cardinality(v_rows) = v_limit THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_json := queen._kv_row_json(v_row);
+        IF v_keys_only THEN
+            v_json := v_json - 'value';
+        END IF;
+        v_size := octet_length(v_json::text);
+        IF cardinality(v_rows) > 0 AND v_used + v_size > p_max_bytes THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_used := v_used + v_size;
+        v_rows := array_append(v_rows, v_json);
+    END LOOP;
+    RETURN jsonb_build_object('prefix', p_op->>'prefix', 'rows', to_jsonb(v_rows), 'truncated', v_more,
+                              'nextAfter', CASE WHEN v_more THEN v_rows[cardinality(v_rows)]->>'key' END);
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen._kv_apply(p_tenant text, p_op jsonb, p_now timestamptz)
+CREATE OR REPLACE FUNCTION queen._kv_get_prefix(p_tenant text, p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen._kv_get_prefix(p_tenant, p_op, p_now, NULL::bigint)
+$$;
+
+CREATE OR REPLACE FUNCTION queen._kv_apply(p_tenant text, p_op jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -192,9 +242,9 @@ BEGIN
     p_now := coalesce(p_now, now());
     v_head := jsonb_build_object('op', v_op, 'ns', v_ns);
     IF v_op = 'getMany' THEN
-        RETURN v_head || queen._kv_get_many(p_tenant, v_ns, p_op->'keys', p_now);
+        RETURN v_head || queen._kv_get_many(p_tenant, v_ns, p_op->'keys', p_now, p_max_bytes);
     ELSIF v_op = 'getPrefix' THEN
-        RETURN v_head || queen._kv_get_prefix(p_tenant, p_op, p_now);
+        RETURN v_head || queen._kv_get_prefix(p_tenant, p_op, p_now, p_max_bytes);
     END IF;
 
     v_head := v_head || jsonb_build_object('key', v_key);
@@ -268,7 +318,13 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen.kv_v1(p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION queen._kv_apply(p_tenant text, p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT queen._kv_apply(p_tenant, p_op, p_now, NULL::bigint)
+$$;
+
+CREATE OR REPLACE FUNCTION queen._kv_run(p_tenant text, p_ops jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -279,6 +335,7 @@ DECLARE
     v_index   integer;
     v_result  jsonb;
     v_results jsonb := '[]'::jsonb;
+    v_used    bigint := 0;
 BEGIN
     SELECT array_agg(o->>'ns'), array_agg(o->>'key')
       INTO v_ns, v_keys
@@ -293,16 +350,34 @@ BEGIN
     FOR v_op, v_index IN
         SELECT e.op, (e.ord - 1)::integer FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS e(op, ord) ORDER BY e.ord
     LOOP
-        v_result := queen._kv_apply(p_tenant, v_op, v_now);
+        v_result := queen._kv_apply(p_tenant, v_op, v_now, p_max_bytes - v_used);
         IF v_result ? '_lost' AND (v_op->>'required')::boolean IS TRUE THEN
             PERFORM queen._verdict('kv_precondition', jsonb_build_object(
                 'failedIndex', v_index, 'kvReason', v_result->>'reason',
                 'version', v_result->'version', 'value', v_result->'value'));
         END IF;
-        v_results := v_results || jsonb_build_array(jsonb_build_object('index', v_index) || (v_result - '_lost'));
+        v_result := jsonb_build_object('index', v_index) || (v_result - '_lost');
+        IF p_max_bytes IS NOT NULL THEN  -- an applied put's value is the request's own: not charged
+            v_used := v_used + octet_length(CASE WHEN v_op->>'op' IN ('put', 'putIfAbsent')
+                                                      AND (v_result->>'applied')::boolean
+                                                 THEN v_result - 'value' ELSE v_result END::text);
+            IF v_used > p_max_bytes THEN
+                PERFORM queen._refuse('answer_too_large', format(
+                    'the answer to operations[0..%s] passes %s bytes, the broker''s answer budget '
+                    '(QUEEN_MAX_ANSWER_BYTES); nothing was applied: ask for less per call (fewer or '
+                    'narrower reads; page getPrefix with limit and after)', v_index, p_max_bytes));
+            END IF;
+        END IF;
+        v_results := v_results || jsonb_build_array(v_result);
     END LOOP;
     RETURN jsonb_build_object('results', v_results);
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.kv_v1(p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT queen._kv_run(p_tenant, p_ops, p_now, NULL::bigint)
 $$;
 
 CREATE OR REPLACE FUNCTION queen.kv_sweep_v1(p_limit integer, p_now timestamptz DEFAULT NULL)

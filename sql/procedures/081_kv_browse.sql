@@ -11,8 +11,13 @@
 --   (its prefix browse answers no rows meanwhile).
 --   Locks: none (a read; it sees what committed before the statement). Reads no clock. Raises nothing.
 --
+-- queen.kv_keys_v2(tenant, ns, prefix, after, limit, keys_only, now, max_bytes) -> jsonb
+--   Called by: GET /api/v1/kv/keys (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py). As v1 below,
+--   and the page also stops before the row that would take its rows' JSON text past max_bytes (the
+--   answer budget; at least one row; NULL = no limit): truncated, nextAfter = its last row.
+--
 -- queen.kv_keys_v1(tenant, ns, prefix, after, limit, keys_only, now) -> jsonb
---   Called by: GET /api/v1/kv/keys (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py).
+--   v2 with no budget (kept one release for a rolling deploy: older brokers call it).
 --   The getPrefix op of POST /api/v1/kv (queen._kv_get_prefix, 080_kv.sql) with an EMPTY prefix
 --   allowed: the op's validator wants a non-empty prefix (WIRE §2.6), a browser wants a whole
 --   namespace. Result, paging and clamping as getPrefix: {prefix, rows, truncated, nextAfter}, byte
@@ -34,9 +39,9 @@ LANGUAGE sql STABLE AS $$
     SELECT walk.ns FROM walk WHERE walk.ns IS NOT NULL LIMIT greatest(p_limit, 0);
 $$;
 
-CREATE OR REPLACE FUNCTION queen.kv_keys_v1(
+CREATE OR REPLACE FUNCTION queen.kv_keys_v2(
     p_tenant text, p_ns text, p_prefix text, p_after text, p_limit integer, p_keys_only boolean,
-    p_now timestamptz DEFAULT NULL
+    p_now timestamptz, p_max_bytes bigint
 )
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
@@ -44,5 +49,14 @@ LANGUAGE sql STABLE AS $$
         p_tenant,
         jsonb_build_object('ns', p_ns, 'prefix', coalesce(p_prefix, ''), 'after', p_after, 'limit', p_limit,
                            'keysOnly', coalesce(p_keys_only, false)),
-        coalesce(p_now, now()));
+        coalesce(p_now, now()), p_max_bytes);
+$$;
+
+CREATE OR REPLACE FUNCTION queen.kv_keys_v1(
+    p_tenant text, p_ns text, p_prefix text, p_after text, p_limit integer, p_keys_only boolean,
+    p_now timestamptz DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen.kv_keys_v2(p_tenant, p_ns, p_prefix, p_after, p_limit, p_keys_only, p_now, NULL);
 $$;

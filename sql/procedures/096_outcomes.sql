@@ -7,7 +7,9 @@
 --            queen.push_v2        POST /api/v1/push                 (wraps queen.push_v1)
 --            queen.ack_v2         POST /api/v1/ack, /ack/batch      (wraps queen.ack_v1)
 --            queen.transaction_v2 POST /api/v1/transaction          (wraps queen.transaction_v1)
---            queen.kv_v2          POST /api/v1/kv                   (wraps queen.kv_v1)
+--            queen.kv_v2          (wraps queen.kv_v1; kept one release for older brokers)
+--            queen.kv_v3          POST /api/v1/kv, every request    (wraps queen._kv_run: kv_v1 with
+--                                 the answer budget p_max_bytes after p_now; key NULL = no key)
 --            queen.locks_v2       POST /api/v1/locks                (wraps queen.locks_v1)
 --          Each takes the _v1 arguments (p_now included), then p_request_key, p_route (the route's
 --          name), p_body_hash (xxh3-128 of the request body) and p_window_s. With p_request_key NULL
@@ -155,8 +157,8 @@ END;
 $$;
 
 -- The jsonb procedures: one row (result, replayed).
-CREATE OR REPLACE FUNCTION queen.kv_v2(
-    p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL,
+CREATE OR REPLACE FUNCTION queen.kv_v3(
+    p_tenant text, p_ops jsonb, p_now timestamptz, p_max_bytes bigint,
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'kv', p_body_hash uuid DEFAULT NULL,
     p_window_s integer DEFAULT 60
 ) RETURNS TABLE (result jsonb, replayed boolean)
@@ -169,13 +171,22 @@ BEGIN
     END IF;
     replayed := result IS NOT NULL;
     IF NOT replayed THEN
-        result := queen.kv_v1(p_tenant, p_ops, p_now);
+        result := queen._kv_run(p_tenant, p_ops, p_now, p_max_bytes);
         IF p_request_key IS NOT NULL THEN
             PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);
         END IF;
     END IF;
     RETURN NEXT;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.kv_v2(
+    p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL,
+    p_request_key text DEFAULT NULL, p_route text DEFAULT 'kv', p_body_hash uuid DEFAULT NULL,
+    p_window_s integer DEFAULT 60
+) RETURNS TABLE (result jsonb, replayed boolean)
+LANGUAGE sql AS $$
+    SELECT * FROM queen.kv_v3(p_tenant, p_ops, p_now, NULL, p_request_key, p_route, p_body_hash, p_window_s)
 $$;
 
 CREATE OR REPLACE FUNCTION queen.locks_v2(

@@ -7,7 +7,8 @@
 --
 -- queen.messages_list_v2(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
 --                        limit, offset, status, now)
---   Called by: GET /api/v1/messages. Selects the retained messages of a queue (one partition, or all)
+--   v3 with no budget (kept one release for a rolling deploy). Selects the retained messages of a
+--   queue (one partition, or all)
 --   whose offset is in [from_offset, to_offset) (either bound NULL = open) and whose segment was
 --   written in [since, until) (NULL = open), and, when `status` is given ('consumed' | 'leased' |
 --   'pending' | 'dead'; it needs `group`, the route refuses it alone), whose state for that group is
@@ -32,6 +33,14 @@
 --   ordering; with `status`, plus the cursor row and the dead letters and passes of each segment),
 --   then the payloads of the page's segments only.
 --   Locks: none (reads).
+--
+-- queen.messages_list_v3(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
+--                        limit, offset, status, now, max_bytes)
+--   Called by: GET /api/v1/messages. As v2 below, and the page's segments stop at the answer budget
+--   (queen_pg/engine/answers.py): a segment is handed out only while the stored bytes of the page's
+--   segments before it are under max_bytes (the first always; NULL = no limit), so a page never
+--   carries much more than the budget of segments. The broker decodes them and stops its page where
+--   the decoded messages reach the budget (a zstd segment is smaller stored than decoded).
 --
 -- queen.messages_list_v1(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
 --                        limit, offset, now)
@@ -77,10 +86,10 @@
 --   may add a hash row of the same transactionId), then the partition's log_consumers rows FOR UPDATE ascending
 --   (partition_id, consumer_group) (#3); the log_txns and log_dlq rows deleted.
 
-CREATE OR REPLACE FUNCTION queen.messages_list_v2(
+CREATE OR REPLACE FUNCTION queen.messages_list_v3(
     p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
     p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
-    p_status text, p_now timestamptz DEFAULT NULL)
+    p_status text, p_now timestamptz, p_max_bytes bigint)
 RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
                created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
                skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
@@ -180,6 +189,16 @@ BEGIN
         SELECT ordered.* FROM ordered
          WHERE ordered.before < greatest(p_offset, 0)::bigint + greatest(p_limit, 0)
            AND ordered.before + ordered.n > greatest(p_offset, 0)
+    ), paid AS (
+        -- the stored bytes of the page's segments before each one (octet_length reads no payload)
+        SELECT page.*,
+               coalesce(sum(octet_length(ps.payload)) OVER (ORDER BY page.before
+                                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                   AS bytes_before
+          FROM page
+          JOIN queen.log_segments ps ON ps.partition_id = page.partition_id AND ps.base_offset = page.base_offset
+    ), kept AS (
+        SELECT paid.* FROM paid WHERE p_max_bytes IS NULL OR paid.bytes_before < p_max_bytes
     )
     SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
            s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
@@ -192,11 +211,23 @@ BEGIN
              WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
                AND d.msg_offset >= page.lo AND d.msg_offset < page.hi)
       FROM total
-      LEFT JOIN page ON true
+      LEFT JOIN kept AS page ON true
       LEFT JOIN queen.log_segments s ON s.partition_id = page.partition_id AND s.base_offset = page.base_offset
       LEFT JOIN queen.log_consumers lc ON lc.partition_id = page.partition_id AND lc.consumer_group = p_group
      ORDER BY page.before;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.messages_list_v2(
+    p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
+    p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
+    p_status text, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
+               created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
+               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM queen.messages_list_v3(p_tenant, p_queue, p_partition, p_from_offset, p_to_offset, p_since,
+                                         p_until, p_desc, p_group, p_limit, p_offset, p_status, p_now, NULL);
 $$;
 
 CREATE OR REPLACE FUNCTION queen.messages_list_v1(

@@ -19,6 +19,13 @@
 --   Called by GET /api/v1/traces/by-name/{name}: newest first, created in [from, to) (NULL = open):
 --   {"traceName","traces":[{... as above, "partitionId","queue","partition","transactionId"}],
 --   "total","limit","offset"}. Cost: a range scan of trace_names' primary key.
+-- queen.traces_for_message_v2(tenant, partition_id, transaction_id, limit, offset, max_bytes) -> jsonb
+-- queen.traces_by_name_v2(tenant, name, from, to, limit, offset, max_bytes) -> jsonb
+--   Called by the same routes: as v1, and the page stops at the answer budget (queen_pg/engine/
+--   answers.py): a trace is shown only while the JSON text of the traces before it is under max_bytes
+--   (the first always; NULL = no limit); the v1 are v2 with no budget, kept one release for a rolling
+--   deploy. Each row of the page is measured (its data's text, one row at a time); only the rows
+--   within the budget are built into the answer.
 -- queen.trace_names_v1(tenant, search, limit, offset) -> jsonb
 --   Called by GET /api/v1/traces/names: {"names":[{"name","count","lastSeen"}],"total","limit",
 --   "offset"}, by name; search = case-insensitive substring. Cost: a scan of trace_names' primary key
@@ -68,8 +75,8 @@ LANGUAGE sql STABLE AS $$
         'traceNames', to_jsonb(t.trace_names), 'data', t.data, 'createdAt', queen._iso_utc(t.created_at))
 $$;
 
-CREATE OR REPLACE FUNCTION queen.traces_for_message_v1(
-    p_tenant text, p_partition_id bigint, p_txn text, p_limit integer, p_offset integer)
+CREATE OR REPLACE FUNCTION queen.traces_for_message_v2(
+    p_tenant text, p_partition_id bigint, p_txn text, p_limit integer, p_offset integer, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     WITH p AS (
@@ -79,21 +86,36 @@ LANGUAGE sql STABLE AS $$
     ), m AS (
         SELECT t FROM queen.traces t WHERE t.partition_id = p_partition_id AND t.transaction_id = p_txn
     ), page AS (
-        SELECT (m.t).id AS id, (m.t).created_at AS created_at, queen._trace_doc(m.t) AS doc
+        SELECT (m.t).id AS id, (m.t).created_at AS created_at, m.t
           FROM m ORDER BY (m.t).created_at, (m.t).id
          LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)
+    ), sized AS (
+        SELECT page.*, coalesce(sum(octet_length((page.t).data::text) + 256)
+                                    OVER (ORDER BY page.created_at, page.id
+                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS bytes_before
+          FROM page
     )
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM p) THEN jsonb_build_object('notFound', 'partition') ELSE
            jsonb_build_object(
                'partitionId', p_partition_id::text, 'transactionId', p_txn,
                'queue', (SELECT p.queue FROM p), 'partition', (SELECT p.name FROM p),
                'total', (SELECT count(*) FROM m), 'limit', p_limit, 'offset', p_offset,
-               'traces', coalesce((SELECT jsonb_agg(page.doc ORDER BY page.created_at, page.id) FROM page),
+               'traces', coalesce((SELECT jsonb_agg(queen._trace_doc(sized.t) ORDER BY sized.created_at, sized.id)
+                                     FROM sized
+                                    WHERE p_max_bytes IS NULL OR sized.bytes_before < p_max_bytes),
                                   '[]'::jsonb)) END
 $$;
 
-CREATE OR REPLACE FUNCTION queen.traces_by_name_v1(
-    p_tenant text, p_name text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer)
+CREATE OR REPLACE FUNCTION queen.traces_for_message_v1(
+    p_tenant text, p_partition_id bigint, p_txn text, p_limit integer, p_offset integer)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen.traces_for_message_v2(p_tenant, p_partition_id, p_txn, p_limit, p_offset, NULL)
+$$;
+
+CREATE OR REPLACE FUNCTION queen.traces_by_name_v2(
+    p_tenant text, p_name text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer,
+    p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     WITH m AS (
@@ -103,17 +125,32 @@ LANGUAGE sql STABLE AS $$
     ), page AS (
         SELECT m.* FROM m ORDER BY m.created_at DESC, m.trace_id DESC
          LIMIT greatest(p_limit, 0) OFFSET greatest(p_offset, 0)
+    ), sized AS (
+        SELECT page.created_at, page.trace_id, t, lp.name AS pname, q.name AS qname,
+               coalesce(sum(octet_length(t.data::text) + 256)
+                            OVER (ORDER BY page.created_at DESC, page.trace_id DESC
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS bytes_before
+          FROM page
+          JOIN queen.traces t ON t.id = page.trace_id
+          JOIN queen.log_partitions lp ON lp.id = t.partition_id
+          JOIN queen.queues q ON q.id = lp.queue_id
     )
     SELECT jsonb_build_object(
         'traceName', p_name, 'total', (SELECT count(*) FROM m), 'limit', p_limit, 'offset', p_offset,
         'traces', coalesce((
-            SELECT jsonb_agg(queen._trace_doc(t) || jsonb_build_object(
-                       'partitionId', t.partition_id::text, 'transactionId', t.transaction_id,
-                       'queue', q.name, 'partition', lp.name) ORDER BY page.created_at DESC, page.trace_id DESC)
-              FROM page
-              JOIN queen.traces t ON t.id = page.trace_id
-              JOIN queen.log_partitions lp ON lp.id = t.partition_id
-              JOIN queen.queues q ON q.id = lp.queue_id), '[]'::jsonb))
+            SELECT jsonb_agg(queen._trace_doc(sized.t) || jsonb_build_object(
+                       'partitionId', (sized.t).partition_id::text, 'transactionId', (sized.t).transaction_id,
+                       'queue', sized.qname, 'partition', sized.pname)
+                   ORDER BY sized.created_at DESC, sized.trace_id DESC)
+              FROM sized
+             WHERE p_max_bytes IS NULL OR sized.bytes_before < p_max_bytes), '[]'::jsonb))
+$$;
+
+CREATE OR REPLACE FUNCTION queen.traces_by_name_v1(
+    p_tenant text, p_name text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT queen.traces_by_name_v2(p_tenant, p_name, p_from, p_to, p_limit, p_offset, NULL)
 $$;
 
 CREATE OR REPLACE FUNCTION queen.trace_names_v1(p_tenant text, p_search text, p_limit integer, p_offset integer)

@@ -80,14 +80,16 @@ export function Json({ value, short }) {
   return html`<pre class="json">${text}</pre>`;
 }
 
-// Offset paging: `total` known (most list routes) or unknown (keyset pages pass hasNext).
-export function Pager({ offset, limit, total, hasNext, onPage }) {
-  const last = total !== undefined ? Math.min(offset + limit, total) : offset + limit;
-  const next = total !== undefined ? offset + limit < total : hasNext;
+// Offset paging: `total` known (most list routes) or unknown (keyset pages pass hasNext). A page that
+// the answer budget stopped early carries nextOffset: the next page starts there, not at offset + limit.
+export function Pager({ offset, limit, total, hasNext, nextOffset, onPage }) {
+  const end = nextOffset ?? offset + limit;
+  const last = total !== undefined ? Math.min(end, total) : end;
+  const next = total !== undefined ? end < total : hasNext;
   return html`<div class="pager">
     <button disabled=${offset <= 0} onClick=${() => onPage(Math.max(0, offset - limit))}>‹ Prev</button>
     <span>${total === 0 ? 'none' : `${offset + 1}–${last}${total !== undefined ? ` of ${fmt.n(total)}` : ''}`}</span>
-    <button disabled=${!next} onClick=${() => onPage(offset + limit)}>Next ›</button>
+    <button disabled=${!next} onClick=${() => onPage(end)}>Next ›</button>
   </div>`;
 }
 

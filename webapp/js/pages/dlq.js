@@ -46,6 +46,6 @@ export function DeadLetters({ query, nav }) {
         <td>${m.data === undefined || m.data === null ? html`<span class="muted">(being copied)</span>` : html`<${Json} value=${m.data} short />`}</td>
         <td>${!a.readOnly && html`<button class="small" data-testid="dlq-requeue" onClick=${() => requeue([m])}>Requeue</button>`}</td></tr>`)}</tbody></table>
       ${d && rows.length === 0 && html`<${Empty}>No dead letters. Good.</${Empty}>`}
-      ${d && html`<${Pager} offset=${offset} limit=${PAGE} total=${d.total} onPage=${(o) => { setPicked(new Set()); nav({ offset: o }); }} />`}
+      ${d && html`<${Pager} offset=${offset} limit=${PAGE} total=${d.total} nextOffset=${d.nextOffset} onPage=${(o) => { setPicked(new Set()); nav({ offset: o }); }} />`}
     </div>`;
 }

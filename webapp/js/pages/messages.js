@@ -56,7 +56,7 @@ export function Messages({ query, nav }) {
         ${query.consumerGroup && html`<td><span class=${`badge state-${m.status}`}>${m.status}</span></td>`}
         <td><${Json} value=${m.data} short /></td></tr>`)}</tbody></table>
       ${d && rows.length === 0 && html`<${Empty}>No message${status ? ` ${status} for ${query.consumerGroup}` : ' on this page'}.</${Empty}>`}
-      ${d && html`<${Pager} offset=${offset} limit=${PAGE} total=${d.total} onPage=${(o) => nav({ offset: o })} />`}
+      ${d && html`<${Pager} offset=${offset} limit=${PAGE} total=${d.total} nextOffset=${d.nextOffset} onPage=${(o) => nav({ offset: o })} />`}
     </div>`}`;
 }
 

@@ -40,7 +40,7 @@ export function Traces({ query, nav }) {
           ${!d ? html`<${Empty}>Pick a name, or name a message.</${Empty}>` : html`
             <${Timeline} data=${d} />
             ${query.txn && !name && html`<div class="small"><a href=${link(`/messages/${enc(query.pid)}/${enc(query.txn)}`)}>open the message</a></div>`}
-            <${Pager} offset=${offset} limit=${PAGE} total=${d.total} onPage=${(o) => nav({ offset: o })} />`}
+            <${Pager} offset=${offset} limit=${PAGE} total=${d.total} nextOffset=${d.nextOffset} onPage=${(o) => nav({ offset: o })} />`}
         </div>
       </div>
     </div>`;
