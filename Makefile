@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-run
 TSTAMP := $(VENV)/.installed-test
-# make run: 2 workers won every paired run on the 2-core box (benchmarks/results-workers.json; README)
+# make run: 2 workers won every paired run on the 2-core box (benchmarks/results/2026-12-02-929c557-workers.json; docs/benchmarks.md)
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
@@ -37,19 +37,19 @@ lint: $(TSTAMP) ## ruff and mypy
 	$(BIN)/ruff check queen_pg tests migrations benchmarks
 	$(BIN)/mypy
 
-bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results.json; BENCH_ARGS="--help"
+bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results/<date>-<commit>.json; BENCH_ARGS="--help"
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 fresh: ## the CI fresh-machine check: wheel -> empty venv -> serve outside the tree -> queen-mq push/pop (~1 min)
 	bash .ci/fresh_machine.sh
 
-bench-status: $(TSTAMP) ## /status, /resources/overview, /metrics, /status/analytics, lagging at 1k, 10k, 100k queues (~3 min): benchmarks/results-status.json
+bench-status: $(TSTAMP) ## /status, /resources/overview, /metrics, /status/analytics, lagging at 1k, 10k, 100k queues (~3 min): benchmarks/results/<date>-<commit>-status.json
 	$(BIN)/python -m benchmarks.status_scale $(BENCH_ARGS)
 
-bench-workers: $(TSTAMP) ## the JSON suite with --workers 1, then 2 (~6 min): benchmarks/results-workers.json
+bench-workers: $(TSTAMP) ## the JSON suite with --workers 1, then 2 (~6 min): benchmarks/results/<date>-<commit>-workers.json
 	$(BIN)/python -m benchmarks.workers $(BENCH_ARGS)
 
-bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed replicas, ~3 min): benchmarks/results-mesh.json
+bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed replicas, ~3 min): benchmarks/results/<date>-<commit>-mesh.json
 	$(BIN)/python -m benchmarks.mesh_idle $(BENCH_ARGS)
 
 chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -9 and a PostgreSQL restart, zero lost

@@ -1,4 +1,4 @@
-"""The load generator's binary wire (WIRE.md §3), doing per request what the official client does with
+"""The load generator's binary wire (docs/wire.md), doing per request what the official client does with
 ``binary_push=True, push_compression=True`` (frame every message with a fresh version-7 id, compress the
 group once at zstd level 1) and with ``framed_pop=True`` (decompress each record, walk its frames). Only
 the standard library, orjson and zstandard."""

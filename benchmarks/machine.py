@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "asyncpg", "orjson", "zstandard", "pydantic")
 PG_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "max_connections", "wal_level")
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _cpu_model() -> str:
@@ -56,6 +58,18 @@ def git_state(tree: Path = ROOT) -> tuple[str | None, bool | None]:
     """A source tree's commit and whether it has uncommitted changes to tracked files (None: unknown)."""
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=tree)
     return _git("rev-parse", "--short", "HEAD", cwd=tree), (bool(status) if status is not None else None)
+
+
+def result_path(kind: str = "", tree: Path = ROOT) -> Path:
+    """Where a run writes its results: ``benchmarks/results/<date>-<commit>[-dirty][-<kind>].json``, the
+    UTC date of the run and the short commit of the tree measured (``-dirty`` when it had uncommitted
+    changes), so a file says what it measured and a new run never overwrites another day's or commit's.
+    ``kind`` tells the tools apart (``workers``, ``mesh``, ``status``); the suite (``make bench``) has none."""
+    commit, dirty = git_state(tree)
+    parts = [time.strftime("%Y-%m-%d", time.gmtime()), commit or "nocommit"]
+    parts += ["dirty"] if dirty else []
+    parts += [kind] if kind else []
+    return RESULTS / ("-".join(parts) + ".json")
 
 
 def _version(pkg: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Issue 13's figures: idle long-polls and the cross-replica wake (``make bench-mesh``).
+"""Idle long-polls and the cross-replica wake (``make bench-mesh``).
 
 Two replicas on one embedded PostgreSQL, meshed: A (``BrokerProcess``, owns the database) and B
 (``queen-pg serve --database-url`` of A's). Then:
@@ -17,7 +17,7 @@ Two replicas on one embedded PostgreSQL, meshed: A (``BrokerProcess``, owns the 
    adds after the push committed; negative when the woken pop's answer beat the push's own).
 
 Targets: CPU <= 5 % of a core, <= 50 xact/s, local delivery p50 <= 10 ms; wake p50 <= 5 ms, p99 <= 20 ms.
-Writes ``benchmarks/results-mesh.json``.
+Writes ``benchmarks/results/<date>-<commit>-mesh.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import httpx
 
 from benchmarks.broker import BrokerProcess, free_port, wait_healthy
 from benchmarks.httpclient import Conn, HttpError, raw_request
-from benchmarks.machine import ROOT, machine_info
+from benchmarks.machine import ROOT, machine_info, result_path
 from benchmarks.procstat import TICK, _all_stats, machine_cpu, tree_cpu
 from benchmarks.profiling import Profiler
 
@@ -257,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=1000)
     p.add_argument("--local-trials", type=int, default=50)
     p.add_argument("--profile", type=Path, default=None, help="py-spy replica B (idle window, pushes) into this dir")
-    p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results-mesh.json")
+    p.add_argument("--output", type=Path, help="[benchmarks/results/<date>-<commit>-mesh.json]")
     p.add_argument("--b-log", type=Path, default=Path("/tmp/queen-bench-replica-b.log"), help="replica B log")
     args = p.parse_args(argv)
+    output = args.output or result_path("mesh")
     pa, pb = free_port(), free_port()
     peers = f"127.0.0.1:{pa},127.0.0.1:{pb}"
     mesh = {"QUEEN_MESH_PEERS": peers, "QUEEN_MESH_SECRET": SECRET}
@@ -288,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                         "gc_thresholds": "10000,10,100", "client": "raw HTTP/1.1, one connection per consumer",
                         "cpu": os.cpu_count()}  # fmt: skip
         out["machine"] = machine_info()  # the commit and the machine this run measured
-        args.output.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.output}")
+        output.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {output}")
     finally:
         b.send_signal(signal.SIGTERM)
         b.wait(30)

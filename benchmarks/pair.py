@@ -4,8 +4,9 @@ same request between them (A B, B A, A B, ...), so a slower minute lands on both
 2-core VM the same commit's figures drift by 30-40 % between sittings of ``make bench``, which hides
 any change worth less than that; the block-by-block comparison does not.
 
-    python -m benchmarks.pair --a /work/wt/base                    # A = that tree (its .venv), B = this one
-    python -m benchmarks.pair --a ../old --request miss --blocks 10 --per-block 800 --json out.json
+    python -m benchmarks.pair --a /path/to/old-tree                # A = that tree (its .venv), B = this one
+    python -m benchmarks.pair --a /path/to/old-tree --request miss --blocks 10 --per-block 800 \
+        --json benchmarks/results/<date>-<commit>-pair.json
 
 Per side it reports the broker's CPU per request (its Python processes, from /proc; PostgreSQL's
 apart), the median latency, and in how many blocks B was cheaper and faster. The requests:
@@ -116,9 +117,10 @@ def report(res: dict[str, Any]) -> str:
 
 
 def _tree(path: Path) -> dict[str, Any]:
-    """A side's source tree, its commit and whether it had uncommitted changes."""
+    """A side's source tree: its commit and whether it had uncommitted changes (not its path, which is
+    this machine's and says nothing about the code)."""
     commit, dirty = git_state(path)
-    return {"path": str(path.resolve()), "commit": commit, "dirty": dirty}
+    return {"commit": commit, "dirty": dirty}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,7 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--request", default="push,miss", help=f"comma-separated, of {', '.join(REQUESTS)} [push,miss]")
     ap.add_argument("--blocks", type=int, default=10, help="rounds (each side runs one block per round) [10]")
     ap.add_argument("--per-block", type=int, default=800, help="sequential requests per block [800]")
-    ap.add_argument("--json", type=Path, help="also write the results (with the machine and both commits) here")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        help="also write the results (with the machine and both commits) here, e.g. "
+        "benchmarks/results/<date>-<commit>-pair.json",
+    )
     args = ap.parse_args(argv)
     kinds = [k for k in args.request.split(",") if k]
     unknown = [k for k in kinds if k not in REQUESTS]

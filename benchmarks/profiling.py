@@ -55,8 +55,11 @@ def category(path: str) -> str:
     return f"other: {m.group(1) if m else path}"
 
 
+_CHECKOUT = str(Path(__file__).resolve().parent.parent) + "/"  # this repository, wherever it is checked out
+
+
 def _short(path: str) -> str:
-    for marker in ("site-packages/", "/work/main/", "lib/python3."):
+    for marker in ("site-packages/", _CHECKOUT, "lib/python3."):
         if marker in path:
             return path.split(marker, 1)[1]
     return path

@@ -1,4 +1,4 @@
-"""``make bench``: start a broker, run the scenarios of issue 5, print a table, write results.json.
+"""``make bench``: start a broker, run the scenarios, print a table, write a results file.
 
     python -m benchmarks.run [--scenarios a,b] [--runs 3] [--duration 5] [--broker-url URL] [--profile KEYS]
 
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.broker import BenchError, BrokerProcess, wait_healthy
-from benchmarks.machine import ROOT, loadavg, machine_info, postgres_info
+from benchmarks.machine import ROOT, loadavg, machine_info, postgres_info, result_path
 from benchmarks.procstat import anon_mb, broker_processes, workers
 from benchmarks.profiling import Profiler
 from benchmarks.scenarios import BY_KEY, SCENARIOS, Context, Metric, Scenario
 
-DEFAULT_OUTPUT = ROOT / "benchmarks" / "results.json"
+DEFAULT_OUTPUT = "benchmarks/results/<date>-<commit>.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="measured runs per scenario; the median is quoted [3]")
     p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run [5]")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measured window [1]")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"results file [{DEFAULT_OUTPUT}]")
+    p.add_argument("--output", type=Path, help=f"results file [{DEFAULT_OUTPUT}]")
     p.add_argument("--broker-url", help="use this running broker instead of starting one (e.g. http://host:6632)")
     p.add_argument("--broker-pid", type=int, help="with --broker-url: its pid, for CPU shares and memory")
     p.add_argument("--workers", type=int, help="passed to `queen-pg serve --workers` (started broker only)")
@@ -228,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected = [BY_KEY[k] for k in keys]
     selected.sort(key=lambda s: s.single_reading)  # memory last: after the load
     started = time.monotonic()
+    output = args.output or result_path()  # named when the run starts: its date, the commit it measures
     results: dict[str, Any] = {"machine": machine_info(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                "options": {"runs": args.runs, "duration_s": args.duration, "warmup_s": args.warmup,
                                            "workers": args.workers, "env": args.env, "pop_prefill": args.pop_prefill,
@@ -267,10 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["scenarios"] = rows
     results["machine"]["loadavg_end"] = loadavg()
     results["elapsed_s"] = round(time.monotonic() - started, 1)
-    write_results(args.output, results)
+    write_results(output, results)
     print()
     print(table(rows))
-    print(f"\nwrote {args.output} in {results['elapsed_s']:.0f} s")
+    print(f"\nwrote {output} in {results['elapsed_s']:.0f} s")
     return 1 if any(r["error"] for r in rows) else 0
 
 

@@ -1,10 +1,10 @@
-"""The scenarios of issue 5 and their targets. One run of a scenario calls the load generator once or
+"""The benchmark scenarios and their targets. One run of a scenario calls the load generator once or
 twice and returns the values its metrics read; ``run.py`` repeats runs and quotes medians.
 
-Shapes (the issue names the counts; the rest is chosen here and recorded in results.json):
+Shapes (the targets name the counts; the rest is chosen here and recorded in the results file):
 - push, 100 items/request, 32 clients: each client pushes to its own partition of one queue.
 - push, 1 item/request, 128 clients: each client pushes to its own partition of one queue.
-- binary push / framed pop + ack: the same shapes as push 100 and pop + ack, on the binary wire (WIRE §3)
+- binary push / framed pop + ack: the same shapes as push 100 and pop + ack, on the binary wire (docs/wire.md)
   as the official client's binary_push + push_compression / framed_pop send and read it; the load
   generator frames, mints ids and compresses every request, and decompresses every answer, as that client.
 - pop + ack: 10 partitions pre-filled with 100 messages per push (100k in all, not timed); 10 queue-mode
@@ -15,7 +15,7 @@ Shapes (the issue names the counts; the rest is chosen here and recorded in resu
   total deliveries per second of the 10 groups over the single group's.
 - 10,000 partitions: 32 clients push one item per request round-robin over 10,000 existing partitions
   (one message each made in set-up), vs the same over 10 partitions; the metric is the ratio in %.
-- partition scale (issue 14 §3): queues with 1, 1,000, 10,000 and 100,000 pending partitions whose
+- partition scale: queues with 1, 1,000, 10,000 and 100,000 pending partitions whose
   queue-mode group exists before they are filled (a running consumer: its cursors are woken by the
   pushes); one client pops sequentially naming no partition (batch 1, autoAck, so nothing stays leased
   and each pop moves one cursor); the metric is the p50 of those pops, with CPU µs per pop; then 200
@@ -256,7 +256,7 @@ def scale_setup(ctx: Context) -> None:
         q = ctx.shared[f"pop{n}"] = ctx.queue(f"scale-pop{n}-")
         _with_group(ctx, q)
         # small segments (≤ 10 messages where a partition holds many): a pop of 1 then costs the claim,
-        # not the decoding of a large segment's other frames (issue 14 §2's subject, not this one's)
+        # not the decoding of a large segment's other frames (the segment cache's subject, not this one's)
         _fill_progress(ctx, q, n, max(1, -(-SCALE_MESSAGES // n)), per_req=min(1000, 10 * n))
     for n in (1, 10_000):
         q = ctx.shared[f"push{n}"] = ctx.queue(f"scale-push{n}-")

@@ -1,4 +1,4 @@
-"""Status at scale (issue 14 §3): ``/api/v1/status``, ``/api/v1/resources/overview``, ``/metrics``,
+"""Status at scale: ``/api/v1/status``, ``/api/v1/resources/overview``, ``/metrics``,
 ``/api/v1/status/analytics`` and ``/api/v1/consumer-groups/lagging`` at 1,000, 10,000 and 100,000 queues.
 
 One broker (``queen-pg serve``, its own embedded PostgreSQL). Queues are made straight in SQL in
@@ -9,7 +9,7 @@ seconds; its cost is reported), then N sequential GETs of each route (p50/p99 wa
 clock; broker and PostgreSQL CPU µs per request from /proc), the byte size of ``/metrics`` and of one
 ``/metrics/queues`` page; ``/status/analytics`` (the last hour, whole tenant) and
 ``/consumer-groups/lagging?minLagSeconds=60`` (one page of 100 of the 10 % lagging) as the dashboard
-polls them. Writes ``benchmarks/results-status.json`` with the machine and git commit.
+polls them. Writes ``benchmarks/results/<date>-<commit>-status.json`` with the machine and git commit.
 
     make bench-status                      # 1k, 10k, 100k
     make bench-status BENCH_ARGS="--sizes 1000,5000 --requests 20"
@@ -29,10 +29,9 @@ import asyncpg
 import httpx
 
 from benchmarks.broker import BrokerProcess
-from benchmarks.machine import ROOT, loadavg, machine_info
+from benchmarks.machine import loadavg, machine_info, result_path
 from benchmarks.procstat import CpuWindow
 
-OUT = ROOT / "benchmarks" / "results-status.json"
 BATCH = 5000
 
 MAKE_SQL = """
@@ -131,13 +130,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,100000", help="queue counts, ascending")
     ap.add_argument("--requests", type=int, default=50, help="GETs per route and size")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, help="[benchmarks/results/<date>-<commit>-status[-nojobs].json]")
     ap.add_argument("--no-jobs", action="store_true", help="background jobs off: the reads alone")
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.sizes.split(","))
+    out = a.out or result_path("status-nojobs" if a.no_jobs else "status")
     res = asyncio.run(run(sizes, a.requests, not a.no_jobs))
-    a.out.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {a.out}")
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

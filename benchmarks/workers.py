@@ -1,9 +1,9 @@
-"""``--workers`` 1 vs 2 on this machine (issue 14 §2): the JSON suite (push 100, push 1, pop + ack,
+"""``--workers`` 1 vs 2 on this machine: the JSON suite (push 100, push 1, pop + ack,
 latency) against a broker started with ``queen-pg serve --workers 1``, then one with ``--workers 2``,
 both written to one results file with each run's CPU µs per message (broker, PostgreSQL) and the
 machine's load, so the better default for ``make run`` can be read off one file.
 
-    python -m benchmarks.workers [--runs 3] [--duration 5] [--output benchmarks/results-workers.json]
+    python -m benchmarks.workers [--runs 3] [--duration 5] [--output benchmarks/results/<date>-<commit>-workers.json]
 
 Each configuration is a plain ``benchmarks.run`` (its own broker and embedded PostgreSQL); the
 comparison quotes, per scenario, the medians and the ratio 2 workers / 1 worker. On a loaded machine the
@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import ROOT, loadavg, machine_info
+from benchmarks.machine import ROOT, loadavg, machine_info, result_path
 from benchmarks.run import write_results
 
 SUITE = "push_batch100,push_single,pop_ack,latency"
-DEFAULT_OUTPUT = ROOT / "benchmarks" / "results-workers.json"
 
 
 def _figures(run: dict[str, Any]) -> dict[str, Any]:
@@ -64,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--scenarios", default=SUITE)
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--output", type=Path, help="[benchmarks/results/<date>-<commit>-workers.json]")
     args = p.parse_args(argv)
+    output = args.output or result_path("workers")
     results: dict[str, Any] = {"machine": machine_info(), "scenarios": args.scenarios, "runs": args.runs,
                                "duration_s": args.duration, "configs": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="queen-workers-") as tmp:
@@ -81,10 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["configs"][f"workers_{n}"] = json.loads(out.read_text())
     results["comparison"] = compare(results["configs"]["workers_1"], results["configs"]["workers_2"])
     results["machine"]["loadavg_end"] = loadavg()
-    write_results(args.output, results)
+    write_results(output, results)
     for key, c in results["comparison"].items():
         print(f"{key:16} 2 workers / 1: {c['ratio_2_over_1']}")
-    print(f"wrote {args.output}")
+    print(f"wrote {output}")
     return 0
 
 

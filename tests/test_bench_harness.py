@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from benchmarks import pair
 from benchmarks import run as bench
+from benchmarks.machine import RESULTS, git_state, result_path
 from benchmarks.profiling import summarize
 from benchmarks.scenarios import Metric
 from tests.conftest import Broker, free_port
@@ -138,3 +140,13 @@ def test_profile_summary_reads_py_spy_collapsed_stacks(tmp_path: Path) -> None:
     assert cats["asyncpg (Cython protocol: encode arguments, send, decode rows; pool)"] == 75.0
     assert cats["queen_pg engine/codec.py"] == 25.0
     assert dict(s["inclusive"])["push (queen_pg/api/routes_data.py)"] == 100.0
+
+
+def test_a_run_is_named_by_its_date_and_commit() -> None:
+    """New results land in benchmarks/results/<date>-<commit>[-dirty][-<kind>].json: the file says what it measured."""
+    commit, dirty = git_state()
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    stem = f"{date}-{commit}" + ("-dirty" if dirty else "")
+    assert result_path() == RESULTS / f"{stem}.json"
+    assert result_path("mesh") == RESULTS / f"{stem}-mesh.json"
+    assert RESULTS.is_dir() and all(p.name[:10].count("-") == 2 for p in RESULTS.glob("*.json"))
