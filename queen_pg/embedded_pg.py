@@ -52,6 +52,7 @@ _SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
+_NOT_INHERITED = ("PG", "QUEEN_", "JWT_", "DATABASE_URL")  # environment variables the server never gets
 Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
 
 
@@ -361,7 +362,9 @@ class EmbeddedPostgres:
             _check_search(self.data_dir, acct)
 
     def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+        # none of the broker's settings: its secrets (keys, JWT secret, URLs) would be readable in
+        # /proc/<pid>/environ by the account PostgreSQL runs as
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)} | {"LC_ALL": "C"}
         with open(self.log_path, "ab") as logf:  # the child keeps its own copy of the descriptor
             return subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=self.data_dir,
