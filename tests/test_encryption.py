@@ -576,6 +576,14 @@ def test_a_configured_key_never_creates_the_key_file(tmp_path: Path) -> None:
     assert old == K2 and stat.S_IMODE((tmp_path / "encryption_key").stat().st_mode) == 0o600
     assert crypto.embedded_keys("", K2, tmp_path) == (generated, K2)  # once
     assert crypto.embedded_keys(K1, K2, tmp_path) == (K1, f"{K2},{generated}")  # the file's key stays readable
+    (tmp_path / "encryption_key").chmod(0o644)
+    assert crypto.embedded_keys("", "", tmp_path) == (generated, "")
+    assert stat.S_IMODE((tmp_path / "encryption_key").stat().st_mode) == 0o600  # set back
     (tmp_path / "encryption_key").write_text("not-a-key\n")
     with pytest.raises(ValueError, match="encryption_key must be 64 hex characters"):
         crypto.embedded_keys("", "", tmp_path)
+    (tmp_path / "encryption_key").unlink()
+    (tmp_path / "encryption_key").symlink_to(tmp_path / "elsewhere")  # planted: never followed
+    with pytest.raises(ValueError, match="must be a regular file"):
+        crypto.embedded_keys("", "", tmp_path)
+    assert not (tmp_path / "elsewhere").exists()

@@ -265,25 +265,25 @@ def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:
     """(QUEEN_ENCRYPTION_KEY, QUEEN_ENCRYPTION_KEYS_OLD) for a broker on the embedded database in
     ``data_dir``. No key configured: the data dir's key, generated on first use (64 hex, 0600). A
     configured key wins and no file is created; a file an earlier run generated, when it differs,
-    joins the old keys (what it sealed stays readable). ValueError names a malformed file."""
+    joins the old keys (what it sealed stays readable). ValueError names a malformed file, or one
+    this account does not own (the data dir belongs to the ``postgres`` account on a root install:
+    a key it planted would be one it knows)."""
     path = data_dir / KEY_FILE
     if key.strip():
-        try:
-            kept = path.read_text().strip()
-        except FileNotFoundError:
+        kept = _read_key_file(path)
+        if kept is None:
             return key, old
-        parse_key(kept, str(path))
         olds = [k.strip() for k in old.split(",") if k.strip()]
         if kept.lower() == key.strip().lower() or kept.lower() in (k.lower() for k in olds):
             return key, old
         return key, ",".join([*olds, kept])
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        os.chmod(path, 0o600)
-        kept = path.read_text().strip()
-        parse_key(kept, str(path))
+        kept = _read_key_file(path)
+        if kept is None:  # gone in between: the next start makes one
+            raise ValueError(f"{path} vanished while it was read") from None
         return kept, old
     generated = secrets.token_hex(32)
     with os.fdopen(fd, "w") as f:
@@ -291,3 +291,22 @@ def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:
         f.flush()
         os.fsync(f.fileno())
     return generated, old
+
+
+def _read_key_file(path: Path) -> str | None:
+    """The key in ``path`` (None: no file); ValueError unless it is a regular file of this account
+    holding 64 hex characters. Its mode is set back to 0600."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise ValueError(f"{path} must be a regular file ({exc.strerror})") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{path} is owned by uid {st.st_uid}, not by this account (uid {os.geteuid()})")
+        os.fchmod(f.fileno(), 0o600)
+        kept = f.read().strip()
+    parse_key(kept, str(path))
+    return kept
