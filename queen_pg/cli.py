@@ -158,7 +158,14 @@ def serve(settings: Settings) -> int:
     pg = None
     if not settings.database_url:
         from queen_pg.embedded_pg import EmbeddedPostgres
+        from queen_pg.security.crypto import embedded_keys
 
+        try:  # encrypted queues work out of the box: the data dir's key unless one is configured
+            key, old = embedded_keys(settings.encryption_key, settings.encryption_keys_old, settings.data_dir.resolve())
+        except ValueError as exc:
+            print(f"queen-pg: invalid encryption key file: {exc}", file=sys.stderr)
+            return 2
+        settings = settings.model_copy(update={"encryption_key": key, "encryption_keys_old": old})
         pg = EmbeddedPostgres(
             data_dir=settings.data_dir.resolve(),
             port=settings.pg_port,

@@ -3,10 +3,18 @@
 Roles and authentication: ``user`` (``queen``) is the bootstrap superuser; it is used only at start-up,
 over the Unix socket, to create and hand over ``app_user`` (``queen_app``: LOGIN, no SUPERUSER,
 CREATEDB or CREATEROLE), which owns the ``queen`` database and every object of the broker's schema.
-``dsn()`` is the broker's: ``app_user``. The Unix socket (in a 0700 directory only the server's
-account and root can enter) trusts; TCP (``tcp=True``, 127.0.0.1 only) accepts ``app_user`` alone,
-with scram-sha-256 and a generated password kept in ``data_dir/pg_password`` (mode 0600), never
-trust and never the superuser. ``pg_hba.conf`` is rewritten at every start.
+``dsn()`` is the broker's: ``app_user``. Every login wants its password, scram-sha-256, never trust:
+the Unix socket (in a 0700 directory only the server's account and root can enter) admits both roles,
+TCP (``tcp=True``, 127.0.0.1 only) ``app_user`` alone. The passwords are generated once and kept in
+``data_dir``, mode 0600, owned by the broker's account (so not readable by the ``postgres`` account
+when the broker runs as root): ``pg_password`` (``app_user``) and ``pg_superuser_password``; the DSNs
+name ``data_dir/pgpass`` (libpq's password file, both roles, rewritten at every start) instead of
+carrying a password. ``pg_hba.conf`` is rewritten at every start.
+
+The superuser gets its password at initdb (``--pwfile``). A data dir made before it had one (or whose
+initdb was interrupted before the password file was written) is upgraded at start: ``pg_hba.conf``
+trusts the superuser on the socket for that start only, the broker sets the password, saves its file,
+rewrites ``pg_hba.conf`` without trust and reloads, and waits until a password-less login is refused.
 
 PostgreSQL refuses to run as root, so as root the server runs as the unprivileged ``postgres``
 account. It gets ``PR_SET_PDEATHSIG=SIGINT`` (fast shutdown), so it stops when the *thread* that
@@ -44,6 +52,7 @@ _SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
+_NOT_INHERITED = ("PG", "QUEEN_", "JWT_", "DATABASE_URL")  # environment variables the server never gets
 Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
 
 
@@ -193,6 +202,25 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
+def _write_secret(path: Path, text: str, acct: Account = None) -> None:
+    """``text`` into ``path``, mode 0600 (owned by ``acct`` when given), replaced atomically: a
+    reader never sees a partial file."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    if acct is not None:
+        os.chown(tmp, *acct)
+    os.replace(tmp, path)
+
+
+def _verifier(conn: Any, user: str, password: str) -> str:
+    """The SCRAM-SHA-256 verifier of ``password``, computed by libpq: the plaintext is never sent."""
+    raw: bytes = conn.pgconn.encrypt_password(password.encode(), user.encode(), b"scram-sha-256")
+    return raw.decode()
+
+
 @dataclass
 class EmbeddedPostgres:
     data_dir: Path
@@ -234,8 +262,17 @@ class EmbeddedPostgres:
     def password_path(self) -> Path:
         return self.data_dir / "pg_password"
 
+    @property
+    def superuser_password_path(self) -> Path:
+        return self.data_dir / "pg_superuser_password"
+
+    @property
+    def passfile_path(self) -> Path:
+        """libpq's password file that the DSNs name: a line for each role (``*`` host, port, database)."""
+        return self.data_dir / "pgpass"
+
     def dsn(self, database: str | None = None) -> str:
-        """The broker's DSN: ``app_user`` over the Unix socket (no password needed there)."""
+        """The broker's DSN: ``app_user`` over the Unix socket, its password read from ``passfile_path``."""
         return self._dsn(self.app_user, database)
 
     def admin_dsn(self, database: str | None = None) -> str:
@@ -244,15 +281,25 @@ class EmbeddedPostgres:
 
     def _dsn(self, user: str, database: str | None) -> str:
         db, host = quote(database or self.database, safe=""), quote(str(self.socket_dir), safe="")
-        return f"postgresql://{quote(user, safe='')}@/{db}?host={host}&port={self.port}"
+        passfile = quote(str(self.passfile_path), safe="")
+        return f"postgresql://{quote(user, safe='')}@/{db}?host={host}&port={self.port}&passfile={passfile}"
 
     def tcp_password(self) -> str:
         """``app_user``'s password for TCP connections (created on first start, mode 0600)."""
         return self.password_path.read_text().strip()
 
+    def superuser_password(self) -> str | None:
+        """The bootstrap superuser's password; None while it has none (a data dir of an older version)."""
+        try:
+            return self.superuser_password_path.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
     def psql_command(self, database: str | None = None) -> str:
+        """A shell command: psql as ``app_user``, its password from the password file."""
         sock, db = str(self.socket_dir), database or self.database
-        return shlex.join(["psql", "-h", sock, "-p", str(self.port), "-U", self.app_user, db])
+        psql = shlex.join(["psql", "-h", sock, "-p", str(self.port), "-U", self.app_user, db])
+        return f"PGPASSFILE={shlex.quote(str(self.passfile_path))} {psql}"
 
     def _ensure_password(self) -> str:
         try:
@@ -260,16 +307,24 @@ class EmbeddedPostgres:
         except FileExistsError:
             os.chmod(self.password_path, 0o600)
             return self.tcp_password()
-        password = secrets.token_urlsafe(32)
+        password = secrets.token_urlsafe(32)  # URL-safe: no ':' or '\\' to escape in the pgpass file
         with os.fdopen(fd, "w") as f:
             f.write(password + "\n")
         return password
 
-    def _write_hba(self, acct: Account) -> None:
-        """Socket: trust (the 0700 socket dir is the gate). TCP: app_user with scram only."""
+    def _write_pgpass(self, app_password: str, su_password: str | None) -> None:
+        lines = [f"*:*:*:{self.app_user}:{app_password}"]
+        if su_password is not None:
+            lines.append(f"*:*:*:{self.user}:{su_password}")
+        _write_secret(self.passfile_path, "\n".join(lines) + "\n")
+
+    def _write_hba(self, acct: Account, bootstrap: bool = False) -> None:
+        """Socket and TCP: scram-sha-256 (TCP: app_user only). ``bootstrap``: the superuser has no
+        password yet; the socket trusts it until it has one (see the module docstring)."""
         lines = [
             "# written by queen-pg at every start (queen_pg/embedded_pg.py); edits are replaced",
-            "local   all   all                          trust",
+            *([f"local   all   {self.user}   trust"] if bootstrap else []),
+            "local   all   all                          scram-sha-256",
             f"host    all   {self.app_user}   127.0.0.1/32   scram-sha-256",
             f"host    all   {self.app_user}   ::1/128        scram-sha-256",
             "host    all   all          0.0.0.0/0      reject",
@@ -307,7 +362,9 @@ class EmbeddedPostgres:
             _check_search(self.data_dir, acct)
 
     def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+        # none of the broker's settings: its secrets (keys, JWT secret, URLs) would be readable in
+        # /proc/<pid>/environ by the account PostgreSQL runs as
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)} | {"LC_ALL": "C"}
         with open(self.log_path, "ab") as logf:  # the child keeps its own copy of the descriptor
             return subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=self.data_dir,
@@ -325,11 +382,13 @@ class EmbeddedPostgres:
         if acct is not None:
             bin_dir = _reachable_bin(bin_dir, acct)
         self._prepare_dirs(acct)
+        su_password = self.superuser_password()
         if not (self.pgdata / "PG_VERSION").is_file():
-            self._initdb(bin_dir, acct, deadline)
+            su_password = self._initdb(bin_dir, acct, deadline)
             log.info("event=pg_initdb dir=%s seconds=%.3f", self.pgdata, time.monotonic() - t0)
-        self._write_hba(acct)
         password = self._ensure_password()
+        self._write_pgpass(password, su_password)
+        self._write_hba(acct, bootstrap=su_password is None)
         t1 = time.monotonic()
         args = [
             str(bin_dir / "postgres"),
@@ -357,6 +416,8 @@ class EmbeddedPostgres:
                     )
                 time.sleep(0.1)  # the previous server is still shutting down
             self._ensure_database(deadline, password)
+            if su_password is None:
+                self._secure_superuser(acct, password, deadline)
         except BaseException:
             self.stop(timeout=5.0)
             raise
@@ -368,14 +429,20 @@ class EmbeddedPostgres:
             time.monotonic() - t1,
         )
 
-    def _initdb(self, bin_dir: Path, acct: Account, deadline: float) -> None:
+    def _initdb(self, bin_dir: Path, acct: Account, deadline: float) -> str:
+        """initdb with a new superuser password (saved once initdb succeeded; an interrupted initdb
+        leaves a data dir whose superuser is upgraded like an older version's)."""
+        password = secrets.token_urlsafe(32)
+        pwfile = self.data_dir / f".initdb-pw.{os.getpid()}"  # readable by the account initdb runs as
+        _write_secret(pwfile, password + "\n", acct)
         args = [
             str(bin_dir / "initdb"),
             "-D",
             str(self.pgdata),
             "-U",
             self.user,
-            "--auth-local=trust",
+            f"--pwfile={pwfile}",
+            "--auth-local=scram-sha-256",
             "--auth-host=scram-sha-256",
             "--encoding=UTF8",
             "--locale=C",
@@ -383,15 +450,20 @@ class EmbeddedPostgres:
             *(["--no-sync"] if self.fast else []),
         ]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        proc = self._spawn(args, acct)
         try:
-            rc = proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+            proc = self._spawn(args, acct)
+            try:
+                rc = proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+        finally:
+            pwfile.unlink(missing_ok=True)
         if rc != 0:
             out = _read_from(self.log_path, offset)
             raise EmbeddedPostgresError(f"initdb failed (rc={rc}):\n{out[-3000:]}")
+        _write_secret(self.superuser_password_path, password + "\n")
+        return password
 
     def _wait_ready(self, deadline: float) -> bool:
         """True once postmaster.pid line 8 says ready; False if the child exited first."""
@@ -424,7 +496,7 @@ class EmbeddedPostgres:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(app))
             conn.execute(
                 sql.SQL("ALTER ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS "
-                        "PASSWORD {}").format(app, sql.Literal(password))
+                        "PASSWORD {}").format(app, sql.Literal(_verifier(conn, self.app_user, password)))
             )  # fmt: skip
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone():
                 conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(self.database), app))
@@ -433,6 +505,37 @@ class EmbeddedPostgres:
                 log.info("event=pg_created_database database=%s owner=%s", self.database, self.app_user)
         with psycopg.connect(self.admin_dsn(), autocommit=True, connect_timeout=timeout) as conn:
             conn.execute(sql.SQL(HAND_OVER).format(app=sql.Literal(self.app_user), su=sql.Literal(self.user)))
+
+    def _secure_superuser(self, acct: Account, app_password: str, deadline: float) -> None:
+        """Upgrade a data dir whose superuser has no password (started with ``bootstrap`` hba): set one,
+        save it, rewrite pg_hba.conf without trust, reload, and wait until the reload took effect."""
+        import psycopg
+        from psycopg import sql
+
+        assert self._proc is not None
+        timeout = max(int(deadline - time.monotonic()), 2)
+        password = secrets.token_urlsafe(32)
+        with psycopg.connect(self.admin_dsn("postgres"), autocommit=True, connect_timeout=timeout) as conn:
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(self.user), sql.Literal(_verifier(conn, self.user, password))
+                )
+            )
+        _write_secret(self.superuser_password_path, password + "\n")
+        self._write_pgpass(app_password, password)
+        self._write_hba(acct)
+        os.kill(self._proc.pid, signal.SIGHUP)  # reload pg_hba.conf (the postmaster is our child)
+        bare = {"host": str(self.socket_dir), "port": self.port, "user": self.user, "dbname": "postgres",
+                "password": "", "passfile": str(self.data_dir / "no-such-passfile"), "connect_timeout": 2}  # fmt: skip
+        while True:
+            try:
+                psycopg.connect(**bare).close()  # type: ignore[arg-type]
+            except psycopg.OperationalError:
+                break  # a login without the password is refused: the reload is in effect
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError("pg_hba.conf reload did not take effect in time")
+            time.sleep(0.01)
+        log.info("event=pg_superuser_password_set dir=%s", self.pgdata)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Fast shutdown (SIGINT) and wait; immediate shutdown, then SIGKILL, past the timeout."""

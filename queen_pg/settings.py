@@ -341,7 +341,9 @@ class Settings(BaseSettings):
         "",
         repr=False,
         description="64 hex characters (AES-256): seals the payloads of queues configured with "
-        "encryptionEnabled. Empty: encrypted queues are refused (409 encryption_key_missing).",
+        "encryptionEnabled. Empty: the embedded default (no DATABASE_URL) generates one once into "
+        "<data_dir>/encryption_key (0600); with DATABASE_URL encrypted queues are refused (409 "
+        "encryption_key_missing). A configured key wins; a generated file's key then stays readable as an old key.",
     )
     encryption_keys_old: str = Field(
         "",

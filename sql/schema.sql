@@ -289,6 +289,7 @@ CREATE TABLE IF NOT EXISTS queen.timers (
     deliver_at          timestamptz NOT NULL,
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
+    producer_sub        text,                          -- the scheduling token's sub (JWT on), the fire's producerSub
     CONSTRAINT timers_pkey PRIMARY KEY (tenant, queue, timer_key)
 );
 -- Databases made before 0.2.0 kept fired timers as tombstones (fired_at): drop them and the column
@@ -302,6 +303,16 @@ BEGIN
         DROP INDEX IF EXISTS queen.timers_fired_idx;
         DROP INDEX IF EXISTS queen.timers_due_idx;
         ALTER TABLE queen.timers DROP COLUMN fired_at;
+    END IF;
+END;
+$$;
+-- Revision 0011: the scheduler's sub (migrations/versions/0011_timers_producer_sub.py), only when missing
+-- for the same reason.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = 'queen.timers'::regclass AND attname = 'producer_sub' AND NOT attisdropped) THEN
+        ALTER TABLE queen.timers ADD COLUMN producer_sub text;
     END IF;
 END;
 $$;

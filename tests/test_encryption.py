@@ -12,9 +12,11 @@ import asyncio
 import base64
 import json
 import os
+import stat
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -24,14 +26,16 @@ import pytest
 from queen import Queen
 
 from queen_pg.db.pool import Database
+from queen_pg.embedded_pg import EmbeddedPostgres
 from queen_pg.engine import codec
 from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import QueenError
 from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.security import crypto
 from queen_pg.settings import Settings
-from tests.conftest import ROOT, Broker
+from tests.conftest import ROOT, Broker, free_port
 from tests.helpers import until
+from tests.serve_process import ServeProcess
 from tests.test_security_jwt import JWT_ON, bearer, token
 
 K1 = "11" * 32
@@ -167,7 +171,8 @@ async def test_no_key_refuses_configure_push_and_pop_with_409(start_broker: Any,
     async with httpx.AsyncClient(base_url=plain.url) as http:
         r = await http.post("/api/v1/configure", json={"queue": "nokey", "options": {"encryptionEnabled": True}})
         assert r.status_code == 409 and r.json()["code"] == "encryption_key_missing"
-        assert "QUEEN_ENCRYPTION_KEY" in r.json()["error"]
+        why = r.json()["error"]  # says what to set, and why a `make run` broker does not need it
+        assert "QUEEN_ENCRYPTION_KEY" in why and "embedded default" in why and "generates one" in why, why
     assert await conn.fetchval("SELECT count(*) FROM queen.queues") == 0  # nothing written
 
     keyed: Broker = await start_broker(encryption_key=K1)
@@ -484,3 +489,101 @@ async def test_binary_client_round_trip_into_an_encrypted_queue(start_broker: An
     await no_plaintext(conn)
     stored = await frames(conn, "bvault")
     assert len(stored) == 4 and all(f.sealed for f in stored)
+
+
+def postmaster_environ(data_dir: Path) -> bytes:
+    postmaster = int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+    return Path(f"/proc/{postmaster}/environ").read_bytes()
+
+
+async def _stop(serve: ServeProcess) -> None:
+    serve.terminate()
+    assert await asyncio.to_thread(serve.process.wait, 60) == 0, serve.log()
+
+
+async def test_the_embedded_default_generates_a_key_once_and_keeps_it(tmp_path: Path) -> None:
+    """`queen-pg serve` with no DATABASE_URL and no key (`make run`): encrypted queues work; the key
+    is generated once into <data_dir>/encryption_key (0600), reaches every worker, survives a
+    restart, and stays readable as an old key once an operator configures one of their own."""
+    data = tmp_path / "data"
+    pg_port = free_port()
+    env = {"QUEEN_DATA_DIR": str(data), "QUEEN_PG_PORT": str(pg_port), "QUEEN_APPLY_SCHEMA": "1",
+           "QUEEN_ENCRYPTION_KEY": "", "QUEEN_ENCRYPTION_KEYS_OLD": ""}  # fmt: skip
+    serve = ServeProcess("", tmp_path / "serve.log", **env)
+    secrets = [{"s": f"{SECRET_WORD}-{i}"} for i in range(3)]
+    await serve.start()
+    try:
+        async with Queen(serve.url) as client:
+            created = await client.queue("vault").config({"encryption_enabled": True}).create()
+            assert created["options"]["encryptionEnabled"] is True
+            await client.queue("vault").push([{"data": d} for d in secrets])
+            got = await client.queue("vault").batch(1).wait(False).pop()
+            assert [m["data"] for m in got] == secrets[:1]
+            assert (await client.ack(got, True))["success"] is True
+        key_file = data / "encryption_key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text().strip()
+        assert len(bytes.fromhex(key)) == 32
+        conn = await asyncpg.connect(EmbeddedPostgres(data, port=pg_port).dsn())
+        try:
+            await no_plaintext(conn)
+            stored = await frames(conn, "vault")
+            assert len(stored) == 3 and all(crypto.is_sealed(f.payload) for f in stored)
+            assert {f.payload[2:6] for f in stored} == {crypto.key_id(bytes.fromhex(key))}
+        finally:
+            await conn.close()
+    finally:
+        await _stop(serve)
+
+    serve.env["QUEEN_WORKERS"] = "2"  # the key reaches every worker through the environment
+    await serve.start()
+    try:
+        async with Queen(serve.url) as client:
+            got = await client.queue("vault").batch(1).wait(False).pop()
+            assert [m["data"] for m in got] == secrets[1:2]  # pushed before the restart: the key persisted
+            assert (await client.ack(got, True))["success"] is True
+        for i in range(6):  # one connection each: both workers answer some
+            async with httpx.AsyncClient(base_url=serve.url) as http:
+                r = await http.post("/api/v1/push", json={"items": [{"queue": "vault", "payload": {"w": i}}]})
+                assert r.status_code == 201, r.text
+    finally:
+        await _stop(serve)
+    assert (data / "encryption_key").read_text().strip() == key
+
+    serve.env.update(QUEEN_WORKERS="1", QUEEN_ENCRYPTION_KEY=K1)  # an operator's key wins
+    await serve.start()
+    try:
+        async with Queen(serve.url) as client:
+            got = await client.queue("vault").batch(10).wait(False).pop()
+            assert [m["data"] for m in got] == [secrets[2], *({"w": i} for i in range(6))]  # the file's key opens
+            await client.queue("vault").push([{"data": {"s": SECRET_WORD}}])
+        conn = await asyncpg.connect(EmbeddedPostgres(data, port=pg_port).dsn())
+        try:
+            assert (await frames(conn, "vault"))[-1].payload[2:6] == crypto.key_id(bytes.fromhex(K1))
+        finally:
+            await conn.close()
+        environ = postmaster_environ(data)  # what the account PostgreSQL runs as can read
+        assert K1.encode() not in environ and key.encode() not in environ
+    finally:
+        await _stop(serve)
+    assert (data / "encryption_key").read_text().strip() == key  # kept, never replaced
+
+
+def test_a_configured_key_never_creates_the_key_file(tmp_path: Path) -> None:
+    assert crypto.embedded_keys(K1, "", tmp_path) == (K1, "")
+    assert not (tmp_path / "encryption_key").exists()
+    generated, old = crypto.embedded_keys("", K2, tmp_path)
+    assert old == K2 and stat.S_IMODE((tmp_path / "encryption_key").stat().st_mode) == 0o600
+    assert crypto.embedded_keys("", K2, tmp_path) == (generated, K2)  # once
+    assert crypto.embedded_keys(K1, K2, tmp_path) == (K1, f"{K2},{generated}")  # the file's key stays readable
+    (tmp_path / "encryption_key").chmod(0o644)
+    assert crypto.embedded_keys("", "", tmp_path) == (generated, "")
+    assert stat.S_IMODE((tmp_path / "encryption_key").stat().st_mode) == 0o600  # set back
+    (tmp_path / "encryption_key").write_text("not-a-key\n")
+    with pytest.raises(ValueError, match="encryption_key must be 64 hex characters"):
+        crypto.embedded_keys("", "", tmp_path)
+    (tmp_path / "encryption_key").unlink()
+    (tmp_path / "encryption_key").symlink_to(tmp_path / "elsewhere")  # planted: never followed
+    with pytest.raises(ValueError, match="must be a regular file"):
+        crypto.embedded_keys("", "", tmp_path)
+    assert not (tmp_path / "elsewhere").exists()

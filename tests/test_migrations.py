@@ -21,7 +21,7 @@ from queen_pg.migrate import sqlalchemy_url, upgrade
 from tests.conftest import ROOT, PgServer, empty_database
 
 SCHEMA = "queen"
-HEAD = "0010"  # the newest revision under migrations/versions/
+HEAD = "0011"  # the newest revision under migrations/versions/
 IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]

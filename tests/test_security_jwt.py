@@ -411,3 +411,25 @@ async def test_a_verified_token_is_remembered_only_until_it_expires(start_broker
         await until(refused, "the cached token to expire", within=6)
         r = await http.get("/api/v1/resources/queues")
         assert r.status_code == 401 and r.json()["error"] == "token expired"
+
+
+async def test_a_fired_timer_carries_the_schedulers_sub(jwt_broker: Broker) -> None:
+    """The producer of a timer's message is whoever scheduled it: POST /timers and a transaction's
+    timers rider record the token's sub, and the fire stamps it into the frame like a push's. A
+    producerSub in a timer op stays server-owned (400, nothing scheduled)."""
+    rw = bearer(token("read-write", sub="alice"))
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=rw, timeout=30) as http:
+        forged = await http.post("/api/v1/timers", json={"operations": [timer_op("fq", "k", producerSub="mallory")]})
+        assert forged.status_code == 400 and forged.json()["reason"] == "server_owned", forged.text
+        assert (await http.get("/api/v1/timers/fq")).json()["rows"] == []
+        r = await http.post("/api/v1/timers", json={"operations": [timer_op("fq", "k", {"n": 1}, delay_ms=0)]})
+        assert r.status_code == 200, r.text
+        got = await http.get("/api/v1/pop/queue/fq", params={"batch": 5, "wait": "true", "timeout": 20_000})
+        assert got.status_code == 200, got.text
+        assert [(m["data"], m["producerSub"]) for m in got.json()["messages"]] == [({"n": 1}, "alice")]
+    async with httpx.AsyncClient(base_url=jwt_broker.url, headers=bearer(token(sub="bob")), timeout=30) as http:
+        r = await http.post("/api/v1/transaction", json={"operations": [], "timers": [timer_op("ft", "k", delay_ms=0)]})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        got = await http.get("/api/v1/pop/queue/ft", params={"batch": 5, "wait": "true", "timeout": 20_000})
+        assert got.status_code == 200, got.text
+        assert [m["producerSub"] for m in got.json()["messages"]] == ["bob"]

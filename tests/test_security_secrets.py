@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import jwt
 
-from tests.conftest import free_port
+from tests.conftest import PgServer, free_port
 from tests.helpers import until
 
 JWT_SECRET = "JWTSECRET-e1b0c44298fc1c149afbf4c8996fb924"
@@ -49,9 +49,12 @@ def tok(key: str = JWT_SECRET, **claims: object) -> str:
     return jwt.encode(body, key, algorithm="HS256")
 
 
-async def test_no_secret_in_logs_errors_or_metrics(db_url: str, tmp_path: Path) -> None:
+async def test_no_secret_in_logs_errors_or_metrics(db_url: str, pg_server: PgServer, tmp_path: Path) -> None:
     port = free_port()
-    url = with_password(db_url, DB_PASSWORD)  # the socket trusts: the password is carried, not needed
+    # the embedded server's real superuser password (its socket wants it); an external test server
+    # is assumed to trust the socket, the password is then carried, not needed
+    db_password = (pg_server.embedded.superuser_password() if pg_server.embedded else None) or DB_PASSWORD
+    url = with_password(db_url, db_password)
     out_path = tmp_path / "broker.log"
     answers: list[str] = []
     good = tok()
@@ -100,7 +103,7 @@ async def test_no_secret_in_logs_errors_or_metrics(db_url: str, tmp_path: Path) 
     logs = out_path.read_text()
     assert "event=broker_ready" in logs  # the log captured the run at debug level
     assert logs.count("event=request_refused status=401") >= len(bad)  # ... the refusals included
-    secrets = {"jwt secret": JWT_SECRET, "db password": DB_PASSWORD, "good token": good}
+    secrets = {"jwt secret": JWT_SECRET, "db password": db_password, "good token": good}
     secrets |= {f"bad token {i}": t for i, t in enumerate(bad)}
     for name, secret in secrets.items():
         assert secret not in logs, f"{name} in the broker's log output"

@@ -57,7 +57,7 @@ class QueueOptions(msgspec.Struct):
             bool,
             msgspec.Meta(
                 description="seal the queue's payloads at rest (AES-256-GCM); true needs QUEEN_ENCRYPTION_KEY "
-                "(409 encryption_key_missing)"
+                "(409 encryption_key_missing; the embedded default generates one)"
             ),
         ]
         | None
@@ -94,7 +94,8 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
     "/api/v1/configure",
     summary="Create or configure a queue (WIRE §2.9)",
     description="Known options are type- and range-checked (a 400 names the range), unknown ones kept as given; "
-    "encryptionEnabled=true needs QUEEN_ENCRYPTION_KEY on this broker (409 encryption_key_missing).",
+    "encryptionEnabled=true needs QUEEN_ENCRYPTION_KEY on this broker (409 encryption_key_missing); the embedded "
+    "default (no DATABASE_URL) generates one into its data directory.",
     openapi_extra=body(ConfigureBody),
     responses=answers({200: ConfigureAnswer}, 400, 413),
 )

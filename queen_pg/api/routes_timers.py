@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.body import Name, decode_family
-from queen_pg.api.common import json_response, permit, state, tenant
+from queen_pg.api.common import json_response, permit, producer_sub, state, tenant
 from queen_pg.api.docs import answers, body, params
 from queen_pg.api.params import Param
 from queen_pg.api.routes_kv import exact_ops
@@ -171,7 +171,13 @@ async def schedule(request: Request) -> Response:
         st = state(request)
         async with permit(request, "kv"):
             results = await timers_engine.apply(
-                st.db, tenant(request), prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids
+                st.db,
+                tenant(request),
+                prepared.ops,
+                prepared.payloads,
+                prepared.hashes,
+                prepared.message_ids,
+                producer_sub=producer_sub(request),
             )
     except QueenError as exc:
         return family_error(exc)

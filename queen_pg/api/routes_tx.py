@@ -158,7 +158,9 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     refuse_push_in_maintenance(request, bool(pushes))  # 503; acks, KV and timers alone still commit
     timers = tx_engine.TxTimers()
     if prepared is not None:
-        timers = tx_engine.TxTimers(prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids)
+        timers = tx_engine.TxTimers(
+            prepared.ops, prepared.payloads, prepared.hashes, prepared.message_ids, producer_sub(request)
+        )
     if pushes:
         refuse_when_storage_full(request)  # 507; a transaction of acks and KV still drains the backlog
     bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot, packed)

@@ -6,7 +6,8 @@ and ``data ==`` the payload, exactly once, and deletes it in the same transactio
 tombstone; after the fire a peek is ``found: false`` and a cancel ``absent``).
 
 A timer of an encrypted queue keeps its payload sealed in ``queen.timers`` (queen_pg/security/crypto.py);
-the fire frames it as it is (flag 4) and a peek opens it.
+the fire frames it as it is (flag 4) and a peek opens it. The scheduling token's sub (JWT on) is the fired
+message's producerSub (flag 2), like a push's.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ async def apply(
     hashes: list[uuid.UUID],
     message_ids: list[uuid.UUID],
     now: datetime | None = None,
+    producer_sub: str | None = None,
 ) -> list[dict[str, Any]]:
     """Apply validated ops (``queen_pg.api.timer_ops``) in one transaction; one result per op. The
-    payloads of an encrypted queue's schedules are sealed (the procedure refuses a disagreement)."""
+    payloads of an encrypted queue's schedules are sealed (the procedure refuses a disagreement);
+    ``producer_sub`` (the token's sub) becomes the fired messages' producerSub."""
     v = crypto.vault(db)
-    text = orjson.dumps(ops).decode()
+    text = ops_text(ops, producer_sub)
 
     async def attempt() -> Any:
         sealed = timer_payloads(v, tenant, ops, payloads)
@@ -55,6 +58,15 @@ async def apply(
     raw = await crypto.push_sealed(v, tenant, [str(op.get("queue")) for op in ops], attempt)
     results: list[dict[str, Any]] = orjson.loads(raw)["results"]
     return results
+
+
+def ops_text(ops: list[dict[str, Any]], producer_sub: str | None) -> str:
+    """The ops as the procedures take them (jsonb text): each schedule gets the scheduler's
+    ``producerSub`` (the token's sub; a client's own is refused as server-owned, timer_ops.py)."""
+    if producer_sub is None:
+        return orjson.dumps(ops).decode()
+    stamped = [op if op.get("op") == "cancel" else {**op, "producerSub": producer_sub} for op in ops]
+    return orjson.dumps(stamped).decode()
 
 
 def timer_payloads(v: crypto.Vault, tenant: str, ops: list[dict[str, Any]], payloads: list[bytes]) -> list[bytes]:

@@ -18,7 +18,7 @@ from queen_pg.engine import push as push_engine
 from queen_pg.engine.ack import BIGINT_MAX, STATUSES
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE
-from queen_pg.engine.timers import timer_payloads
+from queen_pg.engine.timers import ops_text, timer_payloads
 from queen_pg.errors import Verdict
 from queen_pg.security import crypto
 
@@ -54,6 +54,7 @@ class TxTimers:
     payloads: list[bytes] = field(default_factory=list)
     hashes: list[uuid.UUID] = field(default_factory=list)
     msgids: list[uuid.UUID] = field(default_factory=list)
+    producer_sub: str | None = None  # the token's sub: the fired messages' producerSub
 
 
 @dataclass(slots=True)
@@ -135,7 +136,7 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
             prepared.txns,
             orjson.dumps(tx.kv).decode(),
             tx.slots,
-            orjson.dumps(tx.timers.ops).decode(),
+            ops_text(tx.timers.ops, tx.timers.producer_sub),
             timer_payloads(v, tenant, tx.timers.ops, tx.timers.payloads),
             tx.timers.hashes,
             tx.timers.msgids,

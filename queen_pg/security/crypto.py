@@ -15,15 +15,22 @@ never plaintext in an encrypted queue (:func:`push_sealed`).
 
 The vault belongs to a :class:`~queen_pg.db.pool.Database` handle (:func:`bind`, :func:`vault`), so
 every engine function that is given the handle finds it without a new parameter.
+
+The embedded default (``queen-pg serve`` with no database URL) needs no key to be configured:
+:func:`embedded_keys` generates one once into ``<data_dir>/encryption_key`` (0600), beside the database
+it protects. A configured ``QUEEN_ENCRYPTION_KEY`` wins and the file is then never created; a file
+left by earlier runs stays readable as an old key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import struct
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -39,6 +46,12 @@ HEAD_LEN = _HEAD.size  # 6: mark, version, key id
 NONCE_LEN = 12
 TAG_LEN = 16
 CACHE_MAX = 100_000  # (tenant, queue) answers kept; beyond it the cache starts over (it is only a hint)
+KEY_FILE = "encryption_key"  # the embedded default's generated key, in the data dir
+NO_KEY = (
+    "this broker has no QUEEN_ENCRYPTION_KEY: set it (64 hex characters, e.g. `openssl rand -hex 32`, the same "
+    "on every broker of the database); only the embedded default (`queen-pg serve` without DATABASE_URL) "
+    "generates one in its data directory"
+)
 PUSH_ATTEMPTS = 4  # a push whose queues flip between attempts more often than this gives up (503)
 
 T = TypeVar("T")
@@ -92,7 +105,7 @@ class Vault:
 
     def seal(self, plaintext: bytes) -> bytes:
         if self._current is None:
-            raise QueenError(ENCRYPTION_KEY_MISSING, detail="this broker has no QUEEN_ENCRYPTION_KEY")
+            raise QueenError(ENCRYPTION_KEY_MISSING, detail=NO_KEY)
         kid, aes = self._current
         head = _HEAD.pack(MARK, VERSION, kid)
         nonce = os.urandom(NONCE_LEN)
@@ -180,7 +193,7 @@ async def push_sealed(v: Vault, tenant: str, queues: Iterable[str], attempt: Cal
             if missing:
                 raise QueenError(
                     ENCRYPTION_KEY_MISSING,
-                    detail=f"queue {missing[0]!r} is encrypted and this broker has no QUEEN_ENCRYPTION_KEY",
+                    detail=f"queue {missing[0]!r} is encrypted and {NO_KEY}",
                 )
         try:
             return await attempt()
@@ -198,7 +211,7 @@ def may_configure(db: object, options: dict[str, Any]) -> None:
     if options.get("encryptionEnabled") is True and not vault(db).can_seal:
         raise QueenError(
             ENCRYPTION_KEY_MISSING,
-            detail="encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hex characters) on this broker",
+            detail=f"encryptionEnabled needs an encryption key: {NO_KEY}",
         )
 
 
@@ -246,3 +259,54 @@ def opened_row(v: Vault, row: Any) -> Any:
     if blob is row["payload"]:
         return row
     return {**dict(row), "payload": blob, "codec": codec_id}
+
+
+def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:
+    """(QUEEN_ENCRYPTION_KEY, QUEEN_ENCRYPTION_KEYS_OLD) for a broker on the embedded database in
+    ``data_dir``. No key configured: the data dir's key, generated on first use (64 hex, 0600). A
+    configured key wins and no file is created; a file an earlier run generated, when it differs,
+    joins the old keys (what it sealed stays readable). ValueError names a malformed file, or one
+    this account does not own (the data dir belongs to the ``postgres`` account on a root install:
+    a key it planted would be one it knows)."""
+    path = data_dir / KEY_FILE
+    if key.strip():
+        kept = _read_key_file(path)
+        if kept is None:
+            return key, old
+        olds = [k.strip() for k in old.split(",") if k.strip()]
+        if kept.lower() == key.strip().lower() or kept.lower() in (k.lower() for k in olds):
+            return key, old
+        return key, ",".join([*olds, kept])
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        kept = _read_key_file(path)
+        if kept is None:  # gone in between: the next start makes one
+            raise ValueError(f"{path} vanished while it was read") from None
+        return kept, old
+    generated = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(generated + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return generated, old
+
+
+def _read_key_file(path: Path) -> str | None:
+    """The key in ``path`` (None: no file); ValueError unless it is a regular file of this account
+    holding 64 hex characters. Its mode is set back to 0600."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise ValueError(f"{path} must be a regular file ({exc.strerror})") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{path} is owned by uid {st.st_uid}, not by this account (uid {os.geteuid()})")
+        os.fchmod(f.fileno(), 0o600)
+        kept = f.read().strip()
+    parse_key(kept, str(path))
+    return kept

@@ -28,12 +28,14 @@
 --
 -- queen._timer_apply(tenant, op jsonb, payload bytea, txn_hash uuid, message_id uuid, now) -> jsonb
 --   Applies ONE op validated by the broker (queen_pg/api/timer_ops.py); the caller holds the key lock.
---   op = {"op": "schedule"|"reschedule", "queue", "timerKey", "partition", "delayMs", "txn"}:
+--   op = {"op": "schedule"|"reschedule", "queue", "timerKey", "partition", "delayMs", "txn", "producerSub"?}:
 --     upsert; deliver_at = now + delayMs (negative = already due: fired by the job's next cycle). Status
 --     `rescheduled` when a pending timer was replaced, else `scheduled` (a new key, including a key
 --     whose timer already fired: the fire deleted it).
 --     The message id is p_message_id, except that a resend of the pending schedule (same txn) keeps the
---     id it promised the first time.
+--     id it promised the first time. producerSub is the scheduling token's sub, added by the broker
+--     (queen_pg/engine/timers.py ops_text; a client's is refused as server-owned): kept in
+--     timers.producer_sub (the last schedule's), it is the fired message's producerSub (frame flag 2).
 --     Result {ok: true, status, queue, timerKey, txn, messageId, deliverAt, partition}.
 --     p_payload is sealed (a leading NUL byte) exactly when the queue is encrypted, else
 --     queen._refuse('encryption_mismatch', {queue: encrypted}) (nothing written; the broker learns it and
@@ -70,8 +72,8 @@
 --      (#2): the per-tenant pushes below then take no lock out of order (retention locks across
 --      tenants too, ascending).
 --   5. Per tenant: ONE queen.push_v1 call (one raw segment per queue/partition, frames in deliver_at
---      order; a sealed payload keeps flag 4 through queen._frame, the push checks no sealing since
---      every frame says its own). A txn already in the partition's dedup window is a duplicate and
+--      order; the scheduler's producer_sub as flag 2; a sealed payload keeps flag 4 through
+--      queen._frame, the push checks no sealing since every frame says its own). A txn already in the partition's dedup window is a duplicate and
 --      pushes nothing. Then every pushed row is deleted (in the same transaction).
 --   Result {"leader", "fired" (queued), "duplicates", "busy", "queues": [[tenant, queue], ...]
 --   that received a message}. Exactly once: the leader lock, the key lock + row lock + the row's delete,
@@ -146,12 +148,13 @@ BEGIN
     v_id := CASE WHEN v_found AND t.txn = v_txn THEN t.message_id ELSE p_message_id END;
     v_at := v_now + (p_op ->> 'delayMs')::bigint * interval '1 millisecond';
     INSERT INTO queen.timers AS tm (tenant, queue, timer_key, partition, payload, txn, txn_hash, message_id,
-                                    deliver_at, created_at, updated_at)
-    VALUES (p_tenant, v_queue, v_key, v_part, p_payload, v_txn, p_txn_hash, v_id, v_at, v_now, v_now)
+                                    deliver_at, created_at, updated_at, producer_sub)
+    VALUES (p_tenant, v_queue, v_key, v_part, p_payload, v_txn, p_txn_hash, v_id, v_at, v_now, v_now,
+            p_op ->> 'producerSub')
     ON CONFLICT ON CONSTRAINT timers_pkey DO UPDATE
        SET partition = excluded.partition, payload = excluded.payload, txn = excluded.txn,
            txn_hash = excluded.txn_hash, message_id = excluded.message_id, deliver_at = excluded.deliver_at,
-           updated_at = excluded.updated_at;
+           updated_at = excluded.updated_at, producer_sub = excluded.producer_sub;
     RETURN jsonb_build_object('ok', true, 'status', v_status, 'queue', v_queue, 'timerKey', v_key, 'txn', v_txn,
                               'messageId', v_id, 'deliverAt', queen._iso_utc(v_at), 'partition', v_part);
 END;
@@ -326,7 +329,8 @@ BEGIN
     -- 5. per tenant: one push, the rows deleted
     FOR v_tenant IN SELECT DISTINCT u.tn FROM unnest(v_kt) AS u(tn) ORDER BY 1 LOOP
         WITH due AS MATERIALIZED (
-            SELECT t.queue, t.timer_key, t.partition, t.payload, t.txn, t.txn_hash, t.message_id, t.deliver_at
+            SELECT t.queue, t.timer_key, t.partition, t.payload, t.txn, t.txn_hash, t.message_id, t.deliver_at,
+                   t.producer_sub
               FROM queen.timers t
               JOIN unnest(v_kt, v_kq, v_kk) AS k(tn, q, key)
                 ON t.tenant = k.tn AND t.queue = k.q AND t.timer_key = k.key
@@ -340,7 +344,7 @@ BEGIN
         SELECT array_agg(o.queue ORDER BY o.ord), array_agg(o.timer_key ORDER BY o.ord),
                array_agg(o.partition ORDER BY o.ord), array_agg(o.grp ORDER BY o.ord),
                array_agg(o.txn_hash ORDER BY o.ord), array_agg(o.message_id ORDER BY o.ord),
-               array_agg(queen._frame(o.message_id, o.txn, o.payload) ORDER BY o.ord)
+               array_agg(queen._frame(o.message_id, o.txn, o.payload, o.producer_sub) ORDER BY o.ord)
           INTO v_iq, v_ik, v_ip, v_ig, v_ih, v_im, v_if
           FROM ordered o;
         CONTINUE WHEN v_iq IS NULL;

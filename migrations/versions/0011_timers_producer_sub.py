@@ -1,0 +1,34 @@
+"""timers: producer_sub, the scheduler's sub that the fired message carries
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-03
+
+With JWT on every pushed message carries the pushing token's ``sub`` as its producerSub (frame flag 2);
+a timer's message had none. The producer of a timer is the one who scheduled it: ``queen._timer_apply``
+keeps the token's sub in ``timers.producer_sub`` and ``queen.timers_fire_v1`` frames it. Nullable (JWT
+off, and timers scheduled before this revision: their messages fire without one, as before). The same
+column is in ``sql/schema.sql``. Idempotent, like every revision here (see 0001_baseline.py).
+
+downgrade() drops the column (the previous release's procedures do not read it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queen_pg.migrate import execute_sql
+
+# revision identifiers, used by Alembic.
+revision: str = "0011"
+down_revision: str | Sequence[str] | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    execute_sql("ALTER TABLE queen.timers ADD COLUMN IF NOT EXISTS producer_sub text;")
+
+
+def downgrade() -> None:
+    execute_sql("ALTER TABLE queen.timers DROP COLUMN IF EXISTS producer_sub;")
