@@ -108,6 +108,7 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.max_body_bytes,
                 settings.admit_hold_ms / 1000,
                 tenant_share=settings.admit_tenant_share if tenancy_enabled(settings) else 1.0,
+                max_decoded=settings.decoded_cap,
             ),
             storage=storage,
         )

@@ -44,6 +44,7 @@ SERVE_OPTIONS: list[tuple[str, str, Any, str]] = [
         "them; every worker runs the background jobs (one leader per tick)",
     ),
     ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted"),
+    ("--max-decoded-bytes", "max_decoded_bytes", int, "most bytes one request may decode to (zstd, base64)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
 ]
 ENV_NAMES = {

@@ -27,6 +27,10 @@ BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
 BAD_BINARY = ErrorKind("bad_binary", 400, "malformed binary body: {detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
+# What a request expands to when decoded (zstd, base64: queen_pg/api/decoded.py), over the request.
+DECODED_TOO_LARGE = ErrorKind(
+    "decoded_too_large", 413, "{detail}: a request may decode to at most {limit} bytes (QUEEN_MAX_DECODED_BYTES)"
+)
 NOT_FOUND = ErrorKind("not_found", 404, "{detail}")
 CONFLICT = ErrorKind("conflict", 409, "{detail}")
 RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
@@ -45,6 +49,7 @@ CATALOG: dict[str, ErrorKind] = {
     for k in (BAD_JSON, BAD_REQUEST, NAME_TOO_LONG, BODY_TOO_LARGE, NOT_FOUND, RETRY, DB_UNAVAILABLE, INTERNAL)
 }
 CATALOG[BAD_BINARY.code] = BAD_BINARY
+CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
 # Timers family (WIRE.md §2.8, §4): rendered as {"error": code, "code", "reason", "detail"} by

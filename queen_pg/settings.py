@@ -71,6 +71,13 @@ class Settings(BaseSettings):
         "(glibc malloc_trim), so its RSS comes down after a burst; 0 = never.",
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
+    max_decoded_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Most bytes one request may expand to when the broker decodes it (zstd and base64 timer "
+        "payloads, zstd binary pushes and transactions), summed over the request and charged to the admission "
+        "budget before they are produced; beyond it 413 decoded_too_large. Unset: max_body_bytes.",
+    )
     max_batch: int = Field(10_000, ge=1, description="Largest pop batch a request may ask for.")
     max_answer_bytes: int = Field(
         32 * MIB,
@@ -407,6 +414,11 @@ class Settings(BaseSettings):
                 raise ValueError("mesh_secret is required when the mesh listens or dials beyond loopback")
         return self
 
+    @property
+    def decoded_cap(self) -> int:
+        """The per-request total of decoded bytes (``max_decoded_bytes``, by default ``max_body_bytes``)."""
+        return self.max_body_bytes if self.max_decoded_bytes is None else self.max_decoded_bytes
+
     @model_validator(mode="after")
     def _overload(self) -> Settings:
         if self.limiter_min > self.limiter_max:
@@ -415,6 +427,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"admit_max_mb ({self.admit_max_mb} MiB) must hold two of the largest bodies: "
                 f"at least 2 x max_body_bytes = {-(-2 * self.max_body_bytes // MIB)} MiB"
+            )
+        if self.admit_max_mb * MIB < self.max_body_bytes + self.decoded_cap:
+            raise ValueError(
+                f"admit_max_mb ({self.admit_max_mb} MiB) must hold the largest body and what it may decode to: "
+                f"at least max_body_bytes + max_decoded_bytes = "
+                f"{-(-(self.max_body_bytes + self.decoded_cap) // MIB)} MiB"
             )
         return self
 

@@ -72,10 +72,17 @@ class ServeProcess:
         return self.log_path.read_text(errors="replace")
 
     def rss_kib(self) -> int:
+        return self._status_kib("VmRSS")
+
+    def peak_kib(self) -> int:
+        """The process's peak resident set (VmHWM): what a short-lived allocation left behind."""
+        return self._status_kib("VmHWM")
+
+    def _status_kib(self, field: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-        raise AssertionError("no VmRSS line")
+        raise AssertionError(f"no {field} line")
 
     def terminate(self) -> None:
         assert self.proc is not None

@@ -316,13 +316,14 @@ async def test_hostile_binary_push_is_400_with_offset_and_writes_nothing(
 
 async def test_hostile_binary_bodies_beyond_the_limits(start_broker: Any, conn: Any) -> None:
     broker = await start_broker(max_body_bytes=64 * 1024)
-    # a zstd bomb: a small body whose frames would be 1 MiB decompressed: 413 as a JSON body that large
+    # a zstd bomb: a small body whose frames would be 1 MiB decompressed: 413 past the cap of decoded bytes
+    # (QUEEN_MAX_DECODED_BYTES, by default the body limit)
     bomb = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(
         _frame(payload=b'"' + b"a" * (1 << 20) + b'"')
     )
     async with httpx.AsyncClient(base_url=broker.url) as http:
         r = await http.post("/api/v1/push", content=_frames_body("h", "p", [_frame()], z=bomb), headers=PUSH_TYPE)
-        assert r.status_code == 413 and r.json()["code"] == "body_too_large", r.text
+        assert r.status_code == 413 and r.json()["code"] == "decoded_too_large", r.text
         big = encode_push_frames([PushBatch("h", "p", [b'"' + os.urandom(40_000).hex().encode() + b'"'])])
         r = await http.post("/api/v1/push", content=big, headers=PUSH_TYPE)
         assert r.status_code == 413, r.text

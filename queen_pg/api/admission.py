@@ -18,6 +18,9 @@ tenant's requests only; then from the shared budget. So one tenant holds or queu
 share of the budget, and the rest stays for the others: a flood cannot starve them. Gates are dropped
 when idle (no bytes held, nobody waiting).
 
+What a request decodes to (zstd, base64; ``decoded.py``) is charged to the same budget, before it is
+decoded, by the route that decodes it: for a push or a transaction on top of its body's bytes.
+
 The budget and the storage flag live on the app state (created by the lifespan), found through
 ``scope["app"]``; before the lifespan ran, requests pass through.
 """
@@ -50,6 +53,7 @@ class ByteBudget:
     hold_s: float
     max_waiters: int = 10_000
     tenant_share: float = 1.0  # < 1: each tenant's gate holds this part of the capacity
+    max_decoded: int = 0  # what one request may decode to besides its body (queen_pg/api/decoded.py)
     sem: FairSemaphore = field(init=False)
     log: OverloadLog = field(init=False)
     rng: random.Random = field(default_factory=random.Random)
@@ -61,7 +65,7 @@ class ByteBudget:
 
     @property
     def tenant_capacity(self) -> int:
-        return max(int(self.capacity * self.tenant_share), self.max_body)
+        return max(int(self.capacity * self.tenant_share), self.max_body + self.max_decoded)
 
     def gate(self, tenant: str | None) -> FairSemaphore | None:
         """The tenant's gate (None: no per-tenant share, or no tenant)."""
@@ -140,6 +144,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+def tenant_of(scope: Scope) -> str | None:
+    """The request's tenant, as the security middleware (outside) resolved it; None before it ran."""
+    principal = scope.get("state", {}).get(PRINCIPAL_KEY)
+    tenant: str | None = getattr(principal, "tenant", None)
+    return tenant
+
+
 async def refuse(send: Send, err: QueenError) -> None:
     """Answer ``err`` without reading the body; the connection closes (the body is still unread)."""
     body = orjson.dumps(err.body())
@@ -172,8 +183,7 @@ class Admission:
             return
         length = _content_length(scope)
         charged = budget.cost(length)
-        principal = scope.get("state", {}).get(PRINCIPAL_KEY)  # set by the security middleware (outside)
-        ten: str | None = getattr(principal, "tenant", None)
+        ten = tenant_of(scope)
         try:
             await budget.acquire(charged, family, tenant=ten)
         except QueenError as err:

@@ -4,7 +4,8 @@ answer (QPF1, ``application/x-queen-pop``, queen_pg/engine/pop_frames.py). JSON 
 routes call in here only when the request's Content-Type (or ``frames=true``) asks for it.
 
 The same rules as the JSON routes hold: names checked by ``check_name`` (413 above 255 bytes), the
-body limit (the compressed body by ``BodyLimit``, the decompressed bytes by the parser), the request
+body limit (the compressed body by ``BodyLimit``), the cap of decoded bytes (what the zstd frames declare,
+charged to admission before the parser inflates them: decoded.py; 413 ``decoded_too_large``), the request
 key, the push permit, maintenance and storage refusals, the token's tenant, and the token's ``sub``
 as the producerSub (a client's frame carrying one is refused, never trusted). A malformed body is
 400 ``bad_binary`` with ``offset`` (the byte where it stopped) and writes nothing.
@@ -13,12 +14,14 @@ as the producerSub (a client's frame carrying one is refused, never trusted). A 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from queen_pg.api import decoded
 from queen_pg.api.common import (
     check_name,
     json_response,
@@ -37,7 +40,7 @@ from queen_pg.engine.fusion import Fuser, Lane
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
 from queen_pg.engine.pop_frames import FramedPop
-from queen_pg.errors import BAD_BINARY, BODY_TOO_LARGE, QueenError
+from queen_pg.errors import BAD_BINARY, DECODED_TOO_LARGE, QueenError
 from queen_pg.security import crypto
 
 PUSH_TYPE = "application/x-queen-push"
@@ -74,9 +77,20 @@ def is_binary(request: Request) -> bool:
 
 
 def _malformed(exc: binary.Malformed, limit: int) -> QueenError:
-    if isinstance(exc, binary.TooLarge):  # decompressed past the body limit: as a JSON body that large
-        return QueenError(BODY_TOO_LARGE, limit=limit, offset=exc.offset)
+    if isinstance(exc, binary.TooLarge):  # decompressed past the cap of decoded bytes
+        return QueenError(DECODED_TOO_LARGE, detail=f"the binary body ({exc.what})", limit=limit, offset=exc.offset)
     return QueenError(BAD_BINARY, detail=str(exc), offset=exc.offset)
+
+
+async def _parse(data: bytes, exp: decoded.Expansion, parse: Callable[[bytes, int], binary.Body]) -> binary.Body:
+    """``parse(data, cap)``: what its zstd frames declare is counted and charged first (a bomb is refused
+    before it inflates); a big one is parsed off the event loop."""
+    size = binary.declared_expansion(data)
+    try:
+        await exp.reserve(size, "the binary body")
+        return await decoded.off_loop(size + len(data), parse, data, exp.cap)
+    except binary.Malformed as exc:
+        raise _malformed(exc, exp.cap) from None
 
 
 def _check_names(groups: list[binary.Group]) -> None:
@@ -118,11 +132,12 @@ async def _stored(request: Request, ten: str, groups: list[binary.Group], once: 
 
 async def push(request: Request) -> Response:
     """``POST /api/v1/push`` with a QPB1 body: the JSON push's answer (or, flag 2, its counts)."""
+    async with decoded.expansion(request, "push") as exp:  # the decoded bytes held until answered
+        return await _push(request, await _parse(await request.body(), exp, binary.parse_push))
+
+
+async def _push(request: Request, body: binary.Body) -> Response:
     st = state(request)
-    try:
-        body = binary.parse_push(await request.body(), st.settings.max_body_bytes)
-    except binary.Malformed as exc:
-        raise _malformed(exc, st.settings.max_body_bytes) from None
     _check_names(body.groups)
     ten = tenant(request)
     sub = producer_sub(request)
@@ -148,14 +163,11 @@ class FramedPushes:
     counts_only: bool
 
 
-async def transaction_body(request: Request) -> tuple[bytes, FramedPushes]:
+async def transaction_body(request: Request, exp: decoded.Expansion) -> tuple[bytes, FramedPushes]:
     """A QTB1 body as (the JSON head, its pushes); the route runs the head as a JSON transaction with
-    the pushes after its operations (their results follow the head's, WIRE.md §3.2)."""
-    st = state(request)
-    try:
-        body = binary.parse_transaction(await request.body(), st.settings.max_body_bytes)
-    except binary.Malformed as exc:
-        raise _malformed(exc, st.settings.max_body_bytes) from None
+    the pushes after its operations (their results follow the head's, WIRE.md §3.2). What it decodes
+    to is charged to ``exp``, which the route holds until it has answered."""
+    body = await _parse(await request.body(), exp, binary.parse_transaction)
     _check_names(body.groups)
     sub = producer_sub(request)
     items = push_binary.messages(body.groups, sub)

@@ -23,6 +23,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from queen_pg.api import decoded
 from queen_pg.api.body import Name, decode_family
 from queen_pg.api.common import json_response, permit, producer_sub, state, tenant
 from queen_pg.api.docs import answers, body, params
@@ -37,6 +38,7 @@ from queen_pg.api.timer_ops import (
     MAX_TXN_BYTES,
     check_queue_name,
     check_timer_key,
+    decode_payloads,
     is_server_owned,
     prepare_timer_ops,
     refuse,
@@ -161,7 +163,8 @@ def _target(request: Request) -> tuple[str, str | None]:
     summary="Schedule, reschedule (or cancel) timers in one transaction (WIRE §2.8)",
     description="One result per op, in order; `ok: false` (status absent or too_late) is data, HTTP 200. A fired "
     "timer becomes a message in its queue with transactionId = txn and data = the payload. A malformed op "
-    "is 400 `timers_bad_request` naming the op index and field.",
+    "is 400 `timers_bad_request` naming the op index and field; payloads decoding to more than "
+    "QUEEN_MAX_DECODED_BYTES together are 413 `decoded_too_large`.",
     openapi_extra=body(TimersRequest),
     responses=answers({200: TimersAnswer}, 400, 413, 429),
 )
@@ -169,16 +172,18 @@ async def schedule(request: Request) -> Response:
     try:
         prepared = prepare_timer_ops(await _operations(request), in_transaction=False)
         st = state(request)
-        async with permit(request, "kv"):
-            results = await timers_engine.apply(
-                st.db,
-                tenant(request),
-                prepared.ops,
-                prepared.payloads,
-                prepared.hashes,
-                prepared.message_ids,
-                producer_sub=producer_sub(request),
-            )
+        async with decoded.expansion(request, "timers") as exp:  # the payloads' bytes held until answered
+            await decode_payloads(prepared, exp, in_transaction=False)
+            async with permit(request, "kv"):
+                results = await timers_engine.apply(
+                    st.db,
+                    tenant(request),
+                    prepared.ops,
+                    prepared.payloads,
+                    prepared.hashes,
+                    prepared.message_ids,
+                    producer_sub=producer_sub(request),
+                )
     except QueenError as exc:
         return family_error(exc)
     return json_response({"results": results})

@@ -8,7 +8,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api import binary
+from queen_pg.api import binary, decoded
 from queen_pg.api.body import Name, Text, TxnId, decode
 from queen_pg.api.common import (
     check_name,
@@ -29,7 +29,7 @@ from queen_pg.api.routes_system import refuse_push_in_maintenance
 from queen_pg.api.routes_timers import TimerOp
 from queen_pg.api.schemas import REQUEST_KEY
 from queen_pg.api.schemas_ops import TransactionDone, TransactionVerdict
-from queen_pg.api.timer_ops import prepare_timer_ops
+from queen_pg.api.timer_ops import decode_payloads, prepare_timer_ops
 from queen_pg.engine import transaction as tx_engine
 from queen_pg.errors import Verdict, bad_request
 
@@ -108,16 +108,18 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
     responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
 )
 async def transaction(request: Request) -> Response:
-    if binary.is_binary(request):  # QTB1 (WIRE §3.2): the JSON head, then framed pushes
-        head, framed = await binary.transaction_body(request)
-        return await _commit(request, head if head.strip() else b"{}", framed)
-    raw = await request.body()
-    if not raw.strip():
-        raise bad_request("request body is empty; a JSON object is required")
-    return await _commit(request, raw, None)
+    # what the body decodes to (zstd groups, timer payloads) is held in the admission budget until answered
+    async with decoded.expansion(request, "transaction") as exp:
+        if binary.is_binary(request):  # QTB1 (WIRE §3.2): the JSON head, then framed pushes
+            head, framed = await binary.transaction_body(request, exp)
+            return await _commit(request, head if head.strip() else b"{}", framed, exp)
+        raw = await request.body()
+        if not raw.strip():
+            raise bad_request("request body is empty; a JSON object is required")
+        return await _commit(request, raw, None, exp)
 
 
-async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | None) -> Response:
+async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | None, exp: decoded.Expansion) -> Response:
     """Run a transaction body; ``framed`` = a QTB1 body's pushes, after the head's operations."""
     body = decode(raw, TransactionRequest)
     acks: list[tx_engine.TxAck] = []
@@ -156,6 +158,8 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     if not (acks or pushes or kv or (prepared and prepared.ops)):
         return json_response({"transactionId": "", "success": True, "results": []})  # nothing to commit
     refuse_push_in_maintenance(request, bool(pushes))  # 503; acks, KV and timers alone still commit
+    if prepared is not None:
+        await decode_payloads(prepared, exp, in_transaction=True)
     timers = tx_engine.TxTimers()
     if prepared is not None:
         timers = tx_engine.TxTimers(

@@ -1,12 +1,13 @@
 """Validation and payload decoding of timer operations (WIRE.md §2.8).
 
-``prepare_timer_ops`` is shared by ``POST /api/v1/timers`` and the ``timers`` rider of
-``POST /api/v1/transaction``. It returns the ops normalized for ``queen._timer_apply`` (which trusts
+``prepare_timer_ops`` and ``decode_payloads`` are shared by ``POST /api/v1/timers`` and the ``timers`` rider
+of ``POST /api/v1/transaction``. They return the ops normalized for ``queen._timer_apply`` (which trusts
 them) plus, index-aligned, each op's payload as JSON bytes, the xxh3-128 hash of its ``txn`` and a
 freshly minted message id. A refusal is a :class:`QueenError` of kind ``TIMERS_BAD_REQUEST`` whose
 message names ``<label>[<index>].<field>``, with ``fields["reason"]`` a stable id: ``bad_field``,
 ``missing_field``, ``unknown_field``, ``unknown_op``, ``server_owned``, ``too_long``, ``bad_base64``,
-``bad_zstd``, ``not_json``, ``too_large``, ``duplicate_key``, ``too_many_ops``.
+``bad_zstd``, ``not_json``, ``too_large``, ``duplicate_key``, ``too_many_ops``. The payloads of one call
+decode to at most ``QUEEN_MAX_DECODED_BYTES`` together (413 ``decoded_too_large``, api/decoded.py).
 
 Decisions: ``cancel`` is accepted in both places (the client's ``Timers.batch`` documents it as
 accepted by the broker; its own cancel uses the DELETE route); unknown fields are refused, so a typo
@@ -27,6 +28,7 @@ import msgspec
 import orjson
 import zstandard
 
+from queen_pg.api import decoded
 from queen_pg.api.body import has_nul
 from queen_pg.api.params import check_name
 from queen_pg.engine import codec
@@ -70,7 +72,8 @@ class PreparedTimers:
     unused; its hash is that of its ``txn`` (or of "" when none is given)."""
 
     ops: list[dict[str, Any]] = field(default_factory=list)
-    payloads: list[bytes] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)  # filled by decode_payloads
+    encoded: list[Encoded | None] = field(default_factory=list)  # as sent (None: a cancel)
     hashes: list[uuid.UUID] = field(default_factory=list)
     message_ids: list[uuid.UUID] = field(default_factory=list)
 
@@ -155,46 +158,83 @@ class _Op:
             raise self.fail("bad_field", "delayMs", f"must be within ±{MAX_DELAY_MS} ms, got {ms}")
         return ms
 
-    def payload(self) -> bytes:
+    def payload(self) -> Encoded:
+        """The payload as sent (checked to be a string): :func:`decode_payloads` decodes it."""
         raw = self.op.get("payload")
         if raw is None:
             raise self.fail("missing_field", "payload", "is required (base64 of the JSON payload)")
         if not isinstance(raw, str):
             raise self.fail("bad_field", "payload", "must be a base64 string")
-        try:
-            data = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise self.fail("bad_base64", "payload", "is not valid base64") from None
         zstd = self.op.get("payloadZstd", False)
         if not isinstance(zstd, bool):
             raise self.fail("bad_field", "payloadZstd", f"must be true or false, got {zstd!r}")
-        if zstd:
-            data = self._decompress(data)
+        return Encoded(raw, zstd)
+
+
+@dataclass(slots=True)
+class Encoded:
+    """A schedule's payload as sent: base64 text, of zstd frames when ``zstd``."""
+
+    text: str
+    zstd: bool
+
+    def declared(self) -> int:
+        """What it decodes to, as far as can be told without decoding it: base64's 3 bytes per 4, or
+        what its first zstd frame declares (0 when it declares nothing)."""
+        if not self.zstd:
+            return len(self.text) // 4 * 3 - self.text[-2:].count("=")
+        try:
+            head = base64.b64decode(self.text[: decoded.FRAME_HEADER_MAX * 4 // 3], validate=True)
+        except (binascii.Error, ValueError):
+            return 0
+        return decoded.declared_size(head) or 0
+
+
+def _b64(text: str) -> bytes | None:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _json_payload(data: bytes) -> bool:
+    return len(data) <= MAX_PAYLOAD_BYTES and is_json(data)
+
+
+async def decode_payloads(prepared: PreparedTimers, exp: decoded.Expansion, *, in_transaction: bool) -> None:
+    """Decode the payloads of ``prepared`` (base64, then zstd) into ``prepared.payloads``, each checked
+    as JSON. The bytes they decode to are counted and charged by ``exp`` before they exist: what they
+    declare, all together, is refused at once when it passes the cap."""
+    label = "timers" if in_transaction else "operations"
+    declared = sum(e.declared() for e in prepared.encoded if e is not None)
+    exp.check(declared, f"the payloads of {label}")
+    payloads: list[bytes] = []
+    for i, enc in enumerate(prepared.encoded):
+        if enc is None:  # a cancel
+            payloads.append(b"")
+            continue
+        c = _Op(label, i, {})
+        data = await decoded.off_loop(len(enc.text), _b64, enc.text)
+        if data is None:
+            raise c.fail("bad_base64", "payload", "is not valid base64")
+        if enc.zstd:
+            try:
+                data = await exp.inflate(data, f"{c.where}.payload")
+            except zstandard.ZstdError as err:
+                raise c.fail("bad_zstd", "payload", f"payloadZstd is set but the bytes are not zstd: {err}") from None
+        else:
+            await exp.reserve(len(data), f"{c.where}.payload")
         if len(data) > MAX_PAYLOAD_BYTES:
-            raise self.fail("too_large", "payload", f"is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
-        if not is_json(data):
-            raise self.fail(
+            raise c.fail("too_large", "payload", f"is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+        if not await decoded.off_loop(len(data), _json_payload, data):
+            raise c.fail(
                 "not_json",
                 "payload",
                 "does not decode to a JSON document (UTF-8) that can be stored exactly (integers within 64 bits, "
                 "no U+0000)",
             )
-        return data
-
-    def _decompress(self, data: bytes) -> bytes:
-        out = bytearray()
-        try:
-            with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
-                while len(out) <= MAX_PAYLOAD_BYTES:
-                    chunk = reader.read(1 << 20)
-                    if not chunk:
-                        break
-                    out += chunk
-        except zstandard.ZstdError as err:
-            raise self.fail("bad_zstd", "payload", f"payloadZstd is set but the bytes are not zstd: {err}") from None
-        if len(out) > MAX_PAYLOAD_BYTES:
-            raise self.fail("too_large", "payload", f"decompresses past the limit of {MAX_PAYLOAD_BYTES} bytes")
-        return bytes(out)
+        payloads.append(data)
+    prepared.payloads = payloads
 
 
 def is_json(data: bytes) -> bool:
@@ -208,7 +248,7 @@ def is_json(data: bytes) -> bool:
         return False  # RecursionError: nesting past the interpreter's limit (msgspec recurses per level)
 
 
-def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], bytes]:
+def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], Encoded | None]:
     if not isinstance(raw, dict):
         raise refuse("bad_field", f"{label}[{index}]: must be an object", index=index)
     kind = raw.get("op")
@@ -233,7 +273,7 @@ def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], byte
     queue = c.name("queue")
     key = c.timer_key()
     if kind == "cancel":
-        return {"op": "cancel", "queue": queue, "timerKey": key, "txn": c.txn(required=False)}, b""
+        return {"op": "cancel", "queue": queue, "timerKey": key, "txn": c.txn(required=False)}, None
     partition = c.name("partition", required=False) or "Default"
     op = {
         "op": kind,
@@ -247,7 +287,8 @@ def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], byte
 
 
 def prepare_timer_ops(ops: object, *, in_transaction: bool) -> PreparedTimers:
-    """Validate ``ops`` (the body's ``operations``, or a transaction's ``timers``) for SQL."""
+    """Validate ``ops`` (the body's ``operations``, or a transaction's ``timers``) for SQL; their payloads
+    are decoded next, by :func:`decode_payloads`."""
     label = "timers" if in_transaction else "operations"
     if not isinstance(ops, list):
         raise refuse("bad_field", f"{label}: must be a list of timer operations")
@@ -267,7 +308,7 @@ def prepare_timer_ops(ops: object, *, in_transaction: bool) -> PreparedTimers:
             )
         seen[where] = i
         out.ops.append(op)
-        out.payloads.append(payload)
+        out.encoded.append(payload)
         out.hashes.append(codec.txn_hash(op["txn"] or ""))
         out.message_ids.append(codec.uuid7())
     return out

@@ -33,6 +33,7 @@ import xxhash
 import zstandard
 
 from queen_pg.db.types import fast_uuid
+from queen_pg.engine.codec import dctx
 
 PUSH_MAGIC = b"QPB1"
 TXN_MAGIC = b"QTB1"
@@ -50,7 +51,6 @@ _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
 _DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # a new transactionId: printable (body.NewTxnId)
-_decompressor = zstandard.ZstdDecompressor()
 
 
 class Malformed(Exception):
@@ -63,7 +63,7 @@ class Malformed(Exception):
 
 
 class TooLarge(Malformed):
-    """The decompressed bytes exceed the body limit: 413, as a JSON body that large."""
+    """The decompressed bytes exceed the limit (the cap of decoded bytes): 413 ``decoded_too_large``."""
 
 
 @dataclass(slots=True)
@@ -331,9 +331,9 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
     if size == zstandard.CONTENTSIZE_UNKNOWN or size < 0:
         raise Malformed(inn.base + at, f"{where}: the zstd frame must declare its content size")
     if size > budget[0]:
-        raise TooLarge(inn.base + at, f"{where}: {size} decompressed bytes exceed the body limit")
+        raise TooLarge(inn.base + at, f"{where}: {size} decompressed bytes exceed the limit")
     budget[0] -= size
-    dec = _decompressor.decompressobj()
+    dec = dctx().decompressobj()  # a big body is parsed in a worker thread (api/decoded.py)
     try:
         raw = dec.decompress(blob)
     except zstandard.ZstdError as exc:
@@ -399,8 +399,38 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
     return groups
 
 
+def declared_expansion(data: bytes) -> int:
+    """The bytes a QPB1 or QTB1 body says it decompresses to (a zstd body's raw length, or what its
+    groups' frames declare), read off its headers without inflating anything; so its route can refuse
+    and charge them first. A body that does not add up counts what it declared before the fault (the
+    parser then finds and words the fault)."""
+    inn = _In(data)
+    total = 0
+    try:
+        magic = inn.take(4, "magic")
+        flags = inn.u8("flags")
+        if magic == PUSH_MAGIC and flags & FLAG_ZSTD:
+            return inn.u32("raw length")
+        if magic == TXN_MAGIC:
+            inn.take(inn.u32("head length"), "head")
+        elif magic != PUSH_MAGIC or not flags & FLAG_FRAMES:
+            return 0
+        for _ in range(inn.u32("group count")):
+            inn.text16("queue")
+            inn.text16("partition")
+            inn.u32("message count")
+            blob = inn.take(inn.u32("compressed length"), "zstd frame")
+            try:
+                total += max(zstandard.frame_content_size(blob[:18]), 0)
+            except zstandard.ZstdError:
+                return total
+    except Malformed:
+        pass
+    return total
+
+
 def parse_push(data: bytes, limit: int) -> Body:
-    """A QPB1 body; ``limit`` bounds the decompressed bytes (the body limit, as for JSON)."""
+    """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES)."""
     inn = _In(data)
     if inn.take(4, "magic") != PUSH_MAGIC:
         raise Malformed(0, "not a binary push body (magic QPB1)")
@@ -413,13 +443,13 @@ def parse_push(data: bytes, limit: int) -> Body:
     if flags & FLAG_ZSTD:
         raw_len = inn.u32("raw length")
         if raw_len > limit:
-            raise TooLarge(5, f"raw length {raw_len} exceeds the body limit")
+            raise TooLarge(5, f"raw length {raw_len} exceeds the limit")
         blob = data[inn.at :]
-        dec = _decompressor.decompressobj()
+        dec = dctx().decompressobj()
         try:
             # a bounded read first: a small frame of zeros may expand a thousandfold, and the frame
             # need not declare its size, so never decompress more than raw_len + 1 bytes unchecked
-            with _decompressor.stream_reader(blob, read_across_frames=False) as head:
+            with dctx().stream_reader(blob, read_across_frames=False) as head:
                 if len(head.read(raw_len + 1)) != raw_len:
                     raise Malformed(inn.at, f"the zstd body does not decompress to {raw_len} bytes")
             raw = dec.decompress(blob)
