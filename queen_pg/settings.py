@@ -295,6 +295,12 @@ class Settings(BaseSettings):
         validation_alias="JWT_CLOCK_SKEW",
         description="Seconds of leeway on exp / nbf / iat.",
     )
+    jwt_require_exp: bool = Field(
+        True,
+        validation_alias="JWT_REQUIRE_EXP",
+        description="Refuse a token without `exp` (401); off: such a token is valid until its key changes "
+        "(re-verified every 300 s). An `exp` that is not a JSON number is refused either way.",
+    )
     jwt_skip_paths: str = Field(
         "/health,/metrics/prometheus,/metrics,/",
         validation_alias="JWT_SKIP_PATHS",
