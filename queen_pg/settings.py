@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         "every pop parked on the same queue, group and partition.",
     )
     max_waiters: int = Field(10_000, ge=1, description="Most long-poll pops parked at once per worker.")
+    waiters_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With tenancy on: the most of max_waiters one tenant's long-poll pops may hold parked (at "
+        "least one), so one tenant parking all it can leaves room for the others; 1 = no per-tenant share.",
+    )
     default_tenant: str = Field("default", min_length=1, description="Tenant of every request.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     workers: int = Field(
