@@ -376,6 +376,13 @@ class Settings(BaseSettings):
     mesh_outbox: int = Field(
         1024, ge=1, le=1_000_000, description="Mesh frames queued per peer; beyond it frames to that peer are dropped."
     )
+    mesh_max_pending: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Inbound mesh connections held before their signed HELLO; a new one closes the oldest, so "
+        "connections without the secret never take an authenticated peer's place (64 per process).",
+    )
     mesh_local_dir: Path | None = Field(
         None,
         description="Directory of the Unix sockets through which the workers of one host wake each other; "

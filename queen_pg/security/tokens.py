@@ -214,8 +214,8 @@ class Verifier:
         generation = self.jwks.generation if self.jwks is not None else 0
         hit = self.cache.get(token)
         if hit is not None:
-            claims, until, gen = hit
-            if time.time() < until and gen == generation:
+            claims, recheck_at, gen = hit
+            if time.time() < recheck_at and gen == generation:
                 return claims
             del self.cache[token]
         claims = await self._verify(token)
