@@ -100,7 +100,10 @@ def create_app(settings: Settings) -> FastAPI:
             settings=settings,
             db=db,
             waiters=Waiters(
-                settings.max_waiters, settings.pop_poll_interval_ms / 1000, settings.pop_poll_max_ms / 1000
+                settings.max_waiters,
+                settings.pop_poll_interval_ms / 1000,
+                settings.pop_poll_max_ms / 1000,
+                tenant_share=settings.waiters_tenant_share if tenancy_enabled(settings) else 1.0,
             ),
             limiters=build_limiters(_limiter_config(settings)),
             admission=ByteBudget(

@@ -1,5 +1,6 @@
 """Overload control in memory: a fair weighted semaphore, and the Vegas concurrency limiter built on it.
 
+* :func:`tenant_part`: one tenant's part of a shared pool, so one tenant cannot starve the others.
 * :class:`FairSemaphore` grants permits of any weight strictly first come, first served, up to an
   adjustable ``capacity``, with a bounded number of waiters. The admission byte budget
   (``queen_pg/api/admission.py``) is one; each :class:`Limiter` holds one of weight-1 permits.
@@ -38,6 +39,15 @@ RETRY_AFTER_S = (1, 5)  # a 429 tells the client to come back within this many s
 def retry_after(rng: random.Random | None = None) -> int:
     """Seconds for ``Retry-After``: random in [1, 5], so refused clients do not return in step."""
     return (rng or random).randint(*RETRY_AFTER_S)
+
+
+def tenant_part(capacity: int, share: float, at_least: int = 1) -> int | None:
+    """A tenant's part of a pool its tenants share (the admission byte budget, the parked long-poll
+    pops): ``share`` of ``capacity``, at least ``at_least`` (one largest request). None: no per-tenant
+    part (``share`` >= 1, as when tenancy is off)."""
+    if share >= 1:
+        return None
+    return max(int(capacity * share), at_least)
 
 
 class QueueFull(Exception):

@@ -99,6 +99,13 @@ class Settings(BaseSettings):
         "every pop parked on the same queue, group and partition.",
     )
     max_waiters: int = Field(10_000, ge=1, description="Most long-poll pops parked at once per worker.")
+    waiters_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With tenancy on: the most of max_waiters one tenant's long-poll pops may hold parked (at "
+        "least one), so one tenant parking all it can leaves room for the others; 1 = no per-tenant share.",
+    )
     default_tenant: str = Field("default", min_length=1, description="Tenant of every request.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     workers: int = Field(
@@ -310,6 +317,12 @@ class Settings(BaseSettings):
         validation_alias="JWT_CLOCK_SKEW",
         description="Seconds of leeway on exp / nbf / iat.",
     )
+    jwt_require_exp: bool = Field(
+        True,
+        validation_alias="JWT_REQUIRE_EXP",
+        description="Refuse a token without `exp` (401); off: such a token is valid until its key changes "
+        "(re-verified every 300 s). An `exp` that is not a JSON number is refused either way.",
+    )
     jwt_skip_paths: str = Field(
         "/health,/metrics/prometheus,/metrics,/",
         validation_alias="JWT_SKIP_PATHS",
@@ -379,6 +392,13 @@ class Settings(BaseSettings):
     )
     mesh_outbox: int = Field(
         1024, ge=1, le=1_000_000, description="Mesh frames queued per peer; beyond it frames to that peer are dropped."
+    )
+    mesh_max_pending: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Inbound mesh connections held before their signed HELLO; a new one closes the oldest, so "
+        "connections without the secret never take an authenticated peer's place (64 per process).",
     )
     mesh_local_dir: Path | None = Field(
         None,

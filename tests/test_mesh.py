@@ -115,7 +115,13 @@ class Heard:
         self.maintenance = 0
 
     def mesh(
-        self, port: int, peers: list[int], secret: bytes = SECRET, outbox: int = 1024, max_inbound: int = 64
+        self,
+        port: int,
+        peers: list[int],
+        secret: bytes = SECRET,
+        outbox: int = 1024,
+        max_inbound: int = 64,
+        **more: Any,
     ) -> Mesh:
         cfg = MeshConfig(
             secret=secret,
@@ -123,6 +129,7 @@ class Heard:
             peers=tuple(("127.0.0.1", p) for p in peers),
             outbox=outbox,
             max_inbound=max_inbound,
+            **more,
         )
         return Mesh(
             cfg,
@@ -188,28 +195,58 @@ async def test_a_peer_without_the_secret_gets_nothing_through() -> None:
         await _stop(tasks)
 
 
-async def test_inbound_connections_beyond_the_cap_are_closed_and_counted() -> None:
-    """Half-open dials that never say HELLO hold their slot until the HELLO timeout; beyond the cap a
-    new connection is closed at once (and counted), while a real peer still gets in once a slot frees."""
+async def test_silent_dials_beyond_max_inbound_do_not_lock_a_real_peer_out() -> None:
+    """More TCP connections than max_inbound (64) that never say HELLO: a real peer still connects at
+    once and its wake crosses, before any of the silent ones has timed out. Only authenticated peers
+    count against max_inbound; the silent ones wait in a small pool of their own, oldest out first."""
     pa, pb = free_port(), free_port()
-    ha, hb = Heard(), Heard()
-    good = ha.mesh(pa, [], max_inbound=2)
+    heard = asyncio.Event()
+    good = Mesh(MeshConfig(secret=SECRET, port=pa), on_wake=lambda t, q: heard.set())
+    tasks = await _running(good)
+    n = good.config.max_inbound + 6
+    held = [await asyncio.open_connection("127.0.0.1", pa) for _ in range(n)]
+    try:
+        await eventually(lambda: sum(good.dropped.values()) + len(good._conns) >= n, "every silent dial accepted")
+        peer = Heard().mesh(pb, [pa])
+        tasks += await _running(peer)
+        await eventually(lambda: peer.connected == 1, "the real peer connected")
+        peer.publish_wake("t", "q")
+        await asyncio.wait_for(heard.wait(), 10)
+        assert good.dropped.get("recv:no_hello", 0) == 0  # no silent dial had to time out to make room
+        assert good.dropped.get("recv:too_many_connections", 0) == 0
+    finally:
+        for _, w in held:
+            w.close()
+        await _stop(tasks)
+
+
+async def test_pending_dials_push_out_the_oldest_and_authenticated_peers_are_capped() -> None:
+    """Dials that have not said HELLO have their own pool (max_pending): a new one closes the oldest
+    (counted). max_inbound counts authenticated peers: beyond it a peer is closed after its HELLO
+    (counted, logged once) and gets in once a place frees."""
+    pa, pb, pc = free_port(), free_port(), free_port()
+    ha = Heard()
+    good = ha.mesh(pa, [], max_inbound=1, max_pending=2)
     tasks = await _running(good)
     held = [await asyncio.open_connection("127.0.0.1", pa) for _ in range(2)]
     try:
-        await eventually(lambda: len(good._conns) == 2, "both silent dials held")
-        reader, writer = await asyncio.open_connection("127.0.0.1", pa)
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # the third: closed at once, no HELLO wait
-        writer.close()
-        assert good.dropped == {"recv:too_many_connections": 1}
-        for _, w in held:
-            w.close()
-        await eventually(lambda: len(good._conns) == 0, "the silent dials gone")
-        peer = hb.mesh(pb, [pa])
-        tasks += await _running(peer)
-        await eventually(lambda: peer.connected == 1, "a real peer connects once slots are free")
-        peer.publish_wake("t", "q")
+        await eventually(lambda: len(good._pending) == 2, "both silent dials pending")
+        third = await asyncio.open_connection("127.0.0.1", pa)
+        held.append(third)
+        assert await asyncio.wait_for(held[0][0].read(), 5) == b""  # the oldest: closed on it
+        await eventually(lambda: len(good._pending) == 2, "the newest pending in its place")
+        assert good.dropped == {"recv:pending_evicted": 1}
+        b, c = Heard().mesh(pb, [pa]), Heard().mesh(pc, [pa])
+        first = await _running(b)
+        await eventually(lambda: b.connected == 1, "a real peer in, past the silent dials")
+        second = await _running(c)
+        await eventually(lambda: good.dropped.get("recv:too_many_connections", 0) >= 1, "the second peer refused")
+        assert c.connected == 0 and len(good._pending) <= 2
+        await _stop(first)
+        await eventually(lambda: c.connected == 1, "the second peer in once the first left")
+        c.publish_wake("t", "q")
         await eventually(lambda: ha.wakes == [("t", "q")], "its wake heard")
+        tasks += second
     finally:
         for _, w in held:
             w.close()

@@ -433,3 +433,71 @@ async def test_a_fired_timer_carries_the_schedulers_sub(jwt_broker: Broker) -> N
         got = await http.get("/api/v1/pop/queue/ft", params={"batch": 5, "wait": "true", "timeout": 20_000})
         assert got.status_code == 200, got.text
         assert [m["producerSub"] for m in got.json()["messages"]] == ["bob"]
+
+# ---- exp: a NumericDate, required by default --------------------------------------------------
+
+
+def _raw_token(**claims: Any) -> str:
+    """A signed token with exactly these claims besides sub/iss/aud/role (no exp unless given)."""
+    return jwt.encode({"sub": "svc", "iss": ISS, "aud": AUD, "role": "read-only", **claims}, SECRET, algorithm="HS256")
+
+
+async def _status(url: str, tok: str) -> tuple[int, str]:
+    async with httpx.AsyncClient(base_url=url, headers=bearer(tok)) as http:
+        r = await http.get("/api/v1/resources/queues")
+    return r.status_code, r.json().get("error", "") if r.status_code != 200 else ""
+
+
+async def test_a_numeric_string_exp_is_refused_before_and_after_it_passes(start_broker: Any) -> None:
+    """PyJWT reads ``exp: "<digits>"`` as a number; the verdict cache did not (it kept such a token
+    300 s, past its exp). A NumericDate is a JSON number: a string is refused at once, so it is never
+    cached either (asked again once its exp passed, it is still 401)."""
+    b: Broker = await start_broker(**{**JWT_ON, "jwt_clock_skew": 0})
+    exp = int(time.time()) + 2
+    as_string = _raw_token(exp=str(exp))
+    first = await _status(b.url, as_string)  # still in the future
+
+    async def passed() -> bool:
+        return time.time() > exp + 0.1
+
+    await until(passed, "the token's exp to pass", within=6)
+    assert await _status(b.url, as_string) == (401, "token exp is not a NumericDate (a JSON number)")
+    assert first == (401, "token exp is not a NumericDate (a JSON number)")
+    past = _raw_token(exp=str(int(time.time()) - 600))
+    assert (await _status(b.url, past))[0] == 401
+
+
+@pytest.mark.parametrize(
+    "exp",
+    [
+        pytest.param(True, id="true"),
+        pytest.param(False, id="false"),
+        pytest.param([int(time.time()) + 300], id="list"),
+        pytest.param({"at": int(time.time()) + 300}, id="object"),
+        pytest.param(None, id="null"),
+    ],
+)
+async def test_an_exp_that_is_not_a_number_is_refused(jwt_broker: Broker, exp: Any) -> None:
+    """A bool is not 1 or 0, and null or a structure is not a time."""
+    assert await _status(jwt_broker.url, _raw_token(exp=exp)) == (401, "token exp is not a NumericDate (a JSON number)")
+
+
+async def test_a_fractional_exp_is_honoured(start_broker: Any) -> None:
+    b: Broker = await start_broker(**{**JWT_ON, "jwt_clock_skew": 0})
+    assert await _status(b.url, _raw_token(exp=time.time() + 300.5)) == (200, "")
+    assert (await _status(b.url, _raw_token(exp=time.time() - 0.5)))[0] == 401
+
+
+async def test_a_token_without_exp_is_refused_unless_jwt_require_exp_is_off(start_broker: Any) -> None:
+    forever = _raw_token()
+    b: Broker = await start_broker(**JWT_ON)
+    assert await _status(b.url, forever) == (401, "token has no exp (JWT_REQUIRE_EXP)")
+    lax: Broker = await start_broker(**{**JWT_ON, "jwt_require_exp": False})
+    assert await _status(lax.url, forever) == (200, "")
+    assert (await _status(lax.url, _raw_token(exp=str(int(time.time()) + 300))))[0] == 401  # still a number
+
+
+def test_jwt_require_exp_reads_its_reference_style_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings(_env_file=None).jwt_require_exp is True
+    monkeypatch.setenv("JWT_REQUIRE_EXP", "0")
+    assert Settings(_env_file=None).jwt_require_exp is False

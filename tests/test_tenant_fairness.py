@@ -23,7 +23,7 @@ from queen_pg.jobs.dlq_fill import DlqFill
 from queen_pg.jobs.kv_sweep import KvSweep
 from queen_pg.jobs.lease_expiry import LeaseExpiry
 from tests.conftest import Broker
-from tests.helpers import until
+from tests.helpers import eventually, until
 
 
 async def _partition(db: Database, tenant: str, queue: str) -> int:
@@ -162,6 +162,57 @@ async def test_one_tenants_flood_does_not_starve_another(start_broker: Any, shar
         assert budget.sem.used <= budget.capacity * share + BODY
     else:  # without a share the flood holds the whole budget: the quiet push finds no room and its hold expires
         assert r.status_code == 429 and r.json()["code"] == "overloaded"
+
+
+# --- long-poll waiters: a share per tenant ------------------------------------------------------
+
+
+def _long_polls(http: httpx.AsyncClient, queue: str, n: int) -> list[asyncio.Task[httpx.Response]]:
+    params = {"wait": "true", "timeout": 30_000}
+    return [asyncio.create_task(http.get(f"/api/v1/pop/queue/{queue}", params=params)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("tenancy", [True, False])
+async def test_one_tenants_parked_pops_leave_room_for_another(start_broker: Any, tenancy: bool) -> None:
+    """max_waiters=4 and the default share (0.5): with tenancy on, tenant "flood" parks 2 long-poll
+    pops and its other 2 are 429 at once, while tenant "quiet" still parks and is served by its push.
+    With tenancy off there are no tenants to share among: all 4 park, the fifth is 429."""
+    b: Broker = await start_broker(tenancy_header=tenancy, max_waiters=4, jobs_enabled=False)
+    waiters = b.app.state.queen.waiters
+    flood = httpx.AsyncClient(base_url=b.url, headers={"x-queen-tenant": "flood"}, timeout=30)
+    quiet = httpx.AsyncClient(base_url=b.url, headers={"x-queen-tenant": "quiet"}, timeout=30)
+    tasks: list[asyncio.Task[httpx.Response]] = []
+    try:
+        for http, queue in ((flood, "fq"), (quiet, "qq")):
+            assert (await http.post("/api/v1/configure", json={"queue": queue})).status_code == 200
+        tasks = _long_polls(flood, "fq", 4)
+        await eventually(lambda: waiters.parked + sum(t.done() for t in tasks) == 4, "the flood parked or refused")
+        refused = [t.result() for t in tasks if t.done()]
+        if not tenancy:
+            assert waiters.parked == 4 and refused == []
+            r = await quiet.get("/api/v1/pop/queue/qq", params={"wait": "true", "timeout": 30_000})
+            assert r.status_code == 429 and r.json()["code"] == "overloaded", r.text
+            assert r.json()["error"] == "too many parked long-poll pops on this broker"
+            return
+        assert waiters.parked == 2, "the flood holds its share and no more"
+        assert [r.status_code for r in refused] == [429, 429]
+        assert {r.json()["code"] for r in refused} == {"overloaded"}
+        assert refused[0].json()["error"] == "too many parked long-poll pops for this tenant on this broker"
+        assert refused[0].headers["retry-after"] == "1"
+        (served,) = _long_polls(quiet, "qq", 1)
+        await eventually(lambda: waiters.parked == 3, "the quiet tenant's pop parked")
+        assert (await quiet.post("/api/v1/push", json={"items": [{"queue": "qq", "payload": "hi"}]})).status_code == 201
+        r = await served
+        assert r.status_code == 200, r.text
+        assert [m["data"] for m in r.json()["messages"]] == ["hi"]
+        assert waiters.parked == 2 and sum(not t.done() for t in tasks) == 2  # the flood still parked
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await flood.aclose()
+        await quiet.aclose()
+        await eventually(lambda: waiters.parked == 0, "the parked pops gone with their clients")
 
 
 # --- fusion lanes: idle ones are dropped ---------------------------------------------------------

@@ -35,7 +35,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queen_pg.errors import OVERLOADED, STORAGE_FULL, QueenError
-from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after
+from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after, tenant_part
 from queen_pg.security.middleware import STATE_KEY as PRINCIPAL_KEY
 
 DEFAULT_COST = 1024 * 1024  # a request without Content-Length (chunked) counts this much (at most max body)
@@ -64,18 +64,21 @@ class ByteBudget:
         self.log = OverloadLog("push", "admission")
 
     @property
-    def tenant_capacity(self) -> int:
-        return max(int(self.capacity * self.tenant_share), self.max_body + self.max_decoded)
+    def tenant_capacity(self) -> int | None:
+        """Each tenant's part of the budget (None: no per-tenant share); never less than one largest body
+        and its decoded bytes."""
+        return tenant_part(self.capacity, self.tenant_share, self.max_body + self.max_decoded)
 
     def gate(self, tenant: str | None) -> FairSemaphore | None:
         """The tenant's gate (None: no per-tenant share, or no tenant)."""
-        if tenant is None or self.tenant_share >= 1:
+        part = self.tenant_capacity
+        if tenant is None or part is None:
             return None
         g = self.gates.get(tenant)
         if g is None:
             for name in [n for n, x in self.gates.items() if x.used == 0 and x.queued == 0]:
                 del self.gates[name]  # idle
-            g = self.gates[tenant] = FairSemaphore(self.tenant_capacity, self.max_waiters)
+            g = self.gates[tenant] = FairSemaphore(part, self.max_waiters)
         return g
 
     def release(self, cost: int, tenant: str | None = None) -> None:

@@ -291,9 +291,9 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
         return Response(status_code=204)
     try:
         answer = await run_pop(request, req)  # a client that goes away while it waits takes no lease
-    except TooManyWaiters:
+    except TooManyWaiters as exc:
         return json_response(
-            {"error": "too many parked long-poll pops on this broker", "code": "overloaded"},
+            {"error": str(exc), "code": "overloaded"},
             429,
             {"Retry-After": "1"},
         )

@@ -276,7 +276,7 @@ async def pop(
             if left <= 0 or waiters.draining:
                 return None
             assert probe is not None
-            woken = await waiters.park(ev, min(left, probe.park_for(clock(), ev)))
+            woken = await waiters.park(ev, min(left, probe.park_for(clock(), ev)), tenant)
             if clock() >= stop_claiming or waiters.draining:
                 return None
     finally:

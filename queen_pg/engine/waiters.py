@@ -5,7 +5,9 @@ clears the event *before* each claim attempt, so a push that commits after the a
 always wakes it. Anyone may set a pop's event: a push (``notify``), the pop's own client going away
 (queen_pg/api/longpoll.py), and shutdown (``drain``), after which every pop answers without parking
 again. Wake-ups are hints: a lost one costs latency up to the shared re-check, never a message. The
-number of parked pops is bounded.
+number of parked pops is bounded, and with tenancy on each tenant may hold only its part of that
+bound (``tenant_share``, :func:`queen_pg.limiter.tenant_part`), so one tenant parking all it can still
+leaves room for the others.
 
 :meth:`Waiters.notify` is what the engine calls when a queue got messages, or a partition holding some
 became claimable (an ack released its lease, a nack, a lease given back): it wakes this process's
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from queen_pg.engine.probes import Probe
+from queen_pg.limiter import tenant_part
 
 Sink = Callable[[str, str], None]
 InterestSink = Callable[[str, str, float], None]
@@ -44,13 +47,15 @@ def queue_of(key: tuple[object, ...]) -> str:
 
 
 class TooManyWaiters(Exception):
-    pass
+    """No room to park: the process's bound, or the tenant's part of it, is reached."""
 
 
 class Waiters:
-    def __init__(self, limit: int, poll_min: float = 1.0, poll_max: float = 10.0) -> None:
+    def __init__(self, limit: int, poll_min: float = 1.0, poll_max: float = 10.0, tenant_share: float = 1.0) -> None:
         self.limit = limit
         self.parked = 0
+        self.tenant_limit = tenant_part(limit, tenant_share)  # None: no per-tenant part (tenancy off)
+        self._parked_by: dict[str, int] = {}  # tenant -> pops parked now (only tenants with some)
         self.draining = False
         self._subs: dict[tuple[str, str], set[asyncio.Event]] = {}
         self.poll_min = poll_min
@@ -204,13 +209,20 @@ class Waiters:
             handle.cancel()
         self._timers.clear()
 
-    async def park(self, ev: asyncio.Event, seconds: float) -> bool:
-        """Wait for ``ev`` up to ``seconds``; False when the time ran out."""
+    async def park(self, ev: asyncio.Event, seconds: float, tenant: str | None = None) -> bool:
+        """Wait for ``ev`` up to ``seconds``; False when the time ran out. TooManyWaiters when this
+        process, or ``tenant`` (with a per-tenant part), already has all the pops parked it may."""
         if ev.is_set() or self.draining:
             return True
         if self.parked >= self.limit:
-            raise TooManyWaiters
+            raise TooManyWaiters("too many parked long-poll pops on this broker")
+        cap = self.tenant_limit
+        counted = tenant if cap is not None else None  # the tenant whose part this pop takes
+        if counted is not None and cap is not None and self._parked_by.get(counted, 0) >= cap:
+            raise TooManyWaiters("too many parked long-poll pops for this tenant on this broker")
         self.parked += 1
+        if counted is not None:
+            self._parked_by[counted] = self._parked_by.get(counted, 0) + 1
         try:
             async with asyncio.timeout(seconds):
                 await ev.wait()
@@ -219,3 +231,9 @@ class Waiters:
             return False
         finally:
             self.parked -= 1
+            if counted is not None:
+                left = self._parked_by[counted] - 1
+                if left:
+                    self._parked_by[counted] = left
+                else:
+                    del self._parked_by[counted]

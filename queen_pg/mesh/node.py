@@ -23,6 +23,10 @@ Fan-in: a frame from a peer wakes this process's pops (``on_wake``), asks for a 
 the workers of one host find each other through Unix sockets in ``local_dir`` (``<pid>.sock``), and
 share the TCP port (SO_REUSEPORT): a remote peer's connection lands on one worker, which relays the
 frame (flag RELAYED, never relayed twice) to its siblings.
+
+Inbound connections: one that has not said a signed HELLO is pending, in a pool of its own
+(``max_pending``, ``HELLO_TIMEOUT_S`` each at most) whose oldest is closed when a new one comes; only
+authenticated peers count against ``max_inbound``. So dials without the secret cannot keep a peer out.
 """
 
 from __future__ import annotations
@@ -71,9 +75,12 @@ class MeshConfig:
     local_dir: Path | None = None  # the workers of one host (queen-pg serve --workers N)
     outbox: int = 1024  # frames queued per peer before new ones are dropped
     coalesce_s: float = 0.002
-    # inbound connections held at once (each peer and sibling dials one); beyond it a new one is
-    # closed at once and counted, so a flood of half-open dials cannot take the process's descriptors
+    # authenticated inbound connections held at once (each peer and sibling dials one); beyond it a
+    # peer is closed after its HELLO and counted
     max_inbound: int = 64
+    # inbound connections that have not said HELLO yet, held apart from max_inbound: a new one closes
+    # the oldest (counted), so silent dials can neither take a peer's place nor the descriptors
+    max_pending: int = 16
     node: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -128,6 +135,8 @@ class Mesh:
         self._pushed_floor = -math.inf
         self._sock_path: Path | None = None
         self._conns: set[asyncio.Task[Any]] = set()  # inbound connection handlers
+        self._pending: dict[asyncio.Task[Any], None] = {}  # handlers waiting for a HELLO, oldest first
+        self._authed: set[asyncio.Task[Any]] = set()  # handlers of peers that said a valid HELLO
         # counters read by queen_pg/metrics.py
         self.frames_sent = 0
         self.frames_received = 0
@@ -252,15 +261,15 @@ class Mesh:
 
     # ---- receiving ----------------------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, local: bool) -> None:
-        if len(self._conns) >= self.config.max_inbound:
-            self.dropped_recv("too_many_connections")
-            if self.dropped["recv:too_many_connections"] == 1:  # once: a flood must not flood the log too
-                log.warning("event=mesh_inbound_refused max_inbound=%d", self.config.max_inbound)
-            writer.close()
-            return
         me = asyncio.current_task()
-        if me is not None:
-            self._conns.add(me)
+        assert me is not None  # the server runs each handler as a task
+        self._conns.add(me)
+        if len(self._pending) >= self.config.max_pending:  # make room: the oldest silent dial goes
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            oldest.cancel()
+            self.dropped_recv("pending_evicted")
+        self._pending[me] = None
         node: str | None = None
         try:
             try:
@@ -274,6 +283,13 @@ class Mesh:
             if hello is None or hello.kind != frames.HELLO or not isinstance(hello.body, dict):
                 self.dropped_recv("no_hello")
                 return
+            self._pending.pop(me, None)  # (evicted just as its HELLO came: it is a peer all the same)
+            if len(self._authed) >= self.config.max_inbound:
+                self.dropped_recv("too_many_connections")
+                if self.dropped["recv:too_many_connections"] == 1:  # once: a flood must not flood the log too
+                    log.warning("event=mesh_inbound_refused max_inbound=%d", self.config.max_inbound)
+                return
+            self._authed.add(me)
             writer.write(self.hello())
             await writer.drain()
             node = str(hello.body.get("node"))
@@ -296,6 +312,8 @@ class Mesh:
             return  # a cancel (close()) ends the handler quietly: asyncio's stream callback logs otherwise
         finally:
             self._conns.discard(me)
+            self._pending.pop(me, None)
+            self._authed.discard(me)
             if node is not None and self._interest_conn.get(node) is me:  # it may wait anywhere now
                 del self._interest_conn[node]
                 self._sibling_interest.pop(node, None)
@@ -475,6 +493,7 @@ def from_settings(settings: Settings, waiters: Waiters, on_maintenance: Callable
         peers=parse_peers(settings.mesh_peers),
         local_dir=settings.mesh_local_dir,
         outbox=settings.mesh_outbox,
+        max_pending=settings.mesh_max_pending,
     )
     mesh = Mesh(config, on_wake=waiters.wake, on_maintenance=on_maintenance, on_config=waiters.wake)
     waiters.add_sink(mesh.publish_wake)

@@ -9,6 +9,9 @@
   the cache triggers one refresh (concurrent misses share it; at most one miss-refresh per
   ``MISS_REFRESH_FLOOR_S``, so random kids cannot make the broker hammer the identity provider). A
   failed fetch keeps the previous keys.
+* ``exp`` is a NumericDate (a JSON number; not a string of digits, not a bool) and is required unless
+  ``JWT_REQUIRE_EXP=0``. One rule decides expiry, for a fresh token and a remembered one alike: valid
+  while now < exp + ``JWT_CLOCK_SKEW`` (a fractional exp is honoured as written).
 * Errors name what failed (expired, bad signature, wrong issuer ...), never the token or a key.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -35,10 +39,24 @@ log = logging.getLogger("queen_pg.security")
 
 ASYMMETRIC = ("RS256", "EdDSA")
 MISS_REFRESH_FLOOR_S = 1.0
+NO_EXP_RECHECK_S = 300.0  # a token without exp (JWT_REQUIRE_EXP=0) is verified again after this long
 
 
 class TokenError(Exception):
     """The token is missing, malformed, unverifiable or not valid now: 401."""
+
+
+def valid_until(claims: dict[str, Any], skew: float, require: bool) -> float | None:
+    """The wall-clock time the token stops being valid (exp plus the skew); None: it has no exp (and
+    none is required). TokenError when exp is missing but required, or is not a number."""
+    if "exp" not in claims:
+        if require:
+            raise TokenError("token has no exp (JWT_REQUIRE_EXP)")
+        return None
+    exp = claims["exp"]
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
+        raise TokenError("token exp is not a NumericDate (a JSON number)")
+    return float(exp) + skew
 
 
 def _load_public_key(pem: str) -> Any:
@@ -150,8 +168,8 @@ CACHE_MAX = 4096
 @dataclass(frozen=True, slots=True)
 class Verifier:
     """Verifies tokens; a token that verified is remembered (by its exact text) until its ``exp`` (plus
-    the skew) or a JWKS key change, so a client's steady stream of calls costs one signature check.
-    Only verified tokens enter the cache, and it is emptied when full."""
+    the skew; without exp, ``NO_EXP_RECHECK_S``) or a JWKS key change, so a client's steady stream of
+    calls costs one signature check. Only verified tokens enter the cache, and it is emptied when full."""
 
     settings: Settings
     algorithms: frozenset[str]
@@ -196,16 +214,19 @@ class Verifier:
         generation = self.jwks.generation if self.jwks is not None else 0
         hit = self.cache.get(token)
         if hit is not None:
-            claims, until, gen = hit
-            if time.time() <= until and gen == generation:
+            claims, recheck_at, gen = hit
+            if time.time() < recheck_at and gen == generation:
                 return claims
             del self.cache[token]
         claims = await self._verify(token)
-        exp = claims.get("exp")
-        until = float(exp) + self.settings.jwt_clock_skew if isinstance(exp, int | float) else time.time() + 300
+        s = self.settings
+        now = time.time()
+        until = valid_until(claims, s.jwt_clock_skew, s.jwt_require_exp)
+        if until is not None and now >= until:
+            raise TokenError("token expired")
         if len(self.cache) >= CACHE_MAX:
             self.cache.clear()
-        self.cache[token] = (claims, until, generation)
+        self.cache[token] = (claims, now + NO_EXP_RECHECK_S if until is None else until, generation)
         return claims
 
     async def _verify(self, token: str) -> dict[str, Any]:
@@ -227,7 +248,8 @@ class Verifier:
                 issuer=s.jwt_issuer or None,
                 audience=s.jwt_audience or None,
                 leeway=s.jwt_clock_skew,
-                options={"verify_aud": bool(s.jwt_audience), "verify_iss": bool(s.jwt_issuer)},
+                # exp: valid_until (PyJWT would take "123" or true as a number, and floor a fraction)
+                options={"verify_aud": bool(s.jwt_audience), "verify_iss": bool(s.jwt_issuer), "verify_exp": False},
             )
         except jwt.ExpiredSignatureError:
             raise TokenError("token expired") from None
