@@ -1,10 +1,11 @@
 """The answer budget (QUEEN_MAX_ANSWER_BYTES): a small request must not buy a large answer.
 
 Real broker, real HTTP, a low budget. A /kv batch that would answer more than the budget is 413
-``answer_too_large`` (nothing written); the paged reads (KV browse, messages, DLQ, traces) stop their
-page at the budget and say where the next one starts. The worker never receives from PostgreSQL a
-result much larger than the budget: a spy on the pool (it only measures what the real calls return)
-records the largest one.
+``answer_too_large`` (nothing written), and so is a transaction whose KV reads would (none of its acks,
+pushes, KV writes or timers is committed); the paged reads (KV browse, messages, DLQ, traces) stop
+their page at the budget and say where the next one starts. The worker never receives from
+PostgreSQL a result much larger than the budget: a spy on the pool (it only measures what the real
+calls return) records the largest one.
 """
 
 from __future__ import annotations
