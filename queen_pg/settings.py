@@ -84,8 +84,8 @@ class Settings(BaseSettings):
         ge=64 * 1024,
         description="Answer budget of the reads that gather many items: a page of /kv/keys, /messages, /dlq "
         "or /traces stops when it reaches it (truncated, with nextAfter or nextOffset; at least one item), a "
-        "/kv batch that would answer more is 413 answer_too_large. Keep it above 1 MiB (the largest KV value) "
-        "for a lone /kv get to always fit.",
+        "/kv batch or a transaction whose KV reads would answer more is 413 answer_too_large. Keep it above "
+        "1 MiB (the largest KV value) for a lone /kv get to always fit.",
     )
     pop_poll_interval_ms: int = Field(
         1000, ge=10, le=60_000, description="A parked long-poll pop re-checks the database this often."

@@ -125,7 +125,7 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
         pid, first = _txns(rows)[0]
         tx = await conn.fetchval(
             TX_SQL, "default", [pid], [codec.txn_hash(first)], [first], [lease], ["g"], ["completed"], [0], [],
-            [], [], [], [], [], [], [], [], "[]", 1, "[]", [], [], [], 1, None,
+            [], [], [], [], [], [], [], [], "[]", 1, "[]", [], [], [], 1, None, None,
         )  # fmt: skip
         fused = await _ack_fused(conn, leased[4:6])
     assert list(hinted["o_released"]) == [100] and list(hinted["o_wake"]) == ["q"]

@@ -1,10 +1,11 @@
 """The answer budget (QUEEN_MAX_ANSWER_BYTES): a small request must not buy a large answer.
 
 Real broker, real HTTP, a low budget. A /kv batch that would answer more than the budget is 413
-``answer_too_large`` (nothing written); the paged reads (KV browse, messages, DLQ, traces) stop their
-page at the budget and say where the next one starts. The worker never receives from PostgreSQL a
-result much larger than the budget: a spy on the pool (it only measures what the real calls return)
-records the largest one.
+``answer_too_large`` (nothing written), and so is a transaction whose KV reads would (none of its acks,
+pushes, KV writes or timers is committed); the paged reads (KV browse, messages, DLQ, traces) stop
+their page at the budget and say where the next one starts. The worker never receives from
+PostgreSQL a result much larger than the budget: a spy on the pool (it only measures what the real
+calls return) records the largest one.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import httpx
+import orjson
 import pytest
+from queen.http.push_binary import PushBatch, encode_transaction_frames
 
 from queen_pg.db.pool import Database
 from tests.conftest import Broker
 from tests.helpers import pop, push
 from tests.test_security_jwt import JWT_ON, bearer, token
+from tests.test_transaction import ack_op, push_op, timer_op
+from tests.test_transaction import state as tx_state
 
 BUDGET = 256 * 1024
 ITEM = 40_000  # bytes of one payload / value / trace: the budget holds six of them
@@ -286,3 +292,74 @@ async def test_trace_pages_stop_at_the_budget(http: httpx.AsyncClient, spy: Spy)
     named = await walk(http, "/api/v1/traces/by-name/big", "traces")
     assert [t["data"] for t in named] == data[::-1]  # newest first
     assert spy.largest <= BUDGET + SLACK, spy.largest
+
+
+# --- /transaction: its KV reads share the budget; a refused transaction writes nothing ----------------
+
+
+def assert_tx_too_large(r: httpx.Response) -> str:
+    """413 in the house envelope (the KV family's has the code as ``error``): the message names the budget."""
+    assert r.status_code == 413, r.text[:300]
+    body = r.json()
+    assert set(body) == {"error", "code"} and body["code"] == "answer_too_large", body
+    assert str(BUDGET) in body["error"] and "QUEEN_MAX_ANSWER_BYTES" in body["error"], body
+    return str(body["error"])
+
+
+def step(m: dict[str, Any], reads: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's step: ack the popped message, push a result, write a key, schedule a timer, and read."""
+    return {
+        "operations": [
+            {**ack_op(m), "consumerGroup": "w"},
+            push_op("out", "out-1", {"done": 1}),
+        ],
+        "requiredLeases": [m["leaseId"]],
+        "kv": [{"op": "put", "ns": "m", "key": "new", "value": 1, "forever": True}, *reads],
+        "timers": [timer_op("later", "t-1", {"later": 1}, 86_400_000, "later-1")],
+    }
+
+
+async def test_a_transaction_whose_kv_reads_pass_the_budget_is_413_and_writes_nothing(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, spy: Spy
+) -> None:
+    value = blob()
+    keys = [f"k{i}" for i in range(10)]
+    r = await kv(http, [{"op": "put", "ns": "m", "key": k, "value": value, "forever": True} for k in keys])
+    assert r.status_code == 200, r.text
+    await push(http, "in", [{"payload": 1, "transactionId": "job"}])
+    (m,) = (await pop(http, "in", consumerGroup="w"))["messages"]
+    before = await tx_state(conn)
+    spy.reset()
+    for reads, last in (
+        ([{"op": "getMany", "ns": "m", "keys": keys}], 1),  # 400 KB in one op
+        ([{"op": "get", "ns": "m", "key": "k0"}] * 10, 7),  # one key, ten times: the 7th get passes 256 KiB
+    ):
+        r = await http.post("/api/v1/transaction", json=step(m, reads))
+        assert f"kv[0..{last}] passes" in assert_tx_too_large(r)  # it stopped there, read no further
+        # under a request key (the outcome window's procedure) too: refused, and nothing recorded
+        keyed = await http.post("/api/v1/transaction", json=step(m, reads), headers={"Idempotency-Key": "step-1"})
+        assert f"kv[0..{last}] passes" in assert_tx_too_large(keyed)
+    assert spy.largest <= BUDGET + SLACK, spy.largest  # PostgreSQL stopped reading at the budget
+    assert await tx_state(conn) == before  # no ack, push, KV write or timer of the refused steps
+
+    # the binary body (QTB1): its framed pushes are not written either
+    head = orjson.dumps({"kv": [{"op": "getMany", "ns": "m", "keys": keys}]})
+    framed = encode_transaction_frames(head, [PushBatch("out", "Default", [b'{"done":2}'], ["out-2"])])
+    r = await http.post("/api/v1/transaction", content=framed, headers={"Content-Type": "application/x-queen-push"})
+    assert "kv[0..0] passes" in assert_tx_too_large(r)
+    assert await tx_state(conn) == before
+
+    # what fits is committed as before (the key the refusals used was not recorded: no replay, no reuse)
+    small = step(m, [{"op": "getMany", "ns": "m", "keys": keys[:3]}, {"op": "get", "ns": "m", "key": "k3"}])
+    r = await http.post("/api/v1/transaction", json=small, headers={"Idempotency-Key": "step-1"})
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert res["success"] is True and r.headers.get("Idempotent-Replayed") != "true"
+    ack, pushed, put, many, single, timer = res["results"]
+    assert ack["success"] is True and ack["noop"] is False  # the refused steps did not commit it
+    assert pushed["status"] == "queued" and put["applied"] is True and timer["status"] == "scheduled"
+    assert [row["key"] for row in many["rows"]] == keys[:3] and many["missing"] == []
+    assert single["found"] is True and single["value"] == value
+    after = await tx_state(conn)
+    assert after["messages"] == before["messages"] + 1 and after["timers"] == before["timers"] + 1
+    assert [row[2] for row in after["kv"] if row[1] == "new"] == ["1"] and len(after["kv"]) == len(before["kv"]) + 1

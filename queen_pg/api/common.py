@@ -78,7 +78,7 @@ def state(request: Request) -> AppState:
 
 def answer_budget(request: Request) -> int:
     """Bytes an answer that gathers many items may take (QUEEN_MAX_ANSWER_BYTES,
-    queen_pg/engine/answers.py): pages stop there, a /kv batch past it is 413."""
+    queen_pg/engine/answers.py): pages stop there, a /kv batch or a transaction's KV reads past it are 413."""
     return state(request).settings.max_answer_bytes
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from queen_pg.api import binary, decoded
 from queen_pg.api.body import Name, Text, TxnId, decode
 from queen_pg.api.common import (
+    answer_budget,
     check_name,
     json_response,
     permit,
@@ -102,8 +103,9 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
     description="All or nothing. A refusal decided under locks is a 200 verdict `{success: false, reason, error, "
     "...}` with nothing written: `kv_precondition` (a lost `required` KV condition; `failedIndex` is the flat "
     "index: operations (each ack and each push item one slot), then kv, then timers), `rejected_ack`, "
-    "`duplicate`, `too_large`. 503 `maintenance` when it pushes under push maintenance, 507 `storage_full` "
-    "when it pushes while storage is full.",
+    "`duplicate`, `too_large`. The KV results have the answer budget of POST /api/v1/kv (QUEEN_MAX_ANSWER_BYTES): "
+    "a transaction whose KV reads would answer more is 413 `answer_too_large`, nothing written. 503 `maintenance` "
+    "when it pushes under push maintenance, 507 `storage_full` when it pushes while storage is full.",
     openapi_extra=binary.documented(body(TransactionRequest, parameters=REQUEST_KEY)),
     responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
 )
@@ -170,7 +172,7 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     bundle = tx_engine.TxBundle(acks, pushes, body.requiredLeases, kv, timers, slot, packed)
     once = await request_once(request, "transaction")  # a keyed transaction commits once
     async with permit(request, "transaction"):
-        answer, wake = await tx_engine.commit(st.db, tenant(request), bundle, once)
+        answer, wake = await tx_engine.commit(st.db, tenant(request), bundle, once, answer_budget(request))
     wake_pushed(st, tenant(request), wake)  # the pushed queues, and those its acks left claimable
     if framed is not None and framed.counts_only:
         answer = binary.counted(answer, len(acks) + len(pushes))

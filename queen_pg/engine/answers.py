@@ -4,8 +4,8 @@ A page of a limit/offset listing (messages, dead letters, traces) or of a keyset
 ``getPrefix``) stops when its items reach the budget, and always holds at least one item, so a client
 makes progress through items larger than the budget. The procedures stop handing out rows there
 (their ``p_max_bytes``), and the broker stops decoding where the procedure could not know the size
-(a zstd segment). A read that cannot page (a ``/kv`` batch) is refused by its procedure instead
-(413 ``answer_too_large``, ``queen._refuse``).
+(a zstd segment). A read that cannot page (a ``/kv`` batch, a transaction's KV reads) is refused by its procedure
+instead (413 ``answer_too_large``, ``queen._kv_charge``: nothing of the call is written).
 """
 
 from __future__ import annotations

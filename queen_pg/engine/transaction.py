@@ -24,11 +24,11 @@ from queen_pg.security import crypto
 
 TX_SQL = (
     "SELECT queen.transaction_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25)"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26)"
 )
 TX_ONCE_SQL = (
     "SELECT * FROM queen.transaction_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29, $30)"
+    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29, $30, $31)"
 )
 
 
@@ -81,12 +81,18 @@ def _refuse_ack(ack: TxAck, why: str) -> Verdict:
     )
 
 
-async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = None) -> tuple[dict[str, Any], list[str]]:
+async def commit(
+    db: Database, tenant: str, tx: TxBundle, once: Once | None = None, max_bytes: int | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Commit the bundle: (the answer, the queues whose parked pops to wake: those it pushed to, and
     those where its acks left a partition claimable). Raises Verdict when it rolled back (nothing
     written). Under a request key
     (``once``) through ``queen.transaction_v2``: a retry within the window answers the recorded result
-    (same transactionId, same results) and commits nothing again."""
+    (same transactionId, same results) and commits nothing again.
+
+    ``max_bytes`` is the answer budget of the KV results (queen_pg/engine/answers.py; None = none), as
+    POST /api/v1/kv has it: past it the call is 413 ``answer_too_large`` and nothing of the bundle is
+    written."""
     pids: list[int] = []
     leases: list[uuid.UUID | None] = []
     for ack in tx.acks:
@@ -143,8 +149,8 @@ async def commit(db: Database, tenant: str, tx: TxBundle, once: Once | None = No
             tx.slots + len(tx.kv),
         )
         if once is None:
-            return await db.fetchval(TX_SQL, *args, prepared.sealed), False
-        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid, prepared.sealed)
+            return await db.fetchval(TX_SQL, *args, prepared.sealed, max_bytes), False
+        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid, prepared.sealed, max_bytes)
         return rows[0]["result"], rows[0]["replayed"]
 
     queues = [it.queue for it in items] + [str(op.get("queue")) for op in tx.timers.ops]

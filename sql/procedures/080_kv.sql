@@ -38,10 +38,18 @@
 -- queen._kv_run(tenant, ops jsonb, now, max_bytes) -> jsonb
 --   The batch of POST /api/v1/kv, called by queen.kv_v3 (096_outcomes.sql; queen_pg/engine/kv.py).
 --   As kv_v1 below, with an answer budget (NULL = none): each op may take what the ops before it left
---   (see _kv_apply), and once the results' JSON text (less the value of an applied put or putIfAbsent:
---   the request's own bytes, echoed) passes max_bytes the call is refused with
---   queen._refuse('answer_too_large', ...) (413 in the broker; the detail names the limit): the batch
---   is rolled back, nothing is written, and no more op is read.
+--   (see _kv_apply), and once the results pass max_bytes (queen._kv_charge below: the rule the
+--   transaction shares) the call is refused with queen._refuse('answer_too_large', ...) (413 in the
+--   broker; the detail names the limit): the batch is rolled back, nothing is written, and no more op
+--   is read.
+--
+-- queen._kv_charge(used, op, result, max_bytes, label, index) -> bigint
+--   The answer budget's rule for a list of KV results, shared by queen._kv_run and
+--   queen.transaction_v1 (095_transaction.sql): answers `used` plus the bytes of `result` (its JSON
+--   text, less the value of an applied put or putIfAbsent: the request's own bytes, echoed); past
+--   max_bytes (NULL = no budget: nothing counted) it refuses the call with
+--   queen._refuse('answer_too_large', ...) naming `label[0..index]` and the limit. The caller's
+--   statement aborts: nothing of it is written.
 --
 -- queen.kv_v1(tenant, ops jsonb, now) -> jsonb
 --   queen._kv_run with no budget (kept one release for a rolling deploy: older brokers call it).
@@ -324,6 +332,29 @@ LANGUAGE sql AS $$
     SELECT queen._kv_apply(p_tenant, p_op, p_now, NULL::bigint)
 $$;
 
+CREATE OR REPLACE FUNCTION queen._kv_charge(
+    p_used bigint, p_op jsonb, p_result jsonb, p_max_bytes bigint, p_label text, p_index integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_used bigint;
+BEGIN
+    IF p_max_bytes IS NULL THEN
+        RETURN p_used;
+    END IF;
+    v_used := p_used + octet_length(CASE WHEN p_op->>'op' IN ('put', 'putIfAbsent')
+                                              AND (p_result->>'applied')::boolean
+                                         THEN p_result - 'value' ELSE p_result END::text);
+    IF v_used > p_max_bytes THEN
+        PERFORM queen._refuse('answer_too_large', format(
+            'the answer to %s[0..%s] passes %s bytes, the broker''s answer budget '
+            '(QUEEN_MAX_ANSWER_BYTES); nothing was applied: ask for less per call (fewer or '
+            'narrower reads: split a getMany, page getPrefix with limit and after)', p_label, p_index, p_max_bytes));
+    END IF;
+    RETURN v_used;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION queen._kv_run(p_tenant text, p_ops jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -357,17 +388,7 @@ BEGIN
                 'version', v_result->'version', 'value', v_result->'value'));
         END IF;
         v_result := jsonb_build_object('index', v_index) || (v_result - '_lost');
-        IF p_max_bytes IS NOT NULL THEN  -- an applied put's value is the request's own: not charged
-            v_used := v_used + octet_length(CASE WHEN v_op->>'op' IN ('put', 'putIfAbsent')
-                                                      AND (v_result->>'applied')::boolean
-                                                 THEN v_result - 'value' ELSE v_result END::text);
-            IF v_used > p_max_bytes THEN
-                PERFORM queen._refuse('answer_too_large', format(
-                    'the answer to operations[0..%s] passes %s bytes, the broker''s answer budget '
-                    '(QUEEN_MAX_ANSWER_BYTES); nothing was applied: ask for less per call (fewer or '
-                    'narrower reads; page getPrefix with limit and after)', v_index, p_max_bytes));
-            END IF;
-        END IF;
+        v_used := queen._kv_charge(v_used, v_op, v_result, p_max_bytes, 'operations', v_index);
         v_results := v_results || jsonb_build_array(v_result);
     END LOOP;
     RETURN jsonb_build_object('results', v_results);

@@ -8,7 +8,12 @@
 --            p_required_leases: the bundle's requiredLeases;
 --            pushes: the arguments of queen.push_v1, and each item's flat index;
 --            p_kv: the validated KV ops (jsonb array), p_kv_base = flat index of p_kv[0];
---            p_timers + payloads/hashes/message ids: the validated timer ops, p_timer_base likewise.
+--            p_timers + payloads/hashes/message ids: the validated timer ops, p_timer_base likewise;
+--            p_sealed: push_v1's, per push group;
+--            p_max_bytes: the answer budget (QUEEN_MAX_ANSWER_BYTES, queen_pg/engine/answers.py; NULL =
+--                  none) of the KV results, as POST /api/v1/kv has it: each op may read what the ops
+--                  before it left (a getMany stops there), and once the KV results pass it
+--                  (queen._kv_charge, 080_kv.sql: one rule for both routes) the call is refused.
 -- Result:  {"acks":[ack results], "pushes":[push results], "kv":[kv results], "timers":[timer results],
 --          "wake":[queue names]}, each in input order; the broker stitches them into the flat `results`
 --          list, and wakes the pops parked on the `wake` queues (queen._ack_wakes: an acked cursor row
@@ -27,6 +32,9 @@
 --          duplicate      a pushed transactionId is already in its partition's dedup window;
 --          kv_precondition a `required` KV condition failed (failedIndex, kvReason, version, value).
 --          Precedence follows the planning order: acks, then pushes, then KV, then timers.
+-- Errors:  answer_too_large (queen._refuse, SQLSTATE QN001: 413 in the broker, not a verdict): the KV
+--          results pass p_max_bytes; the statement aborts, so its acks, pushes, KV writes and timers
+--          are all rolled back, and no later KV op is read.
 --          reserved: another write holds an acked cursor row right now (SQLSTATE 55P03 from NOWAIT,
 --          mapped by queen_pg/db to the `reserved` verdict): try again.
 -- Locks (docs/locks.md, in this order): KV keys (queen._kv_lock), timer keys (queen._timer_lock),
@@ -92,10 +100,14 @@ BEGIN
 END;
 $$;
 
--- p_sealed (added last, with a default: a broker of the previous release still calls it) is push_v1's.
+-- p_sealed and p_max_bytes come last, with defaults. The signature changed in place (no release
+-- holds the previous ones): both are dropped.
 DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
     uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
     uuid[], uuid[], integer, timestamptz);
+DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
+    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
+    uuid[], uuid[], integer, timestamptz, boolean[]);
 CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_tenant           text,
     p_ack_pids         bigint[],
@@ -122,7 +134,8 @@ CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_timer_msgids     uuid[],
     p_timer_base       integer,
     p_now              timestamptz DEFAULT NULL,
-    p_sealed           boolean[] DEFAULT NULL  -- per push group: sealed (queen.push_v1)
+    p_sealed           boolean[] DEFAULT NULL,  -- per push group: sealed (queen.push_v1)
+    p_max_bytes        bigint DEFAULT NULL      -- the KV results' answer budget (NULL = none)
 ) RETURNS jsonb
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$  -- Plans: see the header
 DECLARE
@@ -136,6 +149,7 @@ DECLARE
     v_kv       jsonb := '[]'::jsonb;
     v_timers   jsonb := '[]'::jsonb;
     v_wake     text[] := '{}';
+    v_used     bigint := 0;
     v_res      jsonb;
     v_op       jsonb;
     r          record;
@@ -245,10 +259,11 @@ BEGIN
     END IF;
     v_now := coalesce(p_now, clock_timestamp());  -- for KV and timers: after every lock wait
 
-    -- 4. KV, in order; a lost `required` condition rolls everything back
+    -- 4. KV, in order; a lost `required` condition rolls everything back, and so does an answer past
+    --    the budget (each op reads at most what the ops before it left)
     FOR v_op, i IN SELECT e.v, e.ord::integer FROM jsonb_array_elements(coalesce(p_kv, '[]')) WITH ORDINALITY AS e(v, ord)
     LOOP
-        v_res := queen._kv_apply(p_tenant, v_op, v_now);
+        v_res := queen._kv_apply(p_tenant, v_op, v_now, p_max_bytes - v_used);
         IF coalesce((v_res ->> '_lost')::boolean, false) AND coalesce((v_op ->> 'required')::boolean, false) THEN
             PERFORM queen._verdict('kv_precondition', jsonb_build_object(
                 'failedIndex', p_kv_base + i - 1, 'kvReason', v_res ->> 'reason',
@@ -256,7 +271,9 @@ BEGIN
                 'error', format('transaction rolled back: KV condition on %s/%s failed (%s)',
                                 v_op ->> 'ns', v_op ->> 'key', v_res ->> 'reason')));
         END IF;
-        v_kv := v_kv || jsonb_build_array((v_res - '_lost') || jsonb_build_object('index', p_kv_base + i - 1));
+        v_res := (v_res - '_lost') || jsonb_build_object('index', p_kv_base + i - 1);
+        v_used := queen._kv_charge(v_used, v_op, v_res, p_max_bytes, 'kv', i - 1);
+        v_kv := v_kv || jsonb_build_array(v_res);
     END LOOP;
 
     -- 5. timers

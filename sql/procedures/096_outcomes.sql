@@ -6,7 +6,8 @@
 --          a request without one calls the _v1 procedure directly, unchanged:
 --            queen.push_v2        POST /api/v1/push                 (wraps queen.push_v1)
 --            queen.ack_v2         POST /api/v1/ack, /ack/batch      (wraps queen.ack_v1)
---            queen.transaction_v2 POST /api/v1/transaction          (wraps queen.transaction_v1)
+--            queen.transaction_v2 POST /api/v1/transaction          (wraps queen.transaction_v1; its
+--                                 p_sealed and p_max_bytes last, as transaction_v1 has them)
 --            queen.kv_v2          (wraps queen.kv_v1; kept one release for older brokers)
 --            queen.kv_v3          POST /api/v1/kv, every request    (wraps queen._kv_run: kv_v1 with
 --                                 the answer budget p_max_bytes after p_now; key NULL = no key)
@@ -217,6 +218,9 @@ $$;
 DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
     uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
     uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text);
+DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
+    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
+    uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text, boolean[]);
 CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_tenant text, p_ack_pids bigint[], p_ack_hashes uuid[], p_ack_txns text[], p_ack_leases uuid[],
     p_ack_groups text[], p_ack_statuses text[], p_ack_index integer[], p_required_leases uuid[],
@@ -225,7 +229,8 @@ CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_timers jsonb, p_timer_payloads bytea[], p_timer_hashes uuid[], p_timer_msgids uuid[], p_timer_base integer,
     p_now timestamptz DEFAULT NULL,
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'transaction', p_body_hash uuid DEFAULT NULL,
-    p_window_s integer DEFAULT 60, p_transaction_id text DEFAULT NULL, p_sealed boolean[] DEFAULT NULL
+    p_window_s integer DEFAULT 60, p_transaction_id text DEFAULT NULL, p_sealed boolean[] DEFAULT NULL,
+    p_max_bytes bigint DEFAULT NULL
 ) RETURNS TABLE (result jsonb, replayed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -240,7 +245,7 @@ BEGIN
                                        p_ack_statuses, p_ack_index, p_required_leases, p_queues, p_partitions,
                                        p_blobs, p_item_group, p_item_hash, p_item_msgid, p_item_index,
                                        p_item_txns, p_kv, p_kv_base, p_timers, p_timer_payloads, p_timer_hashes,
-                                       p_timer_msgids, p_timer_base, p_now, p_sealed)
+                                       p_timer_msgids, p_timer_base, p_now, p_sealed, p_max_bytes)
                   || jsonb_build_object('transactionId', p_transaction_id);
         IF p_request_key IS NOT NULL THEN
             PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);
