@@ -12,8 +12,11 @@ import fastapi.routing
 import httpx
 import pytest
 
+from queen_pg.api.hot import HotRoutes
 from queen_pg.app import create_app
+from queen_pg.security.middleware import Security
 from queen_pg.security.roles import ROUTES, Level, RouteTable
+from queen_pg.security.web import WRITE_GETS
 from queen_pg.settings import Settings
 from tests.conftest import Broker
 from tests.helpers import pop, push
@@ -116,6 +119,14 @@ async def _pid(http: httpx.AsyncClient, queue: str) -> str:
     assert r.status_code == 200, r.text
     pid: str = r.json()["messages"][0]["partitionId"]
     return pid
+
+
+def test_the_hot_routes_are_inside_the_security_middleware() -> None:
+    """The data plane's fast path (HotRoutes) answers push/pop/ack itself: it must sit inside Security."""
+    app = create_app(Settings(database_url="postgresql://unused/x"))
+    order = [m.cls for m in app.user_middleware]  # outermost first
+    assert order.index(Security) < order.index(HotRoutes)
+    assert "/api/v1/pop" in WRITE_GETS and "/api/v1/pop/queue/" in WRITE_GETS  # the GETs that lease or ack
 
 
 @pytest.mark.parametrize("auto_ack", [True, False])
