@@ -39,5 +39,7 @@ VOLUME /data
 
 EXPOSE 6632
 # the broker binds loopback by default; in a container the published port is the boundary
+# (bound to 0.0.0.0 it accepts Host names that are IPs, loopback or single-label, e.g. a compose
+# service; a dotted name such as a Kubernetes service or a proxy's public name needs QUEEN_ALLOWED_HOSTS)
 ENV QUEEN_HOST=0.0.0.0
 CMD ["queen-pg", "serve"]

@@ -71,7 +71,7 @@ class Conn:
 
 
 def raw_request(method: str, path: str, body: bytes | None = None, ctype: bytes = b"application/json") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n".encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n".encode()
     if body is None:
         return head + b"\r\n"
     return head + b"Content-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (ctype, len(body), body)

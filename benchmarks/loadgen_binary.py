@@ -51,7 +51,7 @@ def binary_push_request(spec: dict[str, Any], cid: int, seq: int, part: int) -> 
     body = b"".join(
         (b"QPB1\x08", _U32.pack(1), _U16.pack(len(q)), q, _U16.pack(len(p)), p, _U32.pack(items), _U32.pack(len(z)), z)
     )
-    head = b"POST /api/v1/push HTTP/1.1\r\nHost: bench\r\nContent-Type: application/x-queen-push\r\n"
+    head = b"POST /api/v1/push HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-queen-push\r\n"
     return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 

@@ -94,6 +94,10 @@ FORBIDDEN = ErrorKind("forbidden", 403, "{detail}")
 UNSUPPORTED_MEDIA_TYPE = ErrorKind("unsupported_media_type", 415, "{detail}")
 BAD_HOST = ErrorKind("bad_host", 400, "{detail}")
 CATALOG.update({k.code: k for k in (UNAUTHORIZED, FORBIDDEN, UNSUPPORTED_MEDIA_TYPE, BAD_HOST)})
+# A browser request from another site to a route that changes state (queen_pg/security/middleware.py):
+# refused before it is authenticated or parsed, so it writes nothing.
+CROSS_SITE = ErrorKind("cross_site", 403, "{detail}")
+CATALOG[CROSS_SITE.code] = CROSS_SITE
 
 # Encrypted queues (queen_pg/security/crypto.py): a broker without the key an encrypted queue needs is a
 # configuration error, not an outage (409, no Retry-After); encryption_mismatch is raised by

@@ -354,9 +354,17 @@ class Settings(BaseSettings):
         False, description="Tenant from the x-queen-tenant header (or JWT_TENANT_CLAIM); off: default_tenant."
     )
     allowed_hosts: str = Field(
-        "", description="Comma-separated Host names (host or host:port) accepted; others 400. Empty: any."
+        "",
+        description="Comma-separated Host values accepted (name, name:port, *.suffix; * = any); others 400 "
+        "bad_host (DNS rebinding). Empty: loopback names (localhost, *.localhost, 127.0.0.1, [::1]) and the "
+        "bind address; bound to 0.0.0.0 or :: also IP addresses, single-label names and the machine's hostname "
+        "(logged at start as event=allowed_hosts_default).",
     )
-    cors_origins: str = Field("", description="Comma-separated origins allowed by CORS (* = any); empty: no CORS.")
+    cors_origins: str = Field(
+        "",
+        description="Comma-separated origins allowed by CORS (* = any); empty: no CORS. These origins may also "
+        "send state-changing requests cross-site, which are otherwise 403 cross_site.",
+    )
     encryption_key: str = Field(
         "",
         repr=False,

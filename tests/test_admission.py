@@ -53,7 +53,8 @@ class SlowBody:
 async def oversized(port: int) -> bytes:
     """A push announcing a body over the limit, sent on a raw socket (httpx refuses to under-send)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = f"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {BODY + 1}"
+    n = BODY + 1
+    head = f"POST /api/v1/push HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {n}"
     writer.write(head.encode() + b"\r\n\r\n{")
     await writer.drain()
     answer = await reader.read()  # the broker closes the connection after refusing

@@ -18,7 +18,8 @@ from tests.helpers import eventually, until
 from tests.serve_process import ServeProcess
 
 CHUNKED_HEAD = (
-    b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"POST /api/v1/push HTTP/1.1\r\nhost: localhost\r\n"
+    b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
 )
 
 JSON = {"content-type": "application/json"}

@@ -49,7 +49,7 @@ async def read_all(reader: asyncio.StreamReader) -> bytes:
 async def test_a_dribbling_head_is_closed_within_the_timeout(guarded: Callable[..., Any]) -> None:
     b = await guarded(header_timeout_s=0.5)
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
-    head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 1000
+    head = b"GET /health HTTP/1.1\r\nhost: localhost\r\nx-slow: " + b"a" * 1000
     t0 = time.monotonic()
 
     async def dribble() -> None:
@@ -88,11 +88,11 @@ async def test_a_long_request_and_keep_alive_are_not_cut(guarded: Callable[..., 
     b = await guarded(header_timeout_s=0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
     # a long-poll that lasts 3x the head timeout, then a second request on the same connection
-    writer.write(b"GET /api/v1/pop/queue/none?wait=true&timeout=1000 HTTP/1.1\r\nhost: x\r\n\r\n")
+    writer.write(b"GET /api/v1/pop/queue/none?wait=true&timeout=1000 HTTP/1.1\r\nhost: localhost\r\n\r\n")
     await writer.drain()
     first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert first.startswith(b"HTTP/1.1 204"), first
-    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    writer.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
     await writer.drain()
     second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert second.startswith(b"HTTP/1.1 200"), second
@@ -110,14 +110,14 @@ async def test_connections_beyond_the_cap_are_refused_with_503(guarded: Callable
     assert b"retry-after: 1" in answer.lower() and b'"code":"overloaded"' in answer
     # a held connection still works
     r0, w0 = held[0]
-    w0.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    w0.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
     assert (await asyncio.wait_for(r0.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
     # one goes: a new one is admitted
     _, w1 = held.pop()
     w1.close()
     await eventually(lambda: len(b.server.server_state.connections) == 3, "the broker to see it go")
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
-    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    writer.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
     assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
     writer.close()
     for _, w in held:
@@ -130,7 +130,7 @@ async def test_a_stalled_body_is_answered_408_and_frees_its_admission_bytes(guar
     b = await guarded(body_idle_timeout_s=0.5)
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
     writer.write(
-        b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /api/v1/push HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         b"content-length: 1000000\r\n\r\n" + b'{"items": [{"queue": "q", "payload": "' + b"x" * 100
     )
     await writer.drain()
@@ -148,7 +148,7 @@ async def test_a_body_sent_slowly_but_steadily_is_not_cut(guarded: Callable[...,
     b = await guarded(body_idle_timeout_s=0.3)
     body = b'{"items": [{"queue": "q", "payload": 1}]}'
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
-    writer.write(b"POST /api/v1/push HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
+    writer.write(b"POST /api/v1/push HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n")
     writer.write(b"content-length: %d\r\n\r\n" % len(body))
     for i in range(0, len(body), 8):  # 6 chunks 0.2 s apart: 1 s in all, each gap under the timeout
         writer.write(body[i : i + 8])

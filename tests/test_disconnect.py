@@ -20,7 +20,7 @@ from tests.helpers import eventually, push, until
 
 async def open_pop(port: int, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n".encode())
     await writer.drain()
     return reader, writer
 

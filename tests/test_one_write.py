@@ -44,7 +44,7 @@ class Watched:
 
 
 def request(method: str, path: str, body: bytes = b"", extra: bytes = b"") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nhost: x\r\n".encode() + extra
+    head = f"{method} {path} HTTP/1.1\r\nhost: localhost\r\n".encode() + extra
     if body:
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
     return head + b"\r\n" + body

@@ -15,6 +15,7 @@ from fastapi.responses import FileResponse, Response
 
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.resources import data_dir
+from queen_pg.security.web import FRAME_DENY
 
 router = APIRouter(include_in_schema=False)
 
@@ -27,8 +28,9 @@ _TYPES = {
     ".ico": "image/x-icon",
 }
 # a replica upgraded in place must not serve a stale module next to a new one: revalidate every time
-# (FileResponse answers 304 to a matching If-None-Match / If-Modified-Since)
-_CACHE = {"Cache-Control": "no-cache"}
+# (FileResponse answers 304 to a matching If-None-Match / If-Modified-Since); and no page may frame
+# the dashboard (clickjacking its buttons)
+_HEADERS = {"Cache-Control": "no-cache", **FRAME_DENY}
 
 
 def webapp_dir() -> Path:
@@ -44,7 +46,7 @@ def _file(root: Path, name: str) -> Response:
         found = False
     if not found:
         raise QueenError(NOT_FOUND, detail=f"no dashboard file {name!r}")
-    return FileResponse(path, media_type=_TYPES[path.suffix], headers=_CACHE)
+    return FileResponse(path, media_type=_TYPES[path.suffix], headers=_HEADERS)
 
 
 @router.api_route("/", methods=["GET", "HEAD"])

@@ -26,6 +26,8 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel
 
+from queen_pg.security.web import FRAME_DENY
+
 _MODELS: dict[str, type[msgspec.Struct]] = {}
 _EXTRA: dict[str, dict[str, Any]] = {}  # JSON Schema a Struct cannot carry (``oneOf`` across fields)
 _REF = "#/components/schemas/{model}"
@@ -189,7 +191,7 @@ def _install_pages(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui(request: Request) -> Response:
         root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=root + openapi_url,
             title=f"{app.title} - API",
             swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
@@ -197,17 +199,21 @@ def _install_pages(app: FastAPI) -> None:
             swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             swagger_ui_parameters=app.swagger_ui_parameters,
         )
+        page.headers.update(FRAME_DENY)  # no page may frame the docs (their "Try it out" sends requests)
+        return page
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request) -> Response:
         root = request.scope.get("root_path", "")
-        return get_redoc_html(
+        page = get_redoc_html(
             openapi_url=root + openapi_url,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             with_google_fonts=False,
         )
+        page.headers.update(FRAME_DENY)
+        return page
 
     @app.get(ASSETS_URL + "/{name}", include_in_schema=False)
     async def asset(name: str) -> Response:

@@ -8,7 +8,9 @@ the ``Request`` and their path parameters, so :class:`HotRoutes`, the innermost 
 middleware, matches them itself (the routes' own ``matches``: same path templates, same convertors,
 same ``scope["route"]`` for the metrics label) and awaits the endpoint. Every other request, and a
 hot path with another method (405), goes on to FastAPI's router as before; every route stays
-registered and documented in FastAPI.
+registered and documented in FastAPI. The security middleware (queen_pg/security/middleware.py: Host,
+cross-site, token, level, tenant, Content-Type) is outside this one, so the hot routes pass the same
+checks as every other route before they are matched here.
 
 An exception from the endpoint goes to the app's own exception handlers (``app.exception_handlers``,
 looked up by class as Starlette's ExceptionMiddleware does: QueenError, Verdict, ...); one no handler

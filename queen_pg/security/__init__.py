@@ -5,8 +5,9 @@ Invariants:
   get the caller from ``scope["state"]["queen_principal"]`` (``principal()``, ``need()``,
   ``queen_pg.api.common.tenant()``).
 * Every route of the app has a level in ``roles.ROUTES`` (a test enforces it).
-* With everything off (the defaults) the middleware changes nothing but the 415 on non-JSON
-  state-changing requests: the fixed default tenant, every level.
+* With everything off (the defaults) the middleware refuses only what a browser could be made to do:
+  a foreign ``Host`` (400), a cross-site request that changes state (403), a non-JSON state-changing
+  body (415); every other request gets the fixed default tenant and every level.
 * Secrets (JWT_SECRET, keys, tokens, database passwords) never reach a log line, an error body or
   /metrics.
 """
@@ -19,6 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.security.middleware import STATE_KEY, Principal, Security
 from queen_pg.security.roles import Level
+from queen_pg.security.web import split_list
 from queen_pg.settings import Settings
 
 __all__ = ["Level", "Principal", "install", "need", "principal"]
@@ -29,7 +31,7 @@ CORS_HEADERS = ["Authorization", "Content-Type", "x-queen-tenant", "Idempotency-
 def install(app: FastAPI, settings: Settings) -> None:
     """Add the security middleware (inside it: the app's own; outside: CORS when configured)."""
     app.add_middleware(Security, settings=settings)
-    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    origins = split_list(settings.cors_origins)
     if origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,6 +1,8 @@
-"""Pure-ASGI middleware that runs before every route: Host check, JWT, tenant, Content-Type.
+"""Pure-ASGI middleware that runs before every route: Host check, cross-site, JWT, tenant, Content-Type.
 
-Order inside one request: a foreign ``Host`` is 400; then (JWT on, path not skipped) a missing,
+It wraps every route, the data plane's too (``queen_pg.api.hot.HotRoutes`` is inside it). Order inside
+one request: a foreign ``Host`` is 400; a browser request from another site that would change state
+is 403 ``cross_site`` (both decided in queen_pg/security/web.py); then (JWT on, path not skipped) a missing,
 invalid or expired token is 401 with ``WWW-Authenticate: Bearer`` and a valid token below the
 route's level (queen_pg/security/roles.py) is 403; then the tenant is resolved (400/403,
 queen_pg/security/tenancy.py); then a state-changing request whose Content-Type is not JSON (or the
@@ -18,11 +20,20 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from queen_pg.errors import BAD_HOST, BAD_REQUEST, FORBIDDEN, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, ErrorKind
+from queen_pg.errors import (
+    BAD_HOST,
+    BAD_REQUEST,
+    CROSS_SITE,
+    FORBIDDEN,
+    UNAUTHORIZED,
+    UNSUPPORTED_MEDIA_TYPE,
+    ErrorKind,
+)
 from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteTable, granted
 from queen_pg.security.tenancy import HEADER, TenantError, resolve
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
+from queen_pg.security.web import HostPolicy, cross_site, split_list
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
@@ -42,10 +53,6 @@ class Principal:
     authenticated: bool
 
 
-def _split(raw: str) -> list[str]:
-    return [p.strip() for p in raw.split(",") if p.strip()]
-
-
 def json_type(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media in ("application/json", BINARY_PUSH) or (media.startswith("application/") and media.endswith("+json"))
@@ -61,19 +68,17 @@ async def _error(send: Send, kind: ErrorKind, detail: str, headers: dict[str, st
     await send({"type": "http.response.body", "body": body})
 
 
-def _host_allowed(host: str, allowed: list[str]) -> bool:
-    host = host.lower()
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    for entry in allowed:
-        if entry == "*" or entry == host or entry == name:
-            return True
-        if entry.startswith("*.") and (name.endswith(entry[1:])):
-            return True
-    return False
-
-
 _WANTED = frozenset(
-    {b"host", b"authorization", b"content-type", b"content-length", b"transfer-encoding", HEADER.encode()}
+    {
+        b"host",
+        b"authorization",
+        b"content-type",
+        b"content-length",
+        b"transfer-encoding",
+        b"origin",
+        b"sec-fetch-site",
+        HEADER.encode(),
+    }
 )
 
 
@@ -91,8 +96,16 @@ class Security:
         self.app = app
         self.settings = settings
         self.table = RouteTable()
-        self.skip = frozenset(_split(settings.jwt_skip_paths))
-        self.allowed_hosts = [h.lower() for h in _split(settings.allowed_hosts)]
+        self.skip = frozenset(split_list(settings.jwt_skip_paths))
+        self.hosts = HostPolicy(settings)
+        self.hosts.log_start()
+        self.origins = frozenset(split_list(settings.cors_origins))
+        if settings.jwt_enabled and settings.tenancy_header and not settings.jwt_tenant_claim:
+            log.warning(
+                "event=tenant_header_unbound detail=QUEEN_TENANCY_HEADER=1 with JWT_ENABLED=1 and no "
+                "JWT_TENANT_CLAIM: any valid token may act in any tenant it names in x-queen-tenant; "
+                "set JWT_TENANT_CLAIM to bind tokens to their tenant"
+            )
         self.verifier = Verifier.build(settings) if settings.jwt_enabled else None
         # nothing to resolve (no JWT, one tenant): every request is the same principal
         self.fixed = (
@@ -105,10 +118,17 @@ class Security:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        if self.allowed_hosts and not _host_allowed(headers.get(b"host", ""), self.allowed_hosts):
-            await _error(send, BAD_HOST, "Host header not allowed (QUEEN_ALLOWED_HOSTS)")
+        host = headers.get(b"host")
+        if not self.hosts.allows(host):
+            await _error(send, BAD_HOST, "Host header not allowed (QUEEN_ALLOWED_HOSTS lists the accepted names)")
             return
         method: str = scope["method"]
+        refused = cross_site(
+            method, scope["path"], headers.get(b"sec-fetch-site"), headers.get(b"origin"), host, self.origins
+        )
+        if refused is not None:
+            await _error(send, CROSS_SITE, refused)
+            return
         principal = self.fixed or await self._resolve(scope, method, headers, send)
         if principal is None:
             return  # refused: the answer is sent
