@@ -194,7 +194,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(Verdict)
     async def _verdict(request: Request, exc: Verdict) -> Response:
-        # a refusal decided in SQL: nothing was written; clients read it from a 200 body (WIRE.md §0.5)
+        # a refusal decided in SQL: nothing was written; clients read it from a 200 body (docs/wire.md#verdicts)
         body = {"success": False, "reason": exc.reason, **exc.detail}
         body.setdefault("error", f"rolled back: {exc.reason}")
         return json_response(body)
@@ -217,7 +217,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_traces.router)
     app.include_router(routes_system.router)
     app.include_router(routes_dlq.router)
-    app.include_router(admin_moves.router)  # WIRE §9.7: POST …/{tid}/dlq, DELETE /queues/{q}/clear
+    app.include_router(admin_moves.router)  # docs/wire.md#legacy-admin: POST …/{tid}/dlq, DELETE /queues/{q}/clear
     app.include_router(routes_groups.router)
     app.include_router(routes_kv.router)
     app.include_router(kv_browse.router)

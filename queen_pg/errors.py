@@ -23,7 +23,7 @@ class ErrorKind:
 
 BAD_JSON = ErrorKind("bad_json", 400, "request body is not valid JSON: {detail}")
 BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
-# A malformed binary body (WIRE.md §3, queen_pg/engine/binary.py): the answer also carries `offset`.
+# A malformed binary body (docs/wire.md#binary-formats, queen_pg/engine/binary.py): the answer also carries `offset`.
 BAD_BINARY = ErrorKind("bad_binary", 400, "malformed binary body: {detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
@@ -39,7 +39,7 @@ DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail
 # log line with the cause and traceback also carries (queen_pg/api/internal.py, queen_pg/db/pool.py).
 INTERNAL = ErrorKind("internal", 500, "internal error (request id {request_id}); the cause is in the broker's log")
 
-# KV and locks families (WIRE.md §4): rendered as {"error": code, "code", "reason", "detail"} by
+# KV and locks families (docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by
 # queen_pg/api/routes_kv.py; `reason` (a stable id) comes in the QueenError's fields.
 KV_BAD_REQUEST = ErrorKind("kv_bad_request", 400, "{detail}")
 LOCKS_BAD_REQUEST = ErrorKind("locks_bad_request", 400, "{detail}")
@@ -52,7 +52,7 @@ CATALOG[BAD_BINARY.code] = BAD_BINARY
 CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
-# Timers family (WIRE.md §2.8, §4): rendered as {"error": code, "code", "reason", "detail"} by
+# Timers family (docs/wire.md#timers, §4): rendered as {"error": code, "code", "reason", "detail"} by
 # queen_pg/api/routes_timers.py; `reason` (a stable id) comes in the QueenError's fields.
 TIMERS_BAD_REQUEST = ErrorKind("timers_bad_request", 400, "{detail}")
 CATALOG[TIMERS_BAD_REQUEST.code] = TIMERS_BAD_REQUEST

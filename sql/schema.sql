@@ -16,7 +16,7 @@
 
 CREATE SCHEMA IF NOT EXISTS queen;
 
--- A queue: identity and configuration (field names and defaults as WIRE.md §2.9).
+-- A queue: identity and configuration (field names and defaults as docs/wire.md#configure).
 CREATE TABLE IF NOT EXISTS queen.queues (
     id                      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant                  text NOT NULL,
@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS queen.log_partitions (
     CONSTRAINT log_partitions_queue_name_key UNIQUE (queue_id, name)
 ) WITH (fillfactor = 70);
 
--- One row per append: the appended messages as QPF1 frames (WIRE.md §3.3), zstd-compressed by the
+-- One row per append: the appended messages as QPF1 frames (docs/wire.md#framed-pop), zstd-compressed by the
 -- broker (codec 1), or raw (codec 0) when SQL wrote the frame itself (a dead letter put back). `dropped` lists frame indexes (0-based) that are not part of the log: items of the append
 -- that turned out to be duplicates of stored messages, or (a dead letter put back before the dlq_fill
 -- job copied its payload out) every frame of the copied segment but the one put back. Message k of the log (k = 0, 1, ...) inside
@@ -123,7 +123,7 @@ CREATE TABLE IF NOT EXISTS queen.log_groups (
     CONSTRAINT log_groups_pkey PRIMARY KEY (queue_id, name)
 );
 
--- One cursor and lease per (partition, group). An ack is an offset commit (WIRE.md §9.1): the group
+-- One cursor and lease per (partition, group). An ack is an offset commit (docs/wire.md#ack-offset-commit): the group
 -- has completed everything below cursor_offset and nothing at or above it; there is no per-message
 -- state (the `acked` out-of-order array of 0.1 is gone: log_passes holds the rare admin exceptions).
 CREATE TABLE IF NOT EXISTS queen.log_consumers (
@@ -275,7 +275,7 @@ CREATE INDEX IF NOT EXISTS kv_expires_idx ON queen.kv (expires_at) WHERE expires
 
 -- Timers: a message scheduled into a queue. A row exists from schedule until its fire commits: firing
 -- pushes it (transactionId = txn, data = payload, id = message_id) and deletes the row in the same
--- transaction, no tombstone (WIRE §9.5). Writers serialize per key with the advisory lock
+-- transaction, no tombstone (docs/wire.md#timers-no-tombstone). Writers serialize per key with the advisory lock
 -- (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)) in ascending key order (docs/locks.md).
 CREATE TABLE IF NOT EXISTS queen.timers (
     tenant              text NOT NULL,

@@ -1,5 +1,5 @@
-"""WIRE.md §9.1: an ack is an offset commit. Commit-through-N and the four honesty rules, each with the
-official client (queen-mq 2.6.0) where it can express it, raw HTTP where it cannot, and the same rules
+"""An ack is an offset commit (docs/wire.md#ack-offset-commit). Commit-through-N and the four honesty rules, each
+with the official client (queen-mq 2.6.0) where it can express it, raw HTTP where it cannot, and the same rules
 inside /transaction."""
 
 from __future__ import annotations

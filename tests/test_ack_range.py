@@ -2,7 +2,7 @@
 item `completed`, at or above the cursor, inside the live lease it names or naming none) commits through
 its highest offset without being judged item by item. Anything else is judged item by item.
 
-The proof that both ways give the same verdicts: WIRE §9.1 rule 4 says an unresolvable item changes
+The proof that both ways give the same verdicts: docs/wire.md#ack-offset-commit rule 4 says an unresolvable item changes
 nothing and the rest of the call is judged as if it were not there, and one unresolvable item always
 sends the whole row down the item-by-item path. So every batch below is settled twice (each time in a
 transaction that is rolled back): alone, and with an unresolvable item added; the verdicts of the real

@@ -1,4 +1,4 @@
-"""WIRE §9.4 (one message's detail with consumerGroups) with the official client's admin.get_message,
+"""docs/wire.md#message-detail (one message's detail with consumerGroups) with the official client's admin.get_message,
 and §9.7 (the 0.x admin calls: dead-letter one message now, clear a queue) over raw HTTP; the 0.x client
 itself drives them in tests/test_e2e_client_015.py."""
 
@@ -175,7 +175,7 @@ async def test_move_to_dlq_for_a_named_group_releases_a_lease_it_empties(
 async def test_move_to_dlq_above_the_cursor_is_passed_over_not_committed_through(
     http: httpx.AsyncClient, conn: asyncpg.Connection
 ) -> None:
-    """An ack is an offset commit (WIRE §9.1): dead-lettering t1 while g's cursor is at t0 must not
+    """An ack is an offset commit (docs/wire.md#ack-offset-commit): dead-lettering t1 while g's cursor is at t0 must not
     complete t0; g passes over t1 (a log_passes row), t1 reads as consumed for g, and a redelivery of
     t0 skips t1."""
     await push(http, "ma", [{"payload": i, "transactionId": f"t{i}"} for i in range(3)])

@@ -1,5 +1,5 @@
-"""WIRE §9.6: the KV namespace rule (lowercase letters, digits, '-', '_', '.', ':', starting with a letter
-or digit, at most 128 bytes) at every KV entry point (/kv and the transaction's kv rider), and the
+"""The KV namespace rule (docs/wire.md#kv-namespaces: lowercase letters, digits, '-', '_', '.', ':', starting
+with a letter or digit, at most 128 bytes) at every KV entry point (/kv and the transaction's kv rider), and the
 reserved namespace queen-locks: readable, not writable through /kv. Official client where it can say it."""
 
 from __future__ import annotations

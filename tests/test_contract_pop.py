@@ -1,4 +1,4 @@
-"""WIRE §9.2 (subscriptionMode/subscriptionFrom) and §9.3 (pop leaseSeconds), with both official
+"""docs/wire.md#subscription (subscriptionMode/subscriptionFrom) and §9.3 (pop leaseSeconds), with both official
 clients where they can express the rule, raw HTTP and time passed into queen.pop_v1 otherwise."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The binary formats end to end (WIRE §3): the official client's QPB1 flag-8 pushes stored as they came,
-QTB1 transactions, QPF1 framed pops shipping the stored blobs; JSON and binary producers and consumers
+"""The binary formats end to end (docs/wire.md#binary-formats): the official client's QPB1 flag-8 pushes stored
+as they came, QTB1 transactions, QPF1 framed pops shipping the stored blobs; JSON and binary producers and consumers
 sharing one queue; dedup; producerSub from the token; and the hostile sweep (every malformed body a 400
 with the byte offset, nothing written). The JSON flows with the binary client are
 tests/test_e2e_client.py's, parametrized."""

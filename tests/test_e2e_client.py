@@ -1,6 +1,6 @@
 """End to end with the official client, queen-mq 2.6.0, against a real broker over HTTP: once with the
-client's defaults (JSON), once with its three binary options (WIRE §3: QPB1 pushes with client-framed
-zstd groups, QTB1 transactions, QPF1 framed pops)."""
+client's defaults (JSON), once with its three binary options (docs/wire.md#binary-formats: QPB1 pushes with
+client-framed zstd groups, QTB1 transactions, QPF1 framed pops)."""
 
 from __future__ import annotations
 

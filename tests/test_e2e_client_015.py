@@ -143,7 +143,7 @@ async def test_client_015_push_pop_ack_transaction_dlq_and_delete(broker: Broker
     # the 0.x consume loop: batches as asked, auto-acked, stops at the limit
     assert w["consume"] == [[0, 1], [2]]
 
-    # an ack of an unknown message is refused (HTTP 200, success:false, WIRE §9.1 rule 4)
+    # an ack of an unknown message is refused (HTTP 200, success:false, docs/wire.md#ack-offset-commit rule 4)
     assert w["ack_unknown"]["success"] is False and "unresolvable" in w["ack_unknown"]["error"]
 
     # the database agrees
@@ -188,7 +188,7 @@ async def test_client_015_push_pop_ack_transaction_dlq_and_delete(broker: Broker
 
 
 async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, conn: asyncpg.Connection) -> None:
-    """WIRE §9.2, §9.4 and §9.7 through the 0.x client's own API."""
+    """docs/wire.md#subscription, §9.4 and §9.7 through the 0.x client's own API."""
     s = await drive(broker, "contract")
     c, wire = s["contract"], s["wire"]
     # §9.2: from_beginning was a 400 that stopped consume(); now it reads the backlog in order

@@ -1,4 +1,4 @@
-"""KV (WIRE.md §2.6) against a real PostgreSQL: every op and reason at its edges through the engine with
+"""KV (docs/wire.md#kv) against a real PostgreSQL: every op and reason at its edges through the engine with
 time passed in (p_now), the 400s of the validator, the HTTP shapes, the expired-row sweep, and end to end
 with the official client queen-mq 2.6.0."""
 

@@ -1,4 +1,4 @@
-"""Locks and semaphores (WIRE.md §2.7) against a real PostgreSQL: acquire/renew/release/get through the
+"""Locks and semaphores (docs/wire.md#locks) against a real PostgreSQL: acquire/renew/release/get through the
 engine with time passed in (p_now), the permit as a KV row and its guard, the 400s, and end to end with
 the official client queen-mq 2.6.0."""
 

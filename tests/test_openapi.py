@@ -18,7 +18,7 @@ from tests.conftest import Broker
 
 REF_PREFIX = "#/components/schemas/"
 ERROR_REF = {"$ref": REF_PREFIX + "ErrorBody"}
-NO_BODY_POSTS = {  # the client sends Content-Length: 0 (WIRE.md §0 item 2)
+NO_BODY_POSTS = {  # the client sends Content-Length: 0 (docs/wire.md#empty-posts)
     "/api/v1/lease/{lease_id}/extend",
     "/api/v1/messages/{partition_id}/{transaction_id}/retry",
     "/api/v1/stats/refresh",

@@ -1,5 +1,5 @@
 """The JSON pop answer rendered to bytes (queen_pg/engine/pop_render.py) says exactly what the dict
-rendering it replaced said (WIRE §2.2), byte for byte; the segment cache shares decodes between
+rendering it replaced said (docs/wire.md#pop), byte for byte; the segment cache shares decodes between
 groups, stays within its byte budget, never serves a changed blob, and never holds an encrypted
 queue's plaintext. Rows come from the real queen.pop_v1; some are varied by hand (passed offsets,
 redelivery) to reach every branch."""

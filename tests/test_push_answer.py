@@ -1,5 +1,5 @@
 """A push's answer rendered straight to bytes (queen_pg/engine/push.py ``answer``/``Answer``): the bytes
-are exactly what the per-item dicts + orjson gave before (WIRE.md §2.1: field names, order, types;
+are exactly what the per-item dicts + orjson gave before (docs/wire.md#push: field names, order, types;
 a duplicate carries the original's message id and offset), for the JSON and binary paths, fused or
 alone, with and without transactionIds, under a request key (recorded and replayed), and the counts
 the route derives from it (metrics, waiters) are the items'.

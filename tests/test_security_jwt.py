@@ -434,6 +434,7 @@ async def test_a_fired_timer_carries_the_schedulers_sub(jwt_broker: Broker) -> N
         assert got.status_code == 200, got.text
         assert [m["producerSub"] for m in got.json()["messages"]] == ["bob"]
 
+
 # ---- exp: a NumericDate, required by default --------------------------------------------------
 
 

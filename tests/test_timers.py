@@ -1,4 +1,4 @@
-"""Timers (WIRE.md §2.8) against a real PostgreSQL and real HTTP: schedule, peek, list, cancel, the firing
+"""Timers (docs/wire.md#timers) against a real PostgreSQL and real HTTP: schedule, peek, list, cancel, the firing
 job (exactly once, at the deliverAt edge, against cancels and writers holding the key), the 400s, and
 the official client end to end. The broker's own jobs are off; each test fires by calling the job's
 ``run_once`` with its own clock (p_now), never sleeping for time to pass."""
@@ -150,7 +150,7 @@ async def test_fires_exactly_at_deliver_at_as_the_promised_message(
     assert answer is not None
     [msg] = answer["messages"]
     assert (msg["transactionId"], msg["id"], msg["data"]) == ("tx-7", res["messageId"], {"order": 7, "s": "é"})
-    # no tombstone (WIRE §9.5): the fire deleted the row
+    # no tombstone (docs/wire.md#timers-no-tombstone): the fire deleted the row
     assert (await http.get("/api/v1/timers/fire/k")).json() == {"found": False}
     assert (await http.get("/api/v1/timers/fire")).json()["rows"] == []
     assert await conn.fetchval("SELECT count(*) FROM queen.timers") == 0
@@ -190,7 +190,8 @@ async def test_a_timer_whose_txn_is_already_in_the_partition_pushes_nothing(
 
 
 async def test_cancel_after_the_fire_is_absent_and_txn_filters(http: httpx.AsyncClient, db: Database) -> None:
-    """WIRE §9.5: once the fire committed there is no row left; too_late is only for a fire in progress."""
+    """Once the fire committed there is no row left; too_late is only for a fire in progress
+    (docs/wire.md#timers-no-tombstone)."""
     [res] = await schedule(http, op("late", "k", delay_ms=0, txn="t"))
     await fire_job().run_once(db, now=at(res))
     r = (await http.delete("/api/v1/timers/late/k")).json()
@@ -312,8 +313,8 @@ async def test_cancels_during_a_real_fire_are_too_late_and_the_fire_pushes_them(
 async def test_a_delivery_time_in_the_past_fires_on_the_first_cycle(
     http: httpx.AsyncClient, db: Database, conn: asyncpg.Connection
 ) -> None:
-    """WIRE §9.5: a negative delay is legal; the job's first cycle after the schedule fires it (no time
-    passed in: the job runs at the database's clock, as the broker's job does)."""
+    """A negative delay is legal (docs/wire.md#timers-no-tombstone); the job's first cycle after the schedule fires
+    it (no time passed in: the job runs at the database's clock, as the broker's job does)."""
     [res] = await schedule(http, op("past", "k", {"late": True}, delay_ms=-3_600_000))
     assert res["ok"] is True and res["status"] == "scheduled"
     assert await fire_job().run_once(db) == 1

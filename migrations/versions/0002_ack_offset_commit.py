@@ -5,7 +5,7 @@ Revises: 0001
 Create Date: 2026-12-02
 
 * ``log_consumers.acked`` (offsets completed out of order above the cursor) goes: an ack commits the
-  cursor through its offset (WIRE.md §9.1), so a group's whole state in a partition is its cursor.
+  cursor through its offset (docs/wire.md#ack-offset-commit), so a group's whole state in a partition is its cursor.
   Offsets a group must pass over (a dead letter requeued for another group, a message deleted ahead of
   the cursor) are rows of the new ``log_passes``. A cursor row that had offsets in ``acked`` keeps
   them pending: they are delivered again (at-least-once), which is what the new rule would do too.

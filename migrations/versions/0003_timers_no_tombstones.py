@@ -1,4 +1,4 @@
-"""timers: no tombstones (WIRE §9.5)
+"""timers: no tombstones (docs/wire.md#timers-no-tombstone)
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""The two 0.x admin calls still in use (WIRE §9.7): routes, their body and answers.
+"""The two 0.x admin calls still in use (docs/wire.md#legacy-admin): routes, their body and answers.
 
 * ``POST /api/v1/messages/{partitionId}/{transactionId}/dlq`` dead-letters one message now for ONE
   consumer group: ``consumerGroup`` (query parameter or body field; the query wins), default queue
@@ -78,7 +78,7 @@ class QueueCleared(Answer):
 
 @router.post(
     "/messages/{partition_id}/{transaction_id:path}/dlq",
-    summary="Dead-letter one message now, for one consumer group (0.x admin call, WIRE §9.7)",
+    summary="Dead-letter one message now, for one consumer group (0.x admin call; docs/wire.md#legacy-admin)",
     description="As an ack with status `dlq` by that group would: the dead letter is listed by `/dlq`, the "
     "group's cursor moves over the message, other groups are not touched. 404 when the partition, the "
     "group's cursor on it or the message is unknown; 409 `conflict` when the group already completed or "
@@ -100,7 +100,7 @@ async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) 
 
 @router.delete(
     "/queues/{queue}/clear",
-    summary="Drop every message of a queue, keep the queue and its configuration (0.x admin call, WIRE §9.7)",
+    summary="Drop every message of a queue, keep the queue and its configuration (0.x admin call)",
     description="Segments, transactionId hashes and dead letters go; partitions, groups and configuration "
     "stay. Offsets are not reused: every group's cursor moves to the end, so nothing is pending and new "
     "pushes are read as usual. Live leases are broken (their acks find no message). Pending timers stay. "

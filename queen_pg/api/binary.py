@@ -1,4 +1,4 @@
-"""The binary formats at the HTTP edge (WIRE.md §3): a push or transaction whose Content-Type is
+"""The binary formats at the HTTP edge (docs/wire.md#binary-formats): a push or transaction whose Content-Type is
 ``application/x-queen-push`` (QPB1 / QTB1, parsed by queen_pg/engine/binary.py), and the framed pop
 answer (QPF1, ``application/x-queen-pop``, queen_pg/engine/pop_frames.py). JSON stays the default: the
 routes call in here only when the request's Content-Type (or ``frames=true``) asks for it.
@@ -47,7 +47,8 @@ PUSH_TYPE = "application/x-queen-push"
 
 
 BODY_DOC = (
-    "The binary body (WIRE §3.1 QPB1 on /push, §3.2 QTB1 on /transaction): little-endian, opt-in by the client "
+    "The binary body (QPB1 on /push, QTB1 on /transaction; docs/wire.md#binary-formats): little-endian, "
+    "opt-in by the client "
     "(`binary_push`, `push_compression`). A malformed one is 400 `bad_binary` with `offset`, the byte where it "
     "stopped; nothing is written."
 )
@@ -65,7 +66,7 @@ def framed_answer(responses: dict[int | str, dict[str, Any]]) -> dict[int | str,
     ok = responses[200]
     ok["content"] = {
         "application/json": {},  # filled from ``model`` by FastAPI
-        POP_FRAMES: {"schema": {"type": "string", "format": "binary", "description": "QPF1 (WIRE §3.3)"}},
+        POP_FRAMES: {"schema": {"type": "string", "format": "binary", "description": "QPF1 (docs/wire.md#framed-pop)"}},
     }
     return responses
 
@@ -165,7 +166,7 @@ class FramedPushes:
 
 async def transaction_body(request: Request, exp: decoded.Expansion) -> tuple[bytes, FramedPushes]:
     """A QTB1 body as (the JSON head, its pushes); the route runs the head as a JSON transaction with
-    the pushes after its operations (their results follow the head's, WIRE.md §3.2). What it decodes
+    the pushes after its operations (their results follow the head's, docs/wire.md#binary-transaction). What it decodes
     to is charged to ``exp``, which the route holds until it has answered."""
     body = await _parse(await request.body(), exp, binary.parse_transaction)
     _check_names(body.groups)

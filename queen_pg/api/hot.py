@@ -32,7 +32,7 @@ Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def hot_routes() -> list[APIRoute]:
-    """The routes served by :class:`HotRoutes` (the data plane's, WIRE §2.1–2.5)."""
+    """The routes served by :class:`HotRoutes` (the data plane's, docs/wire.md#push)."""
     from queen_pg.api import routes_data, routes_tx
 
     return [r for r in (*routes_data.router.routes, *routes_tx.router.routes) if isinstance(r, APIRoute)]

@@ -1,4 +1,4 @@
-"""Validation of KV operations (WIRE.md §2.6) and lock operations (§2.7).
+"""Validation of KV operations (docs/wire.md#kv) and lock operations (§2.7).
 
 ``validate_kv_ops`` is shared by ``POST /api/v1/kv`` and the ``kv`` rider of
 ``POST /api/v1/transaction``; ``validate_lock_ops`` serves ``POST /api/v1/locks``. Both return the
@@ -21,7 +21,7 @@ from queen_pg.api.body import has_nul
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError
 
 LOCKS_NS = "queen-locks"  # permits live here; written only through /api/v1/locks
-# WIRE §9.6: lowercase letters, digits, - _ . :, starting with a letter or digit (and MAX_NS_BYTES)
+# docs/wire.md#kv-namespaces: lowercase letters, digits, - _ . :, starting with a letter or digit (and MAX_NS_BYTES)
 NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]*")
 NAMESPACE_RULE = "lowercase letters, digits, '-', '_', '.' and ':', starting with a letter or digit"
 MAX_OPS = 64
@@ -176,7 +176,7 @@ def _kv_op(c: _Checker, *, in_transaction: bool) -> dict[str, Any]:
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int):
                 raise c.fail("bad_field", "limit", f"must be an integer, got {limit!r}")
-            out["limit"] = min(max(limit, 1), MAX_PREFIX_LIMIT)  # clamped, never refused (WIRE §2.6)
+            out["limit"] = min(max(limit, 1), MAX_PREFIX_LIMIT)  # clamped, never refused (docs/wire.md#kv)
         if c.flag("keysOnly"):
             out["keysOnly"] = True
         return out

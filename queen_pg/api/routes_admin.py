@@ -1,4 +1,4 @@
-"""Queue management and health (WIRE.md §2.9, §2.12)."""
+"""Queue management and health (docs/wire.md#configure, §2.12)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
 
 @router.post(
     "/api/v1/configure",
-    summary="Create or configure a queue (WIRE §2.9)",
+    summary="Create or configure a queue (docs/wire.md#configure)",
     description="Known options are type- and range-checked (a 400 names the range), unknown ones kept as given; "
     "encryptionEnabled=true needs QUEEN_ENCRYPTION_KEY on this broker (409 encryption_key_missing); the embedded "
     "default (no DATABASE_URL) generates one into its data directory.",

@@ -1,4 +1,4 @@
-"""Data-plane routes: push, pop, ack, lease extend (WIRE.md §2.1–2.4)."""
+"""Data-plane routes: push, pop, ack, lease extend (docs/wire.md#push)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ MAX_TIMEOUT_MS = 600_000
 MAX_LEASE_SECONDS = 7 * 86400  # pop leaseSeconds: the range of a queue's leaseTime
 NEW_MODES = frozenset({"new", "new-only"})
 POP_DESCRIPTION = (
-    "Claims a batch under one lease (WIRE §2.2). No message: 204 (no body), at once or, with wait=true, when "
+    "Claims a batch under one lease (docs/wire.md#pop). No message: 204 (no body), at once or, with wait=true, when "
     "the timeout passes; also 204 at once while pop maintenance is on. 429 `overloaded` when too many pops "
     "are parked."
 )
@@ -144,7 +144,7 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
 @router.post(
     "/push",
     status_code=201,
-    summary="Push messages (WIRE §2.1)",
+    summary="Push messages (docs/wire.md#push)",
     description="One result per item, in the items' order. A transactionId already in the queue's dedup window "
     "is `status: duplicate` (201 all the same). 503 `maintenance` while push maintenance is on, 507 "
     "`storage_full` while storage is full, 429 `overloaded` when admission or the limiter is saturated.",
@@ -154,7 +154,7 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
     if binary.is_binary(request):
-        return await binary.push(request)  # QPB1 (WIRE §3.1)
+        return await binary.push(request)  # QPB1 (docs/wire.md#binary-push)
     body = await read(request, PushBody)
     sub = producer_sub(request)
     items = new_messages(body.items, "items", sub)
@@ -188,7 +188,8 @@ PARTITIONS = P.Param("partitions", "partitions one pop may claim; default 1, 4 u
 AUTO_ACK = P.Param("autoAck", "at-most-once: the claimed messages are acked on delivery (no lease)", "bool", False)
 MODE = P.Param(
     "subscriptionMode",
-    "where a new consumer group starts (WIRE §9.2): `new`/`new-only` = messages written after its first pop; "
+    "where a new consumer group starts (docs/wire.md#subscription): `new`/`new-only` = messages written after "
+    "its first pop; "
     "anything else (`all`, `from_beginning`, an unknown word) = from the first retained message",
     "text",
 )
@@ -200,7 +201,7 @@ SUB_FROM = P.Param(
 )
 LEASE_SECONDS = P.Param(
     "leaseSeconds",
-    "this claim's lease length in seconds, instead of the queue's leaseTime (WIRE §9.3)",
+    "this claim's lease length in seconds, instead of the queue's leaseTime (docs/wire.md#lease-seconds)",
     "int",
     None,
     1,
@@ -208,7 +209,8 @@ LEASE_SECONDS = P.Param(
 )
 FRAMES = P.Param(
     "frames",
-    "answer 200 as the framed pop (QPF1, `application/x-queen-pop`, WIRE §3.3): the stored segments as they are "
+    "answer 200 as the framed pop (QPF1, `application/x-queen-pop`, docs/wire.md#framed-pop): the stored "
+    "segments as they are "
     "where the lease covers them whole, cut where it must (partial segments, dropped duplicates, offsets settled "
     "out of order)",
     "bool",
@@ -220,7 +222,7 @@ POP_TAGGED_PARAMS = tuple(p.doc() for p in (NAMESPACE, TASK, *_POP_COMMON))
 
 
 def subscription(request: Request) -> tuple[str, datetime | None]:
-    """Where a new consumer group starts (WIRE §9.2), decided in this order: a subscriptionFrom other
+    """Where a new consumer group starts (docs/wire.md#subscription), decided in this order: a subscriptionFrom other
     than `now` → from that time (`from`); subscriptionMode `new`/`new-only` or subscriptionFrom=now →
     messages written after the group's first pop (`new`, timed by the database); anything else (`all`,
     `from_beginning`, an unknown word, nothing) → from the first retained message (`all`). A mode is
@@ -307,7 +309,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
 
 @router.get(
     "/pop",
-    summary="Pop across the queues tagged with namespace/task (WIRE §2.2)",
+    summary="Pop across the queues tagged with namespace/task (docs/wire.md#pop)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_TAGGED_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
@@ -318,7 +320,7 @@ async def pop_tagged(request: Request) -> Response:
 
 @router.get(
     "/pop/queue/{queue}",
-    summary="Pop from a queue (WIRE §2.2)",
+    summary="Pop from a queue (docs/wire.md#pop)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
@@ -329,7 +331,7 @@ async def pop_queue(request: Request, queue: str) -> Response:
 
 @router.get(
     "/pop/queue/{queue}/partition/{partition}",
-    summary="Pop from one partition (WIRE §2.2)",
+    summary="Pop from one partition (docs/wire.md#pop)",
     description=POP_DESCRIPTION,
     openapi_extra=params(*POP_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
@@ -370,7 +372,7 @@ async def _settle(request: Request, items: list[ack_engine.AckLike], route: str)
 
 @router.post(
     "/ack",
-    summary="Acknowledge one message (WIRE §2.3)",
+    summary="Acknowledge one message (docs/wire.md#ack)",
     description=ACK_DESCRIPTION,
     openapi_extra=body(AckItem, parameters=REQUEST_KEY),
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
@@ -383,7 +385,7 @@ async def ack(request: Request) -> Response:
 
 @router.post(
     "/ack/batch",
-    summary="Acknowledge messages (WIRE §2.3)",
+    summary="Acknowledge messages (docs/wire.md#ack)",
     description=ACK_DESCRIPTION + " An empty `acknowledgments` answers [].",
     openapi_extra=body(AckBatchBody, parameters=REQUEST_KEY),
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
@@ -400,7 +402,7 @@ async def ack_batch(request: Request) -> Response:
 
 @router.post(
     "/lease/{lease_id}/extend",
-    summary="Renew a lease (WIRE §2.4); no body",
+    summary="Renew a lease (docs/wire.md#lease-extend); no body",
     description="Takes no body (the client sends `Content-Length: 0`); the lease is renewed by its queue's "
     "leaseTime. A lease that is gone or unknown is a 200 `{success: false, renewed: 0, error}`.",
     responses=answers({200: LeaseAnswer}, 429),

@@ -1,4 +1,4 @@
-"""Dead-letter routes: list, and put a dead letter back on its queue (WIRE.md §2.12)."""
+"""Dead-letter routes: list, and put a dead letter back on its queue (docs/wire.md#admin)."""
 
 from __future__ import annotations
 

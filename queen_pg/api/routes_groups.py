@@ -1,8 +1,8 @@
-"""Consumer-group administration (WIRE.md §2.12): list, inspect, delete, seek, re-subscribe.
+"""Consumer-group administration (docs/wire.md#admin): list, inspect, delete, seek, re-subscribe.
 
 The queue-mode group is addressed as ``__QUEUE_MODE__`` in paths and shown as ``"name": null,
 "queueMode": true`` in answers. POSTs never require a body (the client sends none when its options
-are empty, WIRE.md §0 item 2); what a body must say is checked after an empty one is read as ``{}``.
+are empty, docs/wire.md#empty-posts); what a body must say is checked after an empty one is read as ``{}``.
 Path names are URL-decoded by the router; a group or queue name containing ``/`` cannot be addressed.
 """
 

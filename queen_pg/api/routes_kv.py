@@ -1,9 +1,9 @@
-"""KV and locks routes: ``POST /api/v1/kv`` (WIRE.md §2.6) and ``POST /api/v1/locks`` (§2.7).
+"""KV and locks routes: ``POST /api/v1/kv`` (docs/wire.md#kv) and ``POST /api/v1/locks`` (§2.7).
 
 Both take ``{"operations": [op, ...]}`` and answer 200 ``{"results": [...]}``, one per op. A lost
 ``required`` KV condition answers 200 ``{"ok": false, "reason": "kv_precondition", "failedIndex",
 "kvReason", "version", "value"}`` with no ``results`` and nothing written. Errors of these two
-families use the broker envelope the client parses into ``KvError``/``LockError`` (WIRE.md §4):
+families use the broker envelope the client parses into ``KvError``/``LockError`` (docs/wire.md#errors):
 ``{"error": <code>, "code": <code>, "reason": <stable id>, "detail": <prose>}``.
 """
 
@@ -212,7 +212,7 @@ def exact_ops(raw: bytes) -> list[Any]:
 
 @router.post(
     "/api/v1/kv",
-    summary="Key/value operations in one transaction (WIRE §2.6)",
+    summary="Key/value operations in one transaction (docs/wire.md#kv)",
     description="One result per op, in order. Lost conditions are data (`applied: false` with `reason`), "
     "except a `required` one: then nothing is written and the answer is the 200 verdict `{ok: false, reason: "
     "kv_precondition, failedIndex, kvReason, version, value}` with no `results`. A malformed op is 400 "
@@ -234,7 +234,7 @@ async def kv(request: Request) -> Response:
             result = await kv_engine.apply(
                 state(request).db, tenant(request), ops, once=once, max_bytes=answer_budget(request)
             )
-    except Verdict as verdict:  # a required condition lost: nothing written (WIRE §2.6 "required")
+    except Verdict as verdict:  # a required condition lost: nothing written (docs/wire.md#kv "required")
         return json_response({"ok": False, "reason": verdict.reason, **verdict.detail})
     except QueenError as exc:
         return family_envelope(exc)
@@ -243,7 +243,7 @@ async def kv(request: Request) -> Response:
 
 @router.post(
     "/api/v1/locks",
-    summary="Locks and semaphores: acquire, renew, release, get (WIRE §2.7)",
+    summary="Locks and semaphores: acquire, renew, release, get (docs/wire.md#locks)",
     description="Exactly one result per op, in order. A held lock is data, not an error: `acquired: false` "
     "with `reason` held/contended and the `holders`; a renew or release by a non-holder is `reason: lost`. "
     "A malformed op is 400 `locks_bad_request`.",

@@ -1,4 +1,4 @@
-"""Messages (WIRE.md §2.12): browse a queue's log, read one message, delete one.
+"""Messages (docs/wire.md#admin): browse a queue's log, read one message, delete one.
 
 ``POST /messages/{partitionId}/{transactionId}/retry`` (put a dead letter back) lives in
 ``routes_dlq.py``; the routes here answer GET and DELETE only, so the two never shadow each other.

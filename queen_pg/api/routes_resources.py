@@ -1,4 +1,4 @@
-"""Resources (WIRE.md §2.12): overview, queues, one queue, its depth, partitions, namespaces, tasks; and
+"""Resources (docs/wire.md#admin): overview, queues, one queue, its depth, partitions, namespaces, tasks; and
 the consumer groups that lag (``/consumer-groups/lagging``, registered before ``/consumer-groups/{group}``
 so that it is not read as a group name).
 

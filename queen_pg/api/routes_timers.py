@@ -1,4 +1,4 @@
-"""Timer routes (WIRE.md §2.8): schedule, cancel, peek, list.
+"""Timer routes (docs/wire.md#timers): schedule, cancel, peek, list.
 
 * ``POST /api/v1/timers`` ``{"operations": [op, ...]}`` → ``{"results": [...]}``, index-aligned.
 * ``DELETE /api/v1/timers/{queue}/{timerKey...}[?txn=]`` → one cancel result.
@@ -9,7 +9,7 @@ The client sends the queue quoted with ``safe=''`` (a ``/`` in a queue name arri
 the timer key with ``safe='/'`` (raw slashes). The routing path is already percent-decoded, which
 would blur the two, so one catch-all route per method splits the RAW path at its first ``/``: before
 it the queue, after it the timer key (none = the list). Errors of this family use the broker envelope
-``{"error": <code>, "code": <code>, "reason": <stable id>, "detail": <prose>}`` (WIRE.md §4), parsed by
+``{"error": <code>, "code": <code>, "reason": <stable id>, "detail": <prose>}`` (docs/wire.md#errors), parsed by
 the client into ``TimerError``.
 """
 
@@ -160,7 +160,7 @@ def _target(request: Request) -> tuple[str, str | None]:
 
 @router.post(
     "/timers",
-    summary="Schedule, reschedule (or cancel) timers in one transaction (WIRE §2.8)",
+    summary="Schedule, reschedule (or cancel) timers in one transaction (docs/wire.md#timers)",
     description="One result per op, in order; `ok: false` (status absent or too_late) is data, HTTP 200. A fired "
     "timer becomes a message in its queue with transactionId = txn and data = the payload. A malformed op "
     "is 400 `timers_bad_request` naming the op index and field; payloads decoding to more than "

@@ -1,4 +1,4 @@
-"""Traces (WIRE.md §2.12): ``POST /traces`` (the client's ``message["trace"]({...})`` in a consume
+"""Traces (docs/wire.md#admin): ``POST /traces`` (the client's ``message["trace"]({...})`` in a consume
 handler) and the reads: a message's timeline, traces by name, the names in use.
 
 Kept for ``trace_retention_hours`` (the ``trace_retention`` job). ``/traces/by-name/...`` and

@@ -1,4 +1,4 @@
-"""POST /api/v1/transaction: acks, pushes, KV and timers committed together (WIRE.md §2.5)."""
+"""POST /api/v1/transaction: acks, pushes, KV and timers committed together (docs/wire.md#transaction)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
 async def transaction(request: Request) -> Response:
     # what the body decodes to (zstd groups, timer payloads) is held in the admission budget until answered
     async with decoded.expansion(request, "transaction") as exp:
-        if binary.is_binary(request):  # QTB1 (WIRE §3.2): the JSON head, then framed pushes
+        if binary.is_binary(request):  # QTB1 (docs/wire.md#binary-transaction): the JSON head, then framed pushes
             head, framed = await binary.transaction_body(request, exp)
             return await _commit(request, head if head.strip() else b"{}", framed, exp)
         raw = await request.body()

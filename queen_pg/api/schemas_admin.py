@@ -1,4 +1,4 @@
-"""Answers of queue management, resources, status/analytics and the system routes (WIRE.md §2.9,
+"""Answers of queue management, resources, status/analytics and the system routes (docs/wire.md#configure,
 §2.12; shapes from ``sql/procedures/100_resources.sql``, ``140_status.sql``, ``130_system.sql`` and
 ``routes_system.py``), for ``/openapi.json`` only. Conventions as in ``schemas.py``: permissive, a field
 without a default is always present. Terms: ``messages`` every offset ever given, ``retained`` those

@@ -1,4 +1,4 @@
-"""Answers of the message browser, the DLQ, traces and consumer-group administration (WIRE.md §2.12;
+"""Answers of the message browser, the DLQ, traces and consumer-group administration (docs/wire.md#admin;
 shapes from ``queen_pg/engine/messages.py``, ``dlq.py`` and ``sql/procedures/050_groups.sql``,
 ``110_messages.sql``, ``120_traces.sql``), for ``/openapi.json`` only. Conventions as in
 ``schemas.py``: permissive, a field without a default is always present; queue mode is shown as
@@ -76,7 +76,7 @@ class MessageConsumerGroup(Answer):
 
 
 class MessageDetail(Message):
-    """WIRE §9.4: the fields the client's ``admin.get_message`` reads, plus the browser's."""
+    """docs/wire.md#message-detail: the fields the client's ``admin.get_message`` reads, plus the browser's."""
 
     namespace: str | None
     task: str | None

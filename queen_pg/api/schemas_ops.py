@@ -1,4 +1,4 @@
-"""Answers of KV, locks and the transaction for ``/openapi.json`` (WIRE.md §2.5-2.7); their request
+"""Answers of KV, locks and the transaction for ``/openapi.json`` (docs/wire.md#transaction); their request
 bodies are msgspec Structs beside their routes (``routes_kv.py``, ``routes_tx.py``). Timers:
 ``schemas_timers.py``.
 """

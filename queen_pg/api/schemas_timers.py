@@ -1,4 +1,4 @@
-"""Answers of the timer routes for ``/openapi.json`` (WIRE.md §2.8); the request body is a msgspec
+"""Answers of the timer routes for ``/openapi.json`` (docs/wire.md#timers); the request body is a msgspec
 Struct beside its route (``routes_timers.py``).
 """
 

@@ -1,4 +1,4 @@
-"""Validation and payload decoding of timer operations (WIRE.md §2.8).
+"""Validation and payload decoding of timer operations (docs/wire.md#timers).
 
 ``prepare_timer_ops`` and ``decode_payloads`` are shared by ``POST /api/v1/timers`` and the ``timers`` rider
 of ``POST /api/v1/transaction``. They return the ops normalized for ``queen._timer_apply`` (which trusts
@@ -40,7 +40,7 @@ MAX_TXN_BYTES = 65_535  # a QPF1 frame carries the transactionId length in a u16
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # decoded (and decompressed) JSON
 MAX_DELAY_MS = 100 * 366 * 24 * 3600 * 1000  # a century either way
 
-# Fields the server owns (WIRE.md §2.8; the client's queen/timers/ops.py SERVER_OWNED), plus any
+# Fields the server owns (docs/wire.md#timers; the client's queen/timers/ops.py SERVER_OWNED), plus any
 # `tenant...` and any field starting with `_`.
 SERVER_OWNED = frozenset(
     {

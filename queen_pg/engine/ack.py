@@ -1,6 +1,6 @@
 """Ack: settle delivered messages through one call to ``queen.ack_v3`` (or, under a request key,
 ``queen.ack_v2``: the outcome window, queen_pg/engine/outcomes.py). An ack is an offset commit
-(WIRE.md §9.1, the rules in sql/procedures/040_ack.sql): completing offset N commits the group's
+(docs/wire.md#ack-offset-commit, the rules in sql/procedures/040_ack.sql): completing offset N commits the group's
 cursor through N, a nack clamps it, and each item's answer says whether it moved it (``noop``)."""
 
 from __future__ import annotations

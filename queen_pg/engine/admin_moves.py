@@ -1,4 +1,4 @@
-"""The two 0.x admin calls (WIRE §9.7): dead-letter one message now, clear a queue; one procedure call
+"""The two 0.x admin calls (docs/wire.md#legacy-admin): dead-letter one message now, clear a queue; one procedure call
 each (``sql/procedures/075_admin_clear.sql``). Refusals come back as results and are raised here:
 404 ``not_found`` (no partition, group, message or queue), 409 ``conflict`` (the group already settled
 the message)."""

@@ -1,6 +1,6 @@
 """Message frames and segment blobs.
 
-A segment blob is one zstd frame holding the appended messages as QPF1 frames (WIRE.md §3.3):
+A segment blob is one zstd frame holding the appended messages as QPF1 frames (docs/wire.md#framed-pop):
 ``u32 body_len | u8 flags | u8[16] message id | [u8[16] trace id, flag 1] | u16 len, transactionId
 | [u16 len, producerSub, flag 2] | payload JSON`` (little-endian). The producerSub is the pushing
 token's ``sub`` (JWT on, queen_pg/security/); frames without flag 2 have none. Flag 4: the payload is

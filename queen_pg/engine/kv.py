@@ -1,4 +1,4 @@
-"""KV (WIRE.md §2.6): one call of ``queen.kv_v3`` per batch (the outcome window and the answer budget).
+"""KV (docs/wire.md#kv): one call of ``queen.kv_v3`` per batch (the outcome window and the answer budget).
 
 A ``required`` op that lost its condition raises :class:`~queen_pg.errors.Verdict`
 (``kv_precondition``, with ``failedIndex``, ``kvReason``, ``version``, ``value``): nothing of the batch

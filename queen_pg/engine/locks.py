@@ -1,4 +1,4 @@
-"""Locks and semaphores (WIRE.md §2.7): one call of ``queen.locks_v1`` per batch.
+"""Locks and semaphores (docs/wire.md#locks): one call of ``queen.locks_v1`` per batch.
 
 A permit is a KV row (ns ``queen-locks``, key ``<name>#<slot>``) and its token is the row's version;
 see ``sql/procedures/085_locks.sql``. Verdicts (held, contended, lost) are results, never errors.

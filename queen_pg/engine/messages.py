@@ -160,7 +160,7 @@ def _missing(partition_id: int, transaction_id: str) -> QueenError:
 
 
 def overall_status(groups: list[dict[str, Any]]) -> str:
-    """One word for the message across its groups (WIRE §9.4): ``dead_letter`` when a group
+    """One word for the message across its groups (docs/wire.md#message-detail): ``dead_letter`` when a group
     dead-lettered it, else ``processing`` when a group holds it under a live lease, else ``pending``
     when a group has not consumed it (or no group reads the partition yet), else ``completed``."""
     if any(g["state"] == "dead" for g in groups):
@@ -199,7 +199,7 @@ def _detail(row: Record, msg: dict[str, Any]) -> dict[str, Any]:
 
 async def get_message(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
     """The newest message of that transactionId in the partition, decoded, with its state in every
-    consumer group that has a cursor on the partition (WIRE §9.4)."""
+    consumer group that has a cursor on the partition (docs/wire.md#message-detail)."""
     rows = await db.fetch(GET_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
     row = rows[0] if rows else None
     if row is None or row["status"] == "no_partition":

@@ -57,7 +57,7 @@ class PopRequest:
     subscription_from: datetime | None
     autopilot: bool
     lease_seconds: int | None = None  # None: the queue's leaseTime
-    frames: bool = False  # answer QPF1 (WIRE.md §3.3, queen_pg/engine/pop_frames.py) instead of JSON
+    frames: bool = False  # answer QPF1 (docs/wire.md#framed-pop, queen_pg/engine/pop_frames.py) instead of JSON
 
 
 Answer = JsonPop | FramedPop  # the JSON answer, or the framed one (``frames``)
@@ -66,7 +66,7 @@ Answer = JsonPop | FramedPop  # the JSON answer, or the framed one (``frames``)
 def render(
     req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None, db: object = None
 ) -> JsonPop | None:
-    """Slice the claimed segments into the JSON pop answer (WIRE.md §2.2, rendered to bytes by
+    """Slice the claimed segments into the JSON pop answer (docs/wire.md#pop, rendered to bytes by
     ``pop_render.py``, decoded segments shared through ``db``'s segment cache); None when empty.
     Sealed payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
     lease = None if req.auto_ack else str(lease_id)

@@ -1,4 +1,4 @@
-"""The framed pop answer (WIRE.md §3.3, ``frames=true``): QPF1, shipping stored segment blobs as they are.
+"""The framed pop answer (docs/wire.md#framed-pop, ``frames=true``): QPF1, shipping stored segment blobs as they are.
 
     "QPF1" | u8 version (0, or 1 = a JSON head follows) | [u32 len | JSON object of extra keys]
     u16 len+queue | u16 len+leaseId | u16 len+consumerGroup | u32 claims

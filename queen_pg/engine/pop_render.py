@@ -1,4 +1,4 @@
-"""The JSON pop answer (WIRE.md §2.2), rendered straight to bytes, and the segment cache fan-out shares.
+"""The JSON pop answer (docs/wire.md#pop), rendered straight to bytes, and the segment cache fan-out shares.
 
 A pop_v1 row carries one stored segment (``codec.py``: a zstd frame of QPF1 frames). Rendering a
 message is JSON text from byte pieces, not a dict per message handed to a serializer:

@@ -6,7 +6,7 @@ push_v3 takes the items' transactionId hashes and message ids as one bytea each 
 derives every item's verdict: encoding 2 × n uuids and decoding n result rows was the broker's largest
 cost per pushed message (push_v1, one row per item, stays for the previous release).
 
-The answer (WIRE.md §2.1, one 9-key object per item) is rendered once, straight to the bytes the
+The answer (docs/wire.md#push, one 9-key object per item) is rendered once, straight to the bytes the
 client gets, by :func:`answers_v3` (per request of a fused call) or :func:`answer`: one f-string per
 item around a per-partition fragment (queue, partition, partitionId; kept across requests), no dict
 per item, no orjson pass; the bytes are exactly what orjson wrote for :func:`result`'s dicts
@@ -185,7 +185,7 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
 def result(
     item: NewMessage, txn: str, status: str, message_id: object, partition_id: object, offset: object, index: int
 ) -> dict[str, Any]:
-    """One push result as WIRE.md §2.1 shows it."""
+    """One push result as docs/wire.md#push shows it."""
     return {
         "index": index,
         "status": status,
@@ -204,7 +204,7 @@ _STATUS = frozenset({"queued", "duplicate"})
 
 
 class Answer(Sequence[dict[str, Any]]):
-    """One push request's answer (WIRE.md §2.1), rendered once to the bytes a client gets: ``body``
+    """One push request's answer (docs/wire.md#push), rendered once to the bytes a client gets: ``body``
     is exactly ``orjson.dumps`` of the result dicts (:func:`result`'s keys, order and types), built
     from per-partition fragments without a dict per item. ``queued``/``duplicates`` count its items,
     ``queues`` names the queues it appended to (the route wakes their waiters). As a sequence it reads
@@ -386,7 +386,7 @@ def answers_v3(prepared: PreparedPush, row: Record, requests: list[list[NewMessa
 
 
 async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | None = None) -> Answer:
-    """Append ``items``; one result per item, in order (WIRE.md §2.1). Under a request key (``once``)
+    """Append ``items``; one result per item, in order (docs/wire.md#push). Under a request key (``once``)
     through ``queen.push_v2``: a retry within the window answers the recorded results, adding nothing."""
     if once is None:
         return (await push_many(db, tenant, [items]))[0]

@@ -1,4 +1,4 @@
-"""Binary push (WIRE.md §3.1): flag-8 groups stored as they came, or, where something must be rewritten,
+"""Binary push (docs/wire.md#binary-push): flag-8 groups stored as they came, or, where something must be rewritten,
 the same messages through the JSON path's packing (``push.prepare``).
 
 A flag-8 group's blob is already what ``log_segments.payload`` holds: one zstd frame of QPF1 frames

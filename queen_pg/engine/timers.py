@@ -2,7 +2,7 @@
 
 Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, docs/locks.md 0b).
 The firing job pushes each due timer as a message with ``transactionId == txn``, ``id == messageId``
-and ``data ==`` the payload, exactly once, and deletes it in the same transaction (WIRE §9.5: no
+and ``data ==`` the payload, exactly once, and deletes it in the same transaction (docs/wire.md#timers-no-tombstone: no
 tombstone; after the fire a peek is ``found: false`` and a cancel ``absent``).
 
 A timer of an encrypted queue keeps its payload sealed in ``queen.timers`` (queen_pg/security/crypto.py);

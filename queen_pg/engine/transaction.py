@@ -34,7 +34,7 @@ TX_ONCE_SQL = (
 
 @dataclass(frozen=True, slots=True)
 class TxAck:
-    index: int  # flat index (WIRE.md §2.5)
+    index: int  # flat index (docs/wire.md#transaction)
     transaction_id: str
     partition_id: str
     status: str

@@ -3,7 +3,7 @@
 One call fires up to ``limit`` due timers (each pushed once as a message with ``transactionId ==
 txn``, ``id == messageId``, ``data ==`` payload; exactly once across replicas: leadership per tick,
 the timer key's lock, and the push's dedup by txn); a fired timer's row is deleted with its push (no
-tombstone, WIRE §9.5), so a timer scheduled with a delivery time in the past fires on the first
+tombstone, docs/wire.md#timers-no-tombstone), so a timer scheduled with a delivery time in the past fires on the first
 cycle. ``on_fired(tenant, queue)`` is told which queues got a message, so pops parked on them on this
 process claim at once. A timer is due at ``deliverAt`` ("not before"); it lands within about one
 interval after it (a timer whose key a writer holds waits for the next tick).

@@ -3,7 +3,7 @@
 A sealed payload is ``0x00 | u8 version (1) | u8[4] key id | u8[12] nonce | ciphertext + 16-byte tag``.
 The leading NUL byte never starts a JSON text, so a sealed payload names itself wherever it is stored
 as bytes (a frame payload, ``timers.payload``, ``log_dlq.sealed``); in a QPF1 frame flag 4 says it too
-(WIRE §3.3). The first six bytes are the GCM associated data. The key id is the first 4 bytes of
+(docs/wire.md#framed-pop). The first six bytes are the GCM associated data. The key id is the first 4 bytes of
 SHA-256 over the key, so ``QUEEN_ENCRYPTION_KEYS_OLD`` decrypts what older keys sealed and the key
 itself is never stored. A fresh random 96-bit nonce per payload.
 
@@ -240,7 +240,7 @@ def opened(v: Vault | None, frame: _Framed) -> bytes:
 
 
 def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
-    """A stored segment blob as a framed pop may ship it (WIRE §3.3: clients refuse flag 4): as it is
+    """A stored segment blob as a framed pop may ship it (docs/wire.md#frame-flags: clients refuse flag 4): as it is
     when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
     from queen_pg.engine import codec  # the engine imports this module
 

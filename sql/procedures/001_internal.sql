@@ -10,7 +10,7 @@
 --   Creates a consumer group and one cursor row per existing partition. A `from` timestamp starts each
 --   cursor at the first message written at or after it; mode 'new' (or 'new-only') at the first message
 --   written after the group came to be (its first pop); any other mode (all, from_beginning, unknown) at
---   the first retained message (WIRE §9.2; the broker normalizes the mode before it gets here).
+--   the first retained message (docs/wire.md#subscription; the broker normalizes the mode before it gets here).
 --   Locks: the queue row FOR UPDATE (docs/locks.md #1). `now` NULL = the clock, read after that lock
 --   wait ('new' mode starts at the time the group really came to be).
 --
@@ -225,7 +225,7 @@ LANGUAGE sql IMMUTABLE AS $$
       FROM generate_series(0, p_bytes - 1) AS i;
 $$;
 
--- queen._frame(message_id, txn, payload, sub) -> bytea: one QPF1 frame (WIRE §3.3), as the broker
+-- queen._frame(message_id, txn, payload, sub) -> bytea: one QPF1 frame (docs/wire.md#framed-pop), as the broker
 -- writes them (queen_pg/engine/codec.py): flag 2 with the producerSub when p_sub is not NULL; flag 4 when
 -- the payload is sealed (an encrypted queue's: it starts with a NUL byte, which JSON text never does).
 DROP FUNCTION IF EXISTS queen._frame(uuid, text, bytea);

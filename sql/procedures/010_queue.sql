@@ -2,7 +2,7 @@
 --
 -- queen.configure_queue_v1(tenant, queue, namespace, task, options jsonb, now) -> jsonb
 --   Called by: POST /api/v1/configure. Creates the queue when missing, then applies the given
---   options (camelCase keys of WIRE.md §2.9; validated by the broker before the call; keys it does
+--   options (camelCase keys of docs/wire.md#configure; validated by the broker before the call; keys it does
 --   not know are kept in `options`). Result: the queue as {"id","name","namespace","task","options"}.
 --   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/locks.md #1. Turning
 --   encryptionEnabled on also takes the queue's partition rows FOR NO KEY UPDATE, ascending id (#2):

@@ -7,8 +7,8 @@
 --          tagged so; partition (NULL = any); group ('__QUEUE_MODE__' for queue mode); batch; max
 --          partitions; the lease id minted by the broker; auto_ack (at-most-once: the cursor moves at
 --          once and no lease is kept); the subscription mode/from used when the group is new on a queue
---          (the broker normalizes the mode, WIRE §9.2: 'all' | 'new' | 'from' with p_sub_from);
---          p_lease_seconds (NULL = the queue's leaseTime): this claim's lease length (WIRE §9.3).
+--          (the broker normalizes the mode, docs/wire.md#subscription: 'all' | 'new' | 'from' with p_sub_from);
+--          p_lease_seconds (NULL = the queue's leaseTime): this claim's lease length (docs/wire.md#lease-seconds).
 -- Result:  one row per segment that overlaps a claimed range, claims in claim order, segments in
 --          offset order: queue and partition, the leased range [lease_start, lease_end), the
 --          redelivery boundary (messages below redelivered_end were delivered before and now count

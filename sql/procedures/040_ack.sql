@@ -1,5 +1,5 @@
 -- queen._ack_settle: settle delivered messages for their consumer groups. An ack is an offset commit
--- (WIRE.md §9.1): a group's position in a partition is one cursor, and nothing above it is remembered.
+-- (docs/wire.md#ack-offset-commit): a group's position in a partition is one cursor, and nothing above it is remembered.
 --
 -- Called by: queen.ack_v3 (POST /api/v1/ack and /ack/batch, queen_pg/engine/ack.py: the items packed)
 --          and queen.ack_v1 (one row per item: queen.ack_v2 under a request key, queen.transaction_v1,

@@ -1,4 +1,4 @@
--- Consumer-group administration: list, inspect, delete, seek, re-subscribe (WIRE.md §2.12).
+-- Consumer-group administration: list, inspect, delete, seek, re-subscribe (docs/wire.md#admin).
 --
 -- Conventions shared by every procedure here:
 --   * Results are jsonb built for the HTTP answer. Timestamps are ISO-8601 UTC with microseconds

@@ -1,11 +1,11 @@
--- Two 0.x admin calls (WIRE §9.7): dead-letter one message now, and clear a queue.
+-- Two 0.x admin calls (docs/wire.md#legacy-admin): dead-letter one message now, and clear a queue.
 --
 -- queen.message_dlq_v1(tenant, partition_id, txn_hash, txn, group, error, now) -> jsonb
 --   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/dlq[?consumerGroup=g]
 --   (queen_pg/engine/admin_moves.py). Dead-letters the message for ONE consumer group: the one named,
 --   else queue mode ('__QUEUE_MODE__'). A dead letter belongs to a group in this log (each group has
 --   its own cursor and retry budget), so other groups are not touched: they still read the message.
---   "Consumed" for the group (WIRE §9.1, an ack is an offset commit) = below its cursor, or an offset
+--   "Consumed" for the group (docs/wire.md#ack-offset-commit, an ack is an offset commit) = below its cursor, or an offset
 --   it passes over (a queen.log_passes row). The message is the one the group has not consumed among
 --   those the transactionId names (the oldest), else the newest.
 --   Effect, as an ack with status `dlq` would write it: a log_dlq row (transaction_id = p_txn, the text

@@ -1,4 +1,4 @@
--- KV: the key/value store behind POST /api/v1/kv (WIRE.md §2.6), the primitives the locks
+-- KV: the key/value store behind POST /api/v1/kv (docs/wire.md#kv), the primitives the locks
 -- (085_locks.sql) and the transaction procedure build on, and the expired-row sweep.
 --
 -- queen._kv_lock(tenant, ns[], keys[]) -> void

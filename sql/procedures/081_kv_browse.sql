@@ -19,7 +19,7 @@
 -- queen.kv_keys_v1(tenant, ns, prefix, after, limit, keys_only, now) -> jsonb
 --   v2 with no budget (kept one release for a rolling deploy: older brokers call it).
 --   The getPrefix op of POST /api/v1/kv (queen._kv_get_prefix, 080_kv.sql) with an EMPTY prefix
---   allowed: the op's validator wants a non-empty prefix (WIRE §2.6), a browser wants a whole
+--   allowed: the op's validator wants a non-empty prefix (docs/wire.md#kv), a browser wants a whole
 --   namespace. Result, paging and clamping as getPrefix: {prefix, rows, truncated, nextAfter}, byte
 --   order of key, `after` exclusive, limit clamped to 1..1000, expired rows (expires_at <= now) absent.
 --   Locks: none (a read). Time only from p_now (NULL = now()). Raises nothing.

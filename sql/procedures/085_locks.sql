@@ -1,4 +1,4 @@
--- Locks and semaphores: POST /api/v1/locks (WIRE.md §2.7), built on the KV (080_kv.sql).
+-- Locks and semaphores: POST /api/v1/locks (docs/wire.md#locks), built on the KV (080_kv.sql).
 --
 -- A permit is the KV row (ns 'queen-locks', key '<name>#<slot>'), slots 0..limit-1, value
 -- {"owner", "since", "renewedAt"} (ISO-8601 UTC), expires_at = the permit's deadline. Its token is

@@ -1,7 +1,7 @@
--- Timers (WIRE.md §2.8): schedule, cancel, read, and fire messages scheduled into a queue.
+-- Timers (docs/wire.md#timers): schedule, cancel, read, and fire messages scheduled into a queue.
 --
 -- A timer is one row of queen.timers per (tenant, queue, timer_key); it exists from schedule until its
--- fire commits (WIRE §9.5). Firing pushes it with queen.push_v1 (transactionId = txn, id = message_id,
+-- fire commits (docs/wire.md#timers-no-tombstone). Firing pushes it with queen.push_v1 (transactionId = txn, id = message_id,
 -- data = payload, a raw QPF1 frame, codec 0) and deletes the row in the same transaction: no tombstone.
 -- So after a fire a peek answers found:false, a cancel answers absent, and a schedule of the same key
 -- is a new timer (`scheduled`). `too_late` is only for a cancel that meets a fire in progress.

@@ -1,10 +1,10 @@
 -- queen.transaction_v1: one commit for a whole worker step: acks, pushes, KV writes and timers,
--- all or nothing (seed 001; WIRE.md §2.5).
+-- all or nothing (seed 001; docs/wire.md#transaction).
 --
 -- Called by: POST /api/v1/transaction (queen_pg/engine/transaction.py), which validates the body,
 --          packs the pushes exactly like POST /api/v1/push and passes:
 --            acks: partition id, transactionId hash and text, lease id (NULL = none), group, status,
---                  and each ack's flat index (WIRE §2.5 numbering);
+--                  and each ack's flat index (docs/wire.md#transaction numbering);
 --            p_required_leases: the bundle's requiredLeases;
 --            pushes: the arguments of queen.push_v1, and each item's flat index;
 --            p_kv: the validated KV ops (jsonb array), p_kv_base = flat index of p_kv[0];
@@ -18,7 +18,7 @@
 --          "wake":[queue names]}, each in input order; the broker stitches them into the flat `results`
 --          list, and wakes the pops parked on the `wake` queues (queen._ack_wakes: an acked cursor row
 --          left claimable, e.g. its lease released with messages left), besides the pushed queues.
--- Acks follow queen.ack_v1's offset-commit rules (WIRE.md §9.1): a completed ack commits the cursor
+-- Acks follow queen.ack_v1's offset-commit rules (docs/wire.md#ack-offset-commit): a completed ack commits the cursor
 --          through its offset, a nack clamps it and releases the lease, a completed ack below the
 --          cursor under its own lease (live, or released by the cursor row last) is noop=true.
 -- Rollback verdicts (queen._verdict, SQLSTATE QN000: the statement aborts, nothing is written):

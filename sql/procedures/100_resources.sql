@@ -1,4 +1,4 @@
--- Resources: what queues, partitions, namespaces and tasks hold (WIRE.md §2.12, the admin family).
+-- Resources: what queues, partitions, namespaces and tasks hold (docs/wire.md#admin, the admin family).
 --
 -- Conventions shared by every procedure here:
 --   * Reads only: no locks (plain MVCC reads, docs/locks.md), no writes; STABLE. Results are jsonb built

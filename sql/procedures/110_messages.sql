@@ -58,7 +58,7 @@
 --   "attempts","failedAt"}]. Locks: none (reads).
 --
 -- queen.message_get_v2(tenant, partition_id, txn_hash, now)
---   Called by: GET /api/v1/messages/{partitionId}/{transactionId} (WIRE §9.4). As v1, plus the queue's
+--   Called by: GET /api/v1/messages/{partitionId}/{transactionId} (docs/wire.md#message-detail). As v1, plus the queue's
 --   namespace, task and `queue_config` (jsonb {leaseTime, retryLimit, priority, delayedProcessing,
 --   windowBuffer, maxSize, retentionSeconds, completedRetentionSeconds, dedupWindowSeconds,
 --   encryptionEnabled}), and richer `groups`: one element per consumer group with a cursor on the

@@ -10,7 +10,7 @@ the venv (same package name). Usage: ``client015.py BROKER_URL work|delete|contr
   a transaction under a lease nobody holds (rolled back), failed acks until the DLQ, the DLQ
   listing, the 0.x consume loop, an ack of an unknown message.
 * ``delete``: delete a queue, then look at it again through the client.
-* ``contract``: WIRE §9 through the 0.x API: a ``subscription_mode('from_beginning')`` consumer and a
+* ``contract``: docs/wire.md#contract through the 0.x API: a ``subscription_mode('from_beginning')`` consumer and a
   ``'new'`` one, ``admin.get_message`` (§9.4), ``admin.move_message_to_dlq`` and ``admin.clear_queue``
   (§9.7, whole queue and one partition).
 

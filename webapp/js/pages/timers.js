@@ -5,7 +5,7 @@ import { act, Danger, Empty, ErrorLine, fmt, html, Json, usePoll } from '../ui.j
 import { QueuePicker } from './messages.js';
 
 const PAGE = 25;
-const keyPath = (k) => k.split('/').map(enc).join('/'); // the timer key keeps its slashes (WIRE §2.8)
+const keyPath = (k) => k.split('/').map(enc).join('/'); // the timer key keeps its slashes (docs/wire.md#timers)
 
 export function Timers({ query, nav }) {
   const queue = query.queue || '';
