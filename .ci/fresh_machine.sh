@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fresh-machine check (issue 11 §1): the broker as a user installs it, with nothing from the
+# The fresh-machine check: the broker as a user installs it, with nothing from the
 # source tree or the test extras around it.
 #
 #   1. build a wheel (not editable) from a copy of the source tree;

@@ -52,7 +52,7 @@ CATALOG[BAD_BINARY.code] = BAD_BINARY
 CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
-# Timers family (docs/wire.md#timers, §4): rendered as {"error": code, "code", "reason", "detail"} by
+# Timers family (docs/wire.md#timers, docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by
 # queen_pg/api/routes_timers.py; `reason` (a stable id) comes in the QueenError's fields.
 TIMERS_BAD_REQUEST = ErrorKind("timers_bad_request", 400, "{detail}")
 CATALOG[TIMERS_BAD_REQUEST.code] = TIMERS_BAD_REQUEST

@@ -1,4 +1,4 @@
-"""The ack's generic plans go through the keys even when the tables were ANALYZEd small (issue 14).
+"""The ack's generic plans go through the keys even when the tables were ANALYZEd small.
 
 The method of tests/test_push_plans.py for queen.ack_v3 (its fast path and queen._ack_settle's look-up),
 queen.ack_v1 (item by item: a nack) and queen.transaction_v1: each runs with ``plan_cache_mode =

@@ -1,4 +1,4 @@
-"""An ack that leaves a partition claimable wakes the pops parked on its queue, as a push does (issue 14).
+"""An ack that leaves a partition claimable wakes the pops parked on its queue, as a push does.
 
 A long-poll pop parked on a queue whose only partition another consumer holds used to wait for its
 re-check (QUEEN_POP_POLL_MAX_MS) after that consumer acked: only pushes woke parked pops. Now an ack,

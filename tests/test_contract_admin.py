@@ -1,5 +1,6 @@
 """docs/wire.md#message-detail (one message's detail with consumerGroups) with the official client's admin.get_message,
-and §9.7 (the 0.x admin calls: dead-letter one message now, clear a queue) over raw HTTP; the 0.x client
+and docs/wire.md#legacy-admin (the 0.x admin calls: dead-letter one message now, clear a queue) over raw HTTP; the
+0.x client
 itself drives them in tests/test_e2e_client_015.py."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def iso(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-# --- §9.4 ------------------------------------------------------------------------------------------
+# --- docs/wire.md#message-detail --------------------------------------------------------------------------------------
 
 
 async def test_get_message_answers_the_listed_fields_and_one_entry_per_group(broker: Broker) -> None:
@@ -119,7 +120,7 @@ async def _partition_id(http: httpx.AsyncClient, queue: str, partition: str = "D
     return pid
 
 
-# --- §9.7 move one message to the DLQ --------------------------------------------------------------
+# --- docs/wire.md#legacy-admin move one message to the DLQ ------------------------------------------------------------
 
 
 async def test_move_to_dlq_defaults_to_queue_mode_and_leaves_other_groups(
@@ -249,7 +250,7 @@ async def test_move_to_dlq_bad_bodies_are_400(http: httpx.AsyncClient) -> None:
         assert r.status_code == 400, (content, r.text)
 
 
-# --- §9.7 clear a queue ----------------------------------------------------------------------------
+# --- docs/wire.md#legacy-admin clear a queue --------------------------------------------------------------------------
 
 
 async def test_clear_drops_messages_keeps_queue_config_and_consistent_cursors(

@@ -1,4 +1,5 @@
-"""docs/wire.md#subscription (subscriptionMode/subscriptionFrom) and §9.3 (pop leaseSeconds), with both official
+"""docs/wire.md#subscription (subscriptionMode/subscriptionFrom) and docs/wire.md#lease-seconds (pop leaseSeconds),
+with both official
 clients where they can express the rule, raw HTTP and time passed into queen.pop_v1 otherwise."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
 
 
-# --- §9.2 subscriptionMode / subscriptionFrom ---------------------------------------------------
+# --- docs/wire.md#subscription subscriptionMode / subscriptionFrom ---------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["all", "from_beginning", "sometimes", "ALL"])
@@ -114,7 +115,7 @@ async def test_2x_client_new_only_consumer_skips_the_backlog(broker: Broker) -> 
         assert [m["data"] for m in await q.pop()] == ["fresh"]
 
 
-# --- §9.3 pop leaseSeconds ----------------------------------------------------------------------
+# --- docs/wire.md#lease-seconds pop leaseSeconds ----------------------------------------------------------------------
 
 
 async def test_lease_seconds_sets_this_claim_s_lease(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:

@@ -1,5 +1,5 @@
 """Dead letters put back: at once (not after the dlq_fill job), and only for the consumer groups that
-dead-lettered them (issue 11 §1 and §5)."""
+dead-lettered them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``/docs`` and ``/redoc`` work with no internet: every script, stylesheet and icon they reference is
-served by the broker itself (issue 11 §1), and the pages name no other host."""
+served by the broker itself, and the pages name no other host."""
 
 from __future__ import annotations
 

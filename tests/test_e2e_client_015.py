@@ -188,15 +188,15 @@ async def test_client_015_push_pop_ack_transaction_dlq_and_delete(broker: Broker
 
 
 async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, conn: asyncpg.Connection) -> None:
-    """docs/wire.md#subscription, §9.4 and §9.7 through the 0.x client's own API."""
+    """docs/wire.md#subscription, #message-detail and #legacy-admin through the 0.x client's own API."""
     s = await drive(broker, "contract")
     c, wire = s["contract"], s["wire"]
-    # §9.2: from_beginning was a 400 that stopped consume(); now it reads the backlog in order
+    # docs/wire.md#subscription: from_beginning was a 400 that stopped consume(); now it reads the backlog in order
     assert c["from_beginning"] == [0, 1, 2]
     modes = [r["query"].get("subscriptionMode") for r in requests(wire, "GET", "/api/v1/pop/queue/fb015")]
     assert "from_beginning" in modes and "new" in modes
     assert c["new_pop"] == []
-    # §9.4: the acked message, completed in queue mode
+    # docs/wire.md#message-detail: the acked message, completed in queue mode
     g = c["get_message"]
     assert (g["transactionId"], g["status"], g["payload"], g["queue"], g["partition"]) == (
         "a-0",
@@ -206,7 +206,7 @@ async def test_client_015_subscription_modes_and_admin_calls(broker: Broker, con
         "p1",
     )
     assert g["consumerGroups"] == [{"name": "__QUEUE_MODE__", "consumed": True, "leaseExpiresAt": None}]
-    # §9.7: move_message_to_dlq posts no body (its {} is dropped): queue mode; the DLQ lists it and
+    # docs/wire.md#legacy-admin: move_message_to_dlq posts no body (its {} is dropped): queue mode; the DLQ lists it and
     # queue mode skips it
     (move,) = requests(wire, "POST", "/api/v1/messages/")
     assert move["path"].endswith("/a-1/dlq") and move["body"] is None

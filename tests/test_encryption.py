@@ -1,4 +1,4 @@
-"""Encrypted queues (issue 12 §3, §5): payloads sealed at rest with AES-256-GCM.
+"""Encrypted queues: payloads sealed at rest with AES-256-GCM.
 
 Every test reads the database raw (what psql sees) and asserts that no byte string of a known
 payload is there, in the stored bytes or after undoing the zstd of a segment, in log_segments,

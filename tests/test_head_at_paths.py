@@ -1,4 +1,4 @@
-"""Review of log_consumers.head_at (pop discovery, issue 14 §3): every path that moves a cursor, makes a
+"""Review of log_consumers.head_at (pop discovery): every path that moves a cursor, makes a
 group's cursors or appends to a partition leaves a cursor with a message to deliver pending (head_at
 set), so a pop that names no partition finds it. Real broker, real HTTP, real PostgreSQL; after each
 step the invariant is checked on every cursor row, and the message is popped without naming its

@@ -1,4 +1,4 @@
-"""Hostile input per route family (issue 11 §3): each case is a 4xx with a JSON ``error``, and nothing is
+"""Hostile input per route family: each case is a 4xx with a JSON ``error``, and nothing is
 written (the database is queried); edge timestamps are accepted; a message whose transactionId could
 not be acked cannot be created."""
 

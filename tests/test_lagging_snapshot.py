@@ -1,4 +1,4 @@
-"""/consumer-groups/lagging and the whole-tenant /status/analytics read maintained data (issue 14 §3):
+"""/consumer-groups/lagging and the whole-tenant /status/analytics read maintained data:
 lagging groups from the tenant's snapshot (queen.group_lag, written with tenant_stats by the
 stats_snapshot job; POST /stats/refresh recomputes it), analytics from the per-tenant minute rows the
 stats job writes; the answers keep their shapes, and row-count guards prove neither reads a row per

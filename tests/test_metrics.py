@@ -163,7 +163,7 @@ async def test_dead_letters_and_parked_waiters_show(broker: Broker, http: httpx.
 async def test_limiters_are_exposed_when_present(broker: Broker, http: httpx.AsyncClient) -> None:
     limiters = getattr(broker.app.state.queen, "limiters", None)
     m = await scrape(http)
-    if not limiters:  # built by issue 5's limiter; absent, nothing is exposed
+    if not limiters:  # no limiter built; absent, nothing is exposed
         assert "queen_limiter" not in m
         return
     for family, limiter in limiters.items():

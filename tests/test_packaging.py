@@ -1,4 +1,4 @@
-"""The wheel is the broker: it carries sql/, migrations/ and webapp/ (issue 11 §1), and the installed
+"""The wheel is the broker: it carries sql/, migrations/ and webapp/, and the installed
 package finds them. The end-to-end proof (a runtime-only venv serving a real client) is
 `.ci/fresh_machine.sh`; these tests check the layout fast, on every `make test`."""
 
@@ -80,7 +80,7 @@ def test_the_wheel_carries_every_python_module(wheel: zipfile.ZipFile) -> None:
 
 
 def test_the_wheel_lists_httpx_as_a_runtime_dependency(wheel: zipfile.ZipFile) -> None:
-    """`queen-pg serve` builds the parser of the client commands, which import httpx (the bug of issue 11)."""
+    """`queen-pg serve` builds the parser of the client commands, which import httpx."""
     (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
     requires = [line for line in wheel.read(meta).decode().splitlines() if line.startswith("Requires-Dist:")]
     runtime = [r for r in requires if "extra ==" not in r]

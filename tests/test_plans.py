@@ -1,7 +1,7 @@
-"""Plan mode of the hot procedures (issue 14): the ack and transaction procedures run with generic plans
+"""Plan mode of the hot procedures: the ack and transaction procedures run with generic plans
 (``SET plan_cache_mode = force_generic_plan`` on the function). PL/pgSQL kept custom plans for their
 array-parameter statements and planned them again on every call (measured: 5-21 % of an ack's or a
-transaction's PostgreSQL CPU, /work/notes/plans.md). The guards here keep the SET clause, and check
+transaction's PostgreSQL CPU). The guards here keep the SET clause, and check
 that the generic plans of the ack's statements still go through the keys (no scan of a whole table)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pop discovery at scale (issue 14 §3): a pop naming no partition finds its group's oldest claimable
+"""Pop discovery at scale: a pop naming no partition finds its group's oldest claimable
 partition through log_consumers_ready_idx without visiting the other pending partitions, and the
 cursor's `head_at` stays right through push, pop, ack, leases and the race between a catching-up ack and
 a push in flight. The EXPLAIN guards read the plans of the statements pop_v1 itself runs (auto_explain,

@@ -1,4 +1,4 @@
-"""The push's generic plans go through the keys even when the tables were ANALYZEd small (issue 14).
+"""The push's generic plans go through the keys even when the tables were ANALYZEd small.
 
 push_v3 and _push_core run with ``plan_cache_mode = force_generic_plan``: each connection plans their
 statements once and keeps the plan. Autovacuum analyzes log_txns first when it holds a few rows; a

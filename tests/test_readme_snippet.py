@@ -1,4 +1,4 @@
-"""The README's Python snippet runs as written (issue 11 §1), against a real broker, with the official
+"""The README's Python snippet runs as written, against a real broker, with the official
 client: it pushes, `consume` hands the message to `handle` and acks it, and runs until cancelled."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def test_the_readme_snippet_runs_as_written(broker: Broker, http: httpx.As
 
 
 def test_the_readme_names_no_file_outside_the_repository() -> None:
-    """The API reference lives in the repository (issue 11 §1): no `../` paths, and every repository path
+    """The API reference lives in the repository: no `../` paths, and every repository path
     the README names (`dir/file.ext`) exists."""
     readme = (ROOT / "README.md").read_text()
     assert "../" not in readme and "WIRE.md" not in readme

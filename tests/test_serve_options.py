@@ -1,5 +1,5 @@
 """Every setting is a `queen-pg serve` option as well as an environment variable, and the option wins
-(the README's claim, issue 11 §1): options beyond the hand-written ones are generated from Settings."""
+(the README's claim): options beyond the hand-written ones are generated from Settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/status and /resources/overview from the per-tenant snapshot (queen.tenant_stats, issue 14 §3): the
+"""/status and /resources/overview from the per-tenant snapshot (queen.tenant_stats): the
 counts are the stats_snapshot job's (asOf/ageSeconds say how old), POST /stats/refresh recomputes the
 caller's tenant's at once, the snapshot equals the per-queue summaries it replaces, a tenant sees only
 its own, and EXPLAIN/row-count guards prove a read touches no per-queue row at a few thousand queues."""

@@ -1,4 +1,4 @@
-"""Tenants in the SQL and the process (issue 12 §5): the timer fire's partition locks in one ascending
+"""Tenants in the SQL and the process: the timer fire's partition locks in one ascending
 order across tenants, a per-tenant share of admission, idle fusion lanes dropped."""
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) ->
 
 
 async def test_the_lease_kv_and_dlq_jobs_work_for_every_tenant(start_broker: Any, conn: asyncpg.Connection) -> None:
-    """Issue 12 §2, "the background jobs work for every tenant": two tenants with the same queue, group
+    """The background jobs work for every tenant: two tenants with the same queue, group
     and KV names; one run of lease_expiry, kv_sweep and dlq_fill (time passed to them) clears both
     tenants' expired leases and KV rows and fills both tenants' dead letters."""
     broker: Broker = await start_broker(tenancy_header=True, jobs_enabled=False)

@@ -1,4 +1,4 @@
-"""log_dlq: producer_sub and sealed (issue 12 §5)
+"""log_dlq: producer_sub and sealed
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""tenant_stats and tenant_minutes: /status and /resources/overview from a snapshot (issue 14 §3)
+"""tenant_stats and tenant_minutes: /status and /resources/overview from a snapshot
 
 Revision ID: 0005
 Revises: 0004

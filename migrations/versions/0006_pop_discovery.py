@@ -1,4 +1,4 @@
-"""log_consumers.head_at and the ready index: pop discovery without a scan (issue 14 §3)
+"""log_consumers.head_at and the ready index: pop discovery without a scan
 
 Revision ID: 0006
 Revises: 0005

@@ -1,4 +1,4 @@
-"""KV browsing for the dashboard's KV page; both routes read only (no client counterpart in WIRE.md).
+"""KV browsing for the dashboard's KV page; both routes read only (no client counterpart in docs/wire.md).
 
 * ``GET /api/v1/kv/namespaces[?after=&limit=]``: the tenant's namespaces, a keyset page.
 * ``GET /api/v1/kv/keys?ns=[&prefix=&after=&limit=&keysOnly=]``: a namespace's live keys, the

@@ -1,4 +1,4 @@
-"""Validation of KV operations (docs/wire.md#kv) and lock operations (§2.7).
+"""Validation of KV operations (docs/wire.md#kv) and lock operations (docs/wire.md#locks).
 
 ``validate_kv_ops`` is shared by ``POST /api/v1/kv`` and the ``kv`` rider of
 ``POST /api/v1/transaction``; ``validate_lock_ops`` serves ``POST /api/v1/locks``. Both return the

@@ -1,4 +1,4 @@
-"""Queue management and health (docs/wire.md#configure, §2.12)."""
+"""Queue management and health (docs/wire.md#configure, docs/wire.md#admin)."""
 
 from __future__ import annotations
 

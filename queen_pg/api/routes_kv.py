@@ -1,4 +1,4 @@
-"""KV and locks routes: ``POST /api/v1/kv`` (docs/wire.md#kv) and ``POST /api/v1/locks`` (§2.7).
+"""KV and locks routes: ``POST /api/v1/kv`` (docs/wire.md#kv) and ``POST /api/v1/locks`` (docs/wire.md#locks).
 
 Both take ``{"operations": [op, ...]}`` and answer 200 ``{"results": [...]}``, one per op. A lost
 ``required`` KV condition answers 200 ``{"ok": false, "reason": "kv_precondition", "failedIndex",

@@ -64,7 +64,7 @@ class TransactionRequest(msgspec.Struct):
 
 
 def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
-    """Limits of one call (seed 001): refused whole, as a 200 verdict like the other rollbacks."""
+    """Limits of one call (the design): refused whole, as a 200 verdict like the other rollbacks."""
     if len(kv) > MAX_KV_OPS:
         raise Verdict("too_large", {"error": f"a transaction holds at most {MAX_KV_OPS} KV operations, got {len(kv)}"})
     keys: set[tuple[Any, Any]] = set()

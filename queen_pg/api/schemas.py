@@ -2,7 +2,7 @@
 the routes read by hand, for ``/openapi.json`` only (``queen_pg/api/docs.py``): the routes build their
 answers as dicts (the engine's, or SQL's JSON) and never validate them against these models.
 
-Field names are WIRE.md's; every field a client reads is named. Answers are permissive
+Field names are docs/wire.md's; every field a client reads is named. Answers are permissive
 (``extra="allow"``): a broker may add keys, and clients ignore the ones they do not know. A field
 without a default is always present (possibly ``null``); one with a default may be absent. Other
 families: ``schemas_ops.py`` (KV, locks, the transaction), ``schemas_timers.py``, ``schemas_admin.py``

@@ -1,4 +1,4 @@
-"""The binary request bodies (docs/wire.md#binary-push, §3.2): QPB1 push and QTB1 transaction, parsed and checked.
+"""The binary request bodies (docs/wire.md#binary-formats): QPB1 push and QTB1 transaction, parsed and checked.
 
     "QPB1" | u8 flags | [u32 raw_len, flag 1] | u32 groups | per group: u16 len+queue | u16 len+partition
            | u32 n | flag 8: u32 z_len | z   (z = ONE zstd frame, content size set, of n QPF1 frames)

@@ -173,7 +173,7 @@ def overall_status(groups: list[dict[str, Any]]) -> str:
 
 
 def _detail(row: Record, msg: dict[str, Any]) -> dict[str, Any]:
-    """The §9.4 fields of one message's detail, beside the fields of the browser's answer."""
+    """The docs/wire.md#message-detail fields of one message's detail, beside the fields of the browser's answer."""
     groups: list[dict[str, Any]] = orjson.loads(row["groups"])
     dead: list[dict[str, Any]] = orjson.loads(row["dead"])
     retries = [g["deliveries"] - 1 for g in groups if g["deliveries"]] + [d["attempts"] - 1 for d in dead]

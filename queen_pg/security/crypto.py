@@ -1,4 +1,4 @@
-"""Encrypted queues: payloads at rest under AES-256-GCM (issue 12 §3).
+"""Encrypted queues: payloads at rest under AES-256-GCM.
 
 A sealed payload is ``0x00 | u8 version (1) | u8[4] key id | u8[12] nonce | ciphertext + 16-byte tag``.
 The leading NUL byte never starts a JSON text, so a sealed payload names itself wherever it is stored

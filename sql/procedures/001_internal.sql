@@ -35,8 +35,8 @@
 --   rows it changes FOR NO KEY UPDATE, ascending (partition_id, group) (level 3).
 --
 -- queen._le(value, bytes) -> bytea: little-endian unsigned integer of `bytes` bytes.
--- queen._frame(message_id, transaction_id, payload bytes, producer_sub) -> bytea: one QPF1 frame (WIRE.md
---   §3.3), byte for byte what queen_pg/engine/codec.py encode_frame() writes: flag 2 with a producerSub,
+-- queen._frame(message_id, transaction_id, payload bytes, producer_sub) -> bytea: one QPF1 frame
+--   (docs/wire.md#framed-pop), byte for byte what queen_pg/engine/codec.py encode_frame() writes: flag 2 with a producerSub,
 --   flag 4 when the payload is sealed (queen_pg/security/crypto.py). For SQL callers that write a raw
 --   (codec 0) segment: the DLQ requeue and the timer job.
 --

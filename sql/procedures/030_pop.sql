@@ -208,7 +208,7 @@ BEGIN
     END IF;
 
     -- two statements, not one with a CASE: each has a generic plan on its key, so PL/pgSQL need not
-    -- plan the lookup again on every pop in a tenant with many queues (/work/notes/plans.md)
+    -- plan the lookup again on every pop in a tenant with many queues
     IF p_queue IS NOT NULL THEN
         SELECT array_agg(qq.id) INTO v_qids
           FROM queen.queues qq WHERE qq.tenant = p_tenant AND qq.name = p_queue;

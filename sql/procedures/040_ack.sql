@@ -50,7 +50,7 @@
 -- Plans:   _ack_settle, ack_v1 and ack_v3 run with plan_cache_mode = force_generic_plan (nested calls
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
---          less PostgreSQL CPU per ack (1 and 100 items), same plans (/work/notes/plans.md). And with
+--          less PostgreSQL CPU per ack (1 and 100 items), same plans. And with
 --          enable_seqscan = off (so are _pass_over, _ack_wakes and _cursor_head, which the cursor's
 --          trigger calls): a connection keeps its generic plans, and plans made while the tables were
 --          ANALYZEd small read log_consumers, log_partitions, log_segments and log_txns whole, per cursor
@@ -59,7 +59,7 @@
 --          (p_txn_ids[o]: the parameters are expanded arrays, O(1) a read), never in a FOR-query's
 --          SELECT list: a cursor copies its parameters flat, and a flat text[] (or a uuid[] with NULLs)
 --          is walked from the start on every subscript (20,000 items: seconds). No `= ANY (array)` per
---          item either (/work/notes/ackitems.md).
+--          item either.
 
 CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor bigint)
 RETURNS bigint

@@ -4,8 +4,8 @@
 --   * Results are jsonb built for the HTTP answer. Timestamps are ISO-8601 UTC with microseconds
 --     ("2026-01-01T00:00:00.123456Z", queen._iso_utc); partition ids are strings, as in pop answers.
 --   * Queue mode is the group '__QUEUE_MODE__'; it is shown as "name": null, "queueMode": true.
---   * Lag of a (partition, group) = next_offset - cursor_offset (an ack is an offset commit, WIRE.md
---     §9.1; offsets the group passes over, queen.log_passes, count until the cursor passes them).
+--   * Lag of a (partition, group) = next_offset - cursor_offset (an ack is an offset commit,
+--     docs/wire.md#ack-offset-commit; offsets the group passes over, queen.log_passes, count until the cursor passes them).
 --     `ackedAhead` is always [] since the offset-commit ack (kept for readers of the old shape). A lease is live when lease_id is set
 --     and lease_expires_at > coalesce(p_now, now()) (the reads, STABLE) or clock_timestamp() (the writes).
 --   * An unknown queue, group or partition is a result, not an exception:

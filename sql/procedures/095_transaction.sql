@@ -1,5 +1,5 @@
 -- queen.transaction_v1: one commit for a whole worker step: acks, pushes, KV writes and timers,
--- all or nothing (seed 001; docs/wire.md#transaction).
+-- all or nothing (docs/wire.md#transaction).
 --
 -- Called by: POST /api/v1/transaction (queen_pg/engine/transaction.py), which validates the body,
 --          packs the pushes exactly like POST /api/v1/push and passes:
@@ -48,7 +48,7 @@
 -- Plans:   transaction_v1 runs with plan_cache_mode = force_generic_plan, and so does everything it
 --          calls (the ack and KV/timer helpers inherit it; push_v1's core has its own): PL/pgSQL kept
 --          custom plans for its array-parameter statements; measured 7-19 % less PostgreSQL CPU for a
---          1-ack + 1-push (+ 1 KV put) bundle (/work/notes/plans.md).
+--          1-ack + 1-push (+ 1 KV put) bundle.
 
 DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
 

@@ -1,6 +1,6 @@
 -- The outcome window: a request carrying Idempotency-Key (or X-Request-Id) that was already answered
 -- within QUEEN_REQUEST_ID_WINDOW_S gets the recorded outcome again instead of being applied twice, on
--- any replica (seed 000, Push step 3). Table: queen.request_outcomes (sql/schema.sql).
+-- any replica (the design). Table: queen.request_outcomes (sql/schema.sql).
 --
 -- Called by: the engine (queen_pg/engine/outcomes.py and the modules below) for a request WITH a key;
 --          a request without one calls the _v1 procedure directly, unchanged:

@@ -1,4 +1,4 @@
-"""Chaos through the proxy (issue 13 §4): 3 meshed replicas behind HAProxy on one PostgreSQL.
+"""Chaos through the proxy: 3 meshed replicas behind HAProxy on one PostgreSQL.
 
 Producers push N messages (distinct transactionIds, retried until answered: a retried push is a
 duplicate, never a second message). Two consumer groups pop with leases and settle every batch with

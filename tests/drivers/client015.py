@@ -11,8 +11,9 @@ the venv (same package name). Usage: ``client015.py BROKER_URL work|delete|contr
   listing, the 0.x consume loop, an ack of an unknown message.
 * ``delete``: delete a queue, then look at it again through the client.
 * ``contract``: docs/wire.md#contract through the 0.x API: a ``subscription_mode('from_beginning')`` consumer and a
-  ``'new'`` one, ``admin.get_message`` (§9.4), ``admin.move_message_to_dlq`` and ``admin.clear_queue``
-  (§9.7, whole queue and one partition).
+  ``'new'`` one, ``admin.get_message`` (docs/wire.md#message-detail), ``admin.move_message_to_dlq`` and
+  ``admin.clear_queue``
+  (docs/wire.md#legacy-admin, whole queue and one partition).
 
 Every request the client sends is recorded (``wire``) so the test can check the 0.x bodies.
 """
@@ -165,7 +166,7 @@ async def delete(client: Queen) -> dict[str, Any]:
 
 async def contract(client: Queen) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    # §9.2: a from_beginning consumer reads the backlog; a `new` one skips it
+    # docs/wire.md#subscription: a from_beginning consumer reads the backlog; a `new` one skips it
     await client.queue(FROM_START).create()
     await client.queue(FROM_START).push([{"data": {"i": i}, "transactionId": f"fb-{i}"} for i in range(3)])
     seen: list[int] = []
@@ -178,7 +179,7 @@ async def contract(client: Queen) -> dict[str, Any]:
     out["from_beginning"] = seen
     out["new_pop"] = await client.queue(FROM_START).group("tail").subscription_mode("new").batch(5).wait(False).pop()
 
-    # §9.4 and §9.7 through the 0.x admin API
+    # docs/wire.md#message-detail and docs/wire.md#legacy-admin through the 0.x admin API
     await client.queue(ADMIN).partition("p1").push([{"data": {"n": i}, "transactionId": f"a-{i}"} for i in range(3)])
     await client.queue(ADMIN).partition("p2").push([{"data": {"n": 9}, "transactionId": "b-0"}])
     (m0,) = await client.queue(ADMIN).partition("p1").batch(1).wait(False).pop()
