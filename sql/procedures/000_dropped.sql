@@ -63,6 +63,19 @@ BEGIN
     END IF;
 END;
 $$;
+-- messages_list_v3 answers each message's state (`states`) in place of the cursor, passes, lease end
+-- and dead letters the broker judged them from: the shape without it goes.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure(
+                 'queen.messages_list_v3(text, text, text, bigint, bigint, timestamptz, timestamptz, boolean, text,'
+                 ' integer, integer, text, timestamptz, bigint)')
+                 AND NOT ('states' = ANY (proargnames))) THEN
+        DROP FUNCTION queen.messages_list_v3(text, text, text, bigint, bigint, timestamptz, timestamptz, boolean,
+                                             text, integer, integer, text, timestamptz, bigint);
+    END IF;
+END;
+$$;
 DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
 DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
     uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],

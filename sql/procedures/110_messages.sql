@@ -13,7 +13,7 @@
 --   'pending' | 'dead'; it needs `group`, the route refuses it alone), whose state for that group is
 --   `status`; orders them by (segment time, partition id, offset), ascending or (desc) descending, and
 --   pages them with limit/offset (over the filtered set: total counts the matching messages only).
---   A message's state for the group (the same as message_get_v2 and the broker's per-message status):
+--   A message's state for the group (the same as message_get_v2's):
 --   'dead' (a dead letter of the group for the offset), else 'consumed' (below the group's cursor on
 --   the partition, or an offset it passes over in log_passes: an ack is an offset commit), else
 --   'leased' (below the end of the partition's live lease), else 'pending' (also: no cursor yet).
@@ -25,9 +25,9 @@
 --   (base_offset, created_at, dropped, codec, payload), the part of it that matches [lo, hi), `skip`
 --   = how many matching messages come before this segment in the chosen order (the broker decodes
 --   [lo, hi), keeps the offsets whose state is `status` and counts from `skip`); and, when a group is
---   given, that group's cursor, the offsets it passes over (log_passes), the end of its live lease
---   (NULL when no live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a
---   refusal, is one row with NULL segment columns.
+--   given, `states`: the state of every offset of [lo, hi) for it, one letter each ('d' dead, 'c'
+--   consumed, 'l' leased, 'p' pending), the only place the broker learns a listed message's state.
+--   A page past the end, or a refusal, is one row with NULL segment columns.
 --   Cost: one pass over the index entries of the matching segments of the queue (for total and the
 --   ordering; with `status`, plus the cursor row and the dead letters and passes of each segment),
 --   then the payloads of the page's segments only.
@@ -78,7 +78,7 @@ CREATE OR REPLACE FUNCTION queen.messages_list_v3(
     p_status text, p_now timestamptz, p_max_bytes bigint)
 RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
                created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
-               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
+               skip bigint, states text)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_qid bigint;
@@ -88,21 +88,21 @@ BEGIN
     IF v_qid IS NULL THEN
         RETURN QUERY SELECT 'no_queue'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
     IF p_partition IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = v_qid AND p.name = p_partition) THEN
         RETURN QUERY SELECT 'no_partition'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
     IF p_group IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_qid AND g.name = p_group) THEN
         RETURN QUERY SELECT 'no_group'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
 
@@ -188,18 +188,29 @@ BEGIN
     )
     SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
            s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
-           lc.cursor_offset,
-           ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
-                  WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
-                    AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi ORDER BY 1),
-           CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now THEN lc.lease_end END,
-           (SELECT array_agg(DISTINCT d.msg_offset) FROM queen.log_dlq d
-             WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
-               AND d.msg_offset >= page.lo AND d.msg_offset < page.hi)
+           -- the state of each offset of [lo, hi) for the group, one letter each: d(ead), c(onsumed),
+           -- l(eased), p(ending); the rule of the header, with the exceptions read once per segment
+           CASE WHEN p_group IS NOT NULL THEN
+               (SELECT string_agg(CASE WHEN o = ANY (x.dead) THEN 'd'
+                                       WHEN lc.cursor_offset IS NOT NULL
+                                            AND (o < lc.cursor_offset OR o = ANY (x.passes)) THEN 'c'
+                                       WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
+                                            AND o < lc.lease_end THEN 'l'
+                                       ELSE 'p' END, '' ORDER BY o)
+                  FROM generate_series(page.lo, page.hi - 1) AS o)
+           END
       FROM total
       LEFT JOIN kept AS page ON true
       LEFT JOIN queen.log_segments s ON s.partition_id = page.partition_id AND s.base_offset = page.base_offset
       LEFT JOIN queen.log_consumers lc ON lc.partition_id = page.partition_id AND lc.consumer_group = p_group
+      LEFT JOIN LATERAL (
+            SELECT ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
+                          WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
+                            AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi) AS passes,
+                   ARRAY(SELECT d.msg_offset FROM queen.log_dlq d
+                          WHERE d.partition_id = page.partition_id AND d.consumer_group = p_group
+                            AND d.msg_offset >= page.lo AND d.msg_offset < page.hi) AS dead
+             WHERE p_group IS NOT NULL) x ON true
      ORDER BY page.before;
 END;
 $$;
