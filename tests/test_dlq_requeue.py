@@ -19,7 +19,7 @@ from tests.helpers import pop, push
 async def broker(start_broker: Any) -> Broker:
     """No background jobs: these tests decide when dlq_fill runs. With the jobs on, the broker's own
     dlq_fill tick raced them (the payload was copied out before the "not copied yet" check, or before
-    the test's own dlq_fill_v1 call found the row), so they failed now and then."""
+    the test's own DlqFill run found the row), so they failed now and then."""
     b: Broker = await start_broker(jobs_enabled=False)
     return b
 
@@ -150,18 +150,3 @@ async def test_a_late_ack_from_another_group_never_lands_on_the_requeued_copy(
     assert await conn.fetchval(cursor) == 1  # not moved past m1..m3
     got = (await pop(http, "la", consumerGroup="other", batch=10))["messages"]
     assert [x["transactionId"] for x in got] == ["m1", "m2", "m3"]
-
-
-async def test_dlq_fill_v1_still_serves_a_broker_of_the_previous_release(
-    http: httpx.AsyncClient, conn: asyncpg.Connection
-) -> None:
-    """dlq_fill_v1 is kept for a rolling deploy as a wrapper over v2: it hands out the segment, then
-    writes the decoded payload (no producerSub, nothing sealed), as the previous release expects."""
-    await push(http, "v1", [{"payload": {"k": 1}, "transactionId": "a"}])
-    (m,) = (await pop(http, "v1", consumerGroup="g"))["messages"]
-    assert (await ack(http, m, "g", "dlq"))["dlq"] is True
-    (row,) = await conn.fetch("SELECT * FROM queen.dlq_fill_v1('{}', '{}', 10)")
-    assert row["msg_offset"] == 0 and row["payload"] is not None  # the segment, to decode
-    assert await conn.fetch("SELECT * FROM queen.dlq_fill_v1($1, $2, 10)", [row["id"]], ['{"k": 1}']) == []
-    filled = await conn.fetchrow("SELECT payload, sealed, producer_sub FROM queen.log_dlq WHERE id = $1", row["id"])
-    assert filled["payload"] == '{"k": 1}' and filled["sealed"] is None and filled["producer_sub"] is None

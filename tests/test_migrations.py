@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -464,3 +465,34 @@ async def test_a_0005_database_gets_pop_discovery_heads(pg_server: PgServer, way
         assert c.execute(POP_1, (None,)).fetchall() == [("a",)]
         assert c.execute(POP_1, (None,)).fetchall() == [("c",)]
         assert c.execute(POP_1, (None,)).fetchall() == []
+
+
+DROPPED = ROOT / "sql" / "procedures" / "000_dropped.sql"
+DROP_LINE = re.compile(r"^DROP FUNCTION IF EXISTS (queen\.\w+\([^;]*\));", re.MULTILINE)
+
+
+def dropped_signatures() -> list[str]:
+    """Every ``queen.name(argument types)`` that sql/procedures/000_dropped.sql drops."""
+    found = [" ".join(m.split()) for m in DROP_LINE.findall(DROPPED.read_text())]
+    assert len(found) > 20, "000_dropped.sql lists almost nothing: did its format change?"
+    return found
+
+
+async def test_boot_drops_every_gone_procedure(pg_server: PgServer) -> None:
+    """A database that an earlier boot left holding superseded versions, callerless procedures and the
+    earlier shapes of kept ones (a stand-in of each signature 000_dropped.sql names) ends, after a boot,
+    with the catalog of a new database: every line matches its function's signature exactly."""
+    fresh = empty_database(pg_server)
+    await boot_apply(fresh)
+    old = empty_database(pg_server)
+    await boot_apply(old)
+    signatures = dropped_signatures()
+    with psycopg.connect(old, autocommit=True) as c:
+        for signature in signatures:
+            c.execute(f"CREATE FUNCTION {signature} RETURNS void LANGUAGE sql AS ''")  # type: ignore[arg-type]
+        held = c.execute(
+            "SELECT count(*) FROM unnest(%s::text[]) s WHERE to_regprocedure(s) IS NOT NULL", (signatures,)
+        ).fetchone()
+    assert held == (len(signatures),)
+    await boot_apply(old)
+    assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", "gone procedures + boot")

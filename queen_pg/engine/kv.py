@@ -27,8 +27,8 @@ async def run_ops(
     now: datetime | None,
     once: Once | None,
 ) -> dict[str, Any]:
-    """One call of a jsonb-ops procedure (kv_v1 / locks_v1), or of its outcome-window wrapper (_v2)
-    when the request carries a key: a retry then answers the recorded result."""
+    """One call of a jsonb-ops procedure (locks_v1), or of its outcome-window wrapper (locks_v2) when
+    the request carries a key: a retry then answers the recorded result."""
     if once is None:
         raw = await db.fetchval(sql, tenant, orjson.dumps(ops).decode(), now)
     else:

@@ -56,17 +56,13 @@ def _frames(row: Record) -> list[tuple[int, codec.Frame]]:
     return out
 
 
+STATES = {"d": "dead", "c": "consumed", "l": "leased", "p": "pending"}
+
+
 def _state(row: Record, off: int) -> str:
-    # consumed = below the group's cursor or passed over; the ``acked`` column of messages_list_v2
-    # carries the group's queen.log_passes offsets of the segment part (an ack is an offset commit)
-    if off in (row["dead"] or ()):
-        return "dead"
-    cursor = row["cursor_offset"]
-    if cursor is not None and (off < cursor or off in (row["acked"] or ())):
-        return "consumed"
-    if row["lease_end"] is not None and off < row["lease_end"]:
-        return "leased"
-    return "pending"
+    """The message's state for the query's group, as messages_list_v3 decided it (``states``: one
+    letter per offset of [lo, hi))."""
+    return STATES[row["states"][off - row["lo"]]]
 
 
 def _message(

@@ -1,4 +1,4 @@
-"""dlq_fill: copy dead letters' payloads out of their segments through ``queen.dlq_fill_v1``.
+"""dlq_fill: copy dead letters' payloads out of their segments through ``queen.dlq_fill_v2``.
 
 ack_v1 writes a dead letter with payload NULL: the payload sits in its segment as a QPF1 frame, mostly
 zstd-compressed, which SQL cannot decompress. Nothing waits for this job: the DLQ list decodes unfilled

@@ -228,8 +228,6 @@ $$;
 -- queen._frame(message_id, txn, payload, sub) -> bytea: one QPF1 frame (docs/wire.md#framed-pop), as the broker
 -- writes them (queen_pg/engine/codec.py): flag 2 with the producerSub when p_sub is not NULL; flag 4 when
 -- the payload is sealed (an encrypted queue's: it starts with a NUL byte, which JSON text never does).
-DROP FUNCTION IF EXISTS queen._frame(uuid, text, bytea);
-
 CREATE OR REPLACE FUNCTION queen._frame(p_message_id uuid, p_txn text, p_payload bytea, p_sub text DEFAULT NULL)
 RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE AS $$

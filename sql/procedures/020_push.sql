@@ -1,7 +1,7 @@
 -- queen.push_v1 / queen.push_v3: append messages to partitions, deduplicated by transactionId hash.
 --
--- Called by: POST /api/v1/push (queen_pg/engine/push.py: push_v3; the previous release: push_v1),
---          transaction_v1, push_v2 (a request key) and the timer job (push_v1).
+-- Called by: POST /api/v1/push (queen_pg/engine/push.py: push_v3), push_v2 (a request key),
+--          transaction_v1 and the timer job (push_v1).
 -- Inputs:  one entry per GROUP (a distinct queue+partition of the request, in first-seen order):
 --            p_queues[g], p_partitions[g], p_blobs[g] = zstd of every item's QPF1 frame, in item order
 --            (or the raw frames when p_codecs[g] = 0: SQL callers such as the timer job write raw);
@@ -30,10 +30,6 @@
 -- Errors:  encryption_mismatch (queen._refuse; DETAIL = {"queue": encrypted, ...} of every group): the
 --          broker learns it and calls again, sealed as told. A queue deleted concurrently surfaces as a
 --          foreign-key violation (mapped to 503 retry by queen_pg/db).
-
-DROP FUNCTION IF EXISTS queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz);
-DROP FUNCTION IF EXISTS queen.push_v1(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz,
-                                      smallint[]);
 
 -- queen._push_core: the whole append (steps 1-6 below); push_v1 and push_v3 only shape its answer.
 CREATE OR REPLACE FUNCTION queen._push_core(
@@ -236,8 +232,7 @@ BEGIN
 END;
 $$;
 
--- queen.push_v1: the answer as one row per item (the previous release's broker, transaction_v1,
--- push_v2, the timer job).
+-- queen.push_v1: the answer as one row per item (push_v2, transaction_v1, the timer job).
 CREATE OR REPLACE FUNCTION queen.push_v1(
     p_tenant      text,
     p_queues      text[],

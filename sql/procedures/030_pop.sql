@@ -48,13 +48,6 @@
 -- Guarantees: a partition is leased to at most one holder at a time per group; an expired lease is
 --          claimable again and its range counts one more delivery attempt.
 
-DROP FUNCTION IF EXISTS queen.pop_v1(text, text, text, text, integer, integer, uuid, boolean, text,
-                                     timestamptz, timestamptz);
--- p_lease_seconds was added as a trailing parameter (callers that pass p_now positionally keep working);
--- the 13-argument form would make 12- and 13-argument calls ambiguous, so it goes.
-DROP FUNCTION IF EXISTS queen.pop_v1(text, text, text, text, text, text, integer, integer, uuid, boolean, text,
-                                     timestamptz, timestamptz);
-
 CREATE OR REPLACE FUNCTION queen.pop_v1(
     p_tenant          text,
     p_queue           text,

@@ -3,7 +3,7 @@
 --
 -- Called by: queen.ack_v3 (POST /api/v1/ack and /ack/batch, queen_pg/engine/ack.py: the items packed)
 --          and queen.ack_v1 (one row per item: queen.ack_v2 under a request key, queen.transaction_v1,
---          the previous release), both below.
+--          a batch of more kinds than ack_v3 packs), both below.
 -- Inputs:  parallel arrays, one entry per ack item: partition id, xxh3-128 hash of the transactionId,
 --          transactionId text (for the DLQ row), lease id (NULL = no lease check), consumer group,
 --          status ('completed' | 'failed' | 'retry' | 'dlq'; the broker maps 'success' to
@@ -81,30 +81,6 @@ BEGIN
     DELETE FROM queen.log_passes lp
      WHERE lp.partition_id = p_pid AND lp.consumer_group = p_group AND lp.msg_offset < v_cursor;
     RETURN v_cursor;
-END;
-$$;
-
--- Earlier shapes of this branch's procedures, never released: gone, so no call is ambiguous.
-DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
-DROP FUNCTION IF EXISTS queen.ack_v3(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz);
--- p_uniform and p_hint were added (trailing, defaulted): the shorter forms would make calls ambiguous
-DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
-                                          bytea, bytea);
-DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
-                                          bytea, bytea, boolean);
-DROP FUNCTION IF EXISTS queen._ack_settle(text, bigint[], uuid[], text[], uuid[], text[], text[], text[], timestamptz,
-                                          bytea, bytea, boolean, bigint[]);
-DROP FUNCTION IF EXISTS queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz);
--- ack_v3 gained the o_wake column (same arguments: CREATE OR REPLACE cannot change the result type), so
--- the shape without it goes once; callers name the columns they read, so a broker of the previous
--- release reads the new shape as before
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure(
-                 'queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz, bigint[])')
-                 AND NOT ('o_wake' = ANY (proargnames))) THEN
-        DROP FUNCTION queen.ack_v3(text, bytea, bigint[], text[], uuid[], text[], bytea, text[], timestamptz, bigint[]);
-    END IF;
 END;
 $$;
 
@@ -522,8 +498,9 @@ $$;
 
 -- queen.ack_v1: the verdicts as one row per item (idx, success, error, lease_released, dlq, noop), in
 -- input order, for the items as parallel arrays (the inputs of queen._ack_settle). Called by queen.ack_v2
--- (the outcome window), queen.transaction_v1, and brokers of the previous release (rolling deploys);
--- rules and locks are queen._ack_settle's.
+-- (the outcome window), queen.transaction_v1, and the broker for a batch naming more (partition, group,
+-- lease, status) kinds than ack_v3's packing holds (queen_pg/engine/ack.py); rules and locks are
+-- queen._ack_settle's.
 CREATE OR REPLACE FUNCTION queen.ack_v1(
     p_tenant         text,
     p_partition_ids  bigint[],

@@ -187,14 +187,16 @@ BEGIN
 END;
 $$;
 
--- queen.dlq_fill_v1: write decoded dead-letter payloads, then hand out the next ones to decode.
+-- queen.dlq_fill_v2: write decoded dead-letter payloads, then hand out the next ones to decode.
 --
 -- Called by: the dlq_fill job (queen_pg/jobs/dlq_fill.py). ack_v1 dead-letters a message with
 --          payload NULL because the payload sits in its segment as a QPF1 frame (zstd-compressed,
 --          codec 1, or raw, codec 0); the broker decodes it and this call stores it.
--- Inputs:  p_ids[i], p_payloads[i]: the previous batch, payload i as JSON text for log_dlq row
---          p_ids[i] (empty arrays on the first call); p_limit (most rows handed out); p_now, unused
---          today (no decision here reads the clock), kept so every job procedure ends in
+-- Inputs:  index-aligned, the previous batch (empty arrays on the first call): p_ids[i] the log_dlq
+--          row; p_payloads[i] its payload as JSON text; p_sealed[i] the payload as its frame had it
+--          when the frame is sealed (an encrypted queue: queen_pg/security/crypto.py), else NULL;
+--          p_subs[i] the frame's producerSub (NULL: none). p_limit (most rows handed out); p_now,
+--          unused today (no decision here reads the clock), kept so every job procedure ends in
 --          (p_limit, p_now).
 -- Result:  the next up to p_limit rows still NULL, ascending id: (id, partition_id, msg_offset, the
 --          segment holding it: base_offset, dropped, codec, payload). The segment's payload is sent on
@@ -204,17 +206,12 @@ $$;
 -- Locks:   (docs/locks.md) DLQ_FILL_LOCK (try); the log_dlq rows written (no other procedure
 --          locks log_dlq rows).
 -- Guarantees: a payload is written only where it is still NULL, so a repeated batch changes
---          nothing. Retention keeps a segment while one of its dead letters is NULL.
---          A payload jsonb refuses (a \u0000 escape, a number past numeric's range, not JSON at all)
---          is stored as a JSON string holding its text, so one bad message never blocks the job.
+--          nothing. A sealed row gets payload = JSON null (filled: no plaintext is copied into
+--          log_dlq) and `sealed` = the sealed bytes; every row gets producer_sub. Retention keeps a
+--          segment while one of its dead letters is NULL. A payload jsonb refuses (a \u0000 escape, a
+--          number past numeric's range, not JSON at all) is stored as a JSON string holding its text,
+--          so one bad message never blocks the job.
 -- Errors:  none of its own.
-
--- queen.dlq_fill_v2: dlq_fill_v1 (above, kept for a broker of the previous release during a rolling
--- deploy), plus, index-aligned with p_ids: p_sealed[i] = the payload as its frame had it when the frame
--- is sealed (an encrypted queue: queen_pg/security/crypto.py), else NULL; p_subs[i] = the frame's
--- producerSub (NULL: none). A sealed row gets payload = JSON null (filled: no plaintext is copied into
--- log_dlq) and `sealed` = the sealed bytes; every row gets producer_sub. Result, locks, guarantees,
--- errors: as dlq_fill_v1.
 CREATE OR REPLACE FUNCTION queen.dlq_fill_v2(
     p_ids      bigint[],
     p_payloads text[],
@@ -269,20 +266,4 @@ BEGIN
              LIMIT 1) AS s ON s.end_offset > n.msg_offset
      ORDER BY n.id;
 END;
-$$;
-
-CREATE OR REPLACE FUNCTION queen.dlq_fill_v1(
-    p_ids      bigint[],
-    p_payloads text[],
-    p_limit    integer,
-    p_now      timestamptz DEFAULT NULL
-) RETURNS TABLE (id bigint, partition_id bigint, msg_offset bigint, base_offset bigint, dropped integer[],
-                 codec smallint, payload bytea)
-LANGUAGE sql AS $$
-    -- kept one release for brokers of the previous version during a rolling deploy: plain payloads,
-    -- no producerSub (what those brokers knew); queen.dlq_fill_v2 does the work
-    SELECT * FROM queen.dlq_fill_v2(p_ids, p_payloads,
-                                    array_fill(NULL::bytea, ARRAY[coalesce(cardinality(p_ids), 0)]),
-                                    array_fill(NULL::text, ARRAY[coalesce(cardinality(p_ids), 0)]),
-                                    p_limit, p_now);
 $$;

@@ -1,19 +1,16 @@
 -- Dead letters: list them, put one back on its queue.
 --
--- queen.dlq_list_v1(tenant, queue, group, partition, from, to, limit, offset)
+-- queen.dlq_list_v2(tenant, queue, group, partition, from, to, limit, offset, max_bytes)
 --   Called by: GET /api/v1/dlq (queen_pg/engine/dlq.py). Newest first. Result rows: the dead letter,
 --   its queue and partition names, `total` (matching rows, for paging; a page past the end is one row
 --   with only `total`) and, while its jsonb payload
 --   is not filled yet (the dlq_fill job copies it out of the zstd segment), the segment that holds it
 --   (base_offset, dropped, codec, blob) so the broker can decode it; producer_sub and sealed (filled
 --   rows: the frame's producerSub, and an encrypted queue's payload still sealed; the broker opens it).
---   Locks: none (reads). v2 with no budget (kept one release for a rolling deploy).
---
--- queen.dlq_list_v2(tenant, queue, group, partition, from, to, limit, offset, max_bytes)
---   Called by: GET /api/v1/dlq (queen_pg/engine/dlq.py). As v1, and the page stops at the answer
---   budget (queen_pg/engine/answers.py): a row is handed out only while the bytes of the rows before
---   it (its payload's JSON text, or its sealed bytes, or the stored bytes of the segment it brings,
---   plus its error) are under max_bytes (the first row always; NULL = no limit). Locks: none (reads).
+--   The page stops at the answer budget (queen_pg/engine/answers.py): a row is handed out only while
+--   the bytes of the rows before it (its payload's JSON text, or its sealed bytes, or the stored bytes
+--   of the segment it brings, plus its error) are under max_bytes (the first row always; NULL = no
+--   limit). Locks: none (reads).
 --
 -- queen.dlq_requeue_v1(tenant, partition_id, txn_hash, message_id, now) -> jsonb
 --   Called by: POST /api/v1/messages/{partitionId}/{transactionId}/retry (queen_pg/engine/dlq.py).
@@ -35,10 +32,6 @@
 --   rows FOR NO KEY UPDATE ascending (#3: the caught-up ones become pending, queen._wake_cursors; the
 --   log_passes foreign key needs KEY SHARE on the others); log_dlq rows by DELETE. The clock is read
 --   after the partition lock.
-
--- The result gained producer_sub and sealed (revision 0004) at its end: the arguments are the same, and a
--- broker of the previous release reads its columns by name, so the name stays (the old shape is dropped).
-DROP FUNCTION IF EXISTS queen.dlq_list_v1(text, text, text, text, timestamptz, timestamptz, integer, integer);
 
 CREATE OR REPLACE FUNCTION queen.dlq_list_v2(
     p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
@@ -85,18 +78,6 @@ LANGUAGE sql STABLE AS $$
       FROM total t
       LEFT JOIN kept h ON true
      ORDER BY h.failed_at DESC, h.id DESC;
-$$;
-
-CREATE OR REPLACE FUNCTION queen.dlq_list_v1(
-    p_tenant text, p_queue text, p_group text, p_partition text, p_from timestamptz, p_to timestamptz,
-    p_limit integer, p_offset integer)
-RETURNS TABLE (id bigint, queue_name text, partition_name text, partition_id bigint, consumer_group text,
-               msg_offset bigint, message_id uuid, transaction_id text, payload_json text, error text,
-               attempts integer, created_at timestamptz, failed_at timestamptz, total bigint,
-               seg_base bigint, seg_dropped integer[], seg_codec smallint, seg_blob bytea,
-               producer_sub text, sealed bytea)
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM queen.dlq_list_v2(p_tenant, p_queue, p_group, p_partition, p_from, p_to, p_limit, p_offset, NULL);
 $$;
 
 CREATE OR REPLACE FUNCTION queen.dlq_requeue_v1(

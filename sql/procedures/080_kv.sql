@@ -37,7 +37,13 @@
 --
 -- queen._kv_run(tenant, ops jsonb, now, max_bytes) -> jsonb
 --   The batch of POST /api/v1/kv, called by queen.kv_v3 (096_outcomes.sql; queen_pg/engine/kv.py).
---   As kv_v1 below, with an answer budget (NULL = none): each op may take what the ops before it left
+--   ops = the validated op list.
+--   Locks: queen._kv_lock on every key the batch writes or checks (docs/locks.md #0); reads take none
+--   (a read sees what committed before the statement, and what this batch wrote before it).
+--   Result: {"results":[{index, op, ns, key?, ...}]}, one per op, in order.
+--   Raises: queen._verdict('kv_precondition', {failedIndex, kvReason, version, value}) when a
+--   `required` op lost its condition: the whole batch is rolled back, nothing is written.
+--   The answer budget (max_bytes, NULL = none): each op may take what the ops before it left
 --   (see _kv_apply), and once the results pass max_bytes (queen._kv_charge below: the rule the
 --   transaction shares) the call is refused with queen._refuse('answer_too_large', ...) (413 in the
 --   broker; the detail names the limit): the batch is rolled back, nothing is written, and no more op
@@ -50,15 +56,6 @@
 --   max_bytes (NULL = no budget: nothing counted) it refuses the call with
 --   queen._refuse('answer_too_large', ...) naming `label[0..index]` and the limit. The caller's
 --   statement aborts: nothing of it is written.
---
--- queen.kv_v1(tenant, ops jsonb, now) -> jsonb
---   queen._kv_run with no budget (kept one release for a rolling deploy: older brokers call it).
---   ops = the validated op list.
---   Locks: queen._kv_lock on every key the batch writes or checks (docs/locks.md #0); reads take none
---   (a read sees what committed before the statement, and what this batch wrote before it).
---   Result: {"results":[{index, op, ns, key?, ...}]}, one per op, in order.
---   Raises: queen._verdict('kv_precondition', {failedIndex, kvReason, version, value}) when a
---   `required` op lost its condition: the whole batch is rolled back, nothing is written.
 --
 -- queen.kv_sweep_v1(limit, now) -> integer
 --   Called by: the kv_sweep job (queen_pg/jobs/kv_sweep.py). Deletes at most `limit` expired rows,
@@ -172,12 +169,6 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen._kv_get_many(p_tenant text, p_ns text, p_keys jsonb, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT queen._kv_get_many(p_tenant, p_ns, p_keys, p_now, NULL::bigint)
-$$;
-
 -- getPrefix: a keyset page. p_max_bytes (NULL = no limit): the page also stops before the row that
 -- would take its rows' JSON text past it (truncated, nextAfter = the last row shown); its first row is
 -- always shown (the caller measures the answer). Rows are read one at a time: a page that stops early
@@ -224,12 +215,6 @@ BEGIN
     RETURN jsonb_build_object('prefix', p_op->>'prefix', 'rows', to_jsonb(v_rows), 'truncated', v_more,
                               'nextAfter', CASE WHEN v_more THEN v_rows[cardinality(v_rows)]->>'key' END);
 END;
-$$;
-
-CREATE OR REPLACE FUNCTION queen._kv_get_prefix(p_tenant text, p_op jsonb, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT queen._kv_get_prefix(p_tenant, p_op, p_now, NULL::bigint)
 $$;
 
 CREATE OR REPLACE FUNCTION queen._kv_apply(p_tenant text, p_op jsonb, p_now timestamptz, p_max_bytes bigint)
@@ -393,12 +378,6 @@ BEGIN
     END LOOP;
     RETURN jsonb_build_object('results', v_results);
 END;
-$$;
-
-CREATE OR REPLACE FUNCTION queen.kv_v1(p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL)
-RETURNS jsonb
-LANGUAGE sql AS $$
-    SELECT queen._kv_run(p_tenant, p_ops, p_now, NULL::bigint)
 $$;
 
 CREATE OR REPLACE FUNCTION queen.kv_sweep_v1(p_limit integer, p_now timestamptz DEFAULT NULL)

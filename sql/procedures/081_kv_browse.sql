@@ -12,16 +12,13 @@
 --   Locks: none (a read; it sees what committed before the statement). Reads no clock. Raises nothing.
 --
 -- queen.kv_keys_v2(tenant, ns, prefix, after, limit, keys_only, now, max_bytes) -> jsonb
---   Called by: GET /api/v1/kv/keys (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py). As v1 below,
---   and the page also stops before the row that would take its rows' JSON text past max_bytes (the
---   answer budget; at least one row; NULL = no limit): truncated, nextAfter = its last row.
---
--- queen.kv_keys_v1(tenant, ns, prefix, after, limit, keys_only, now) -> jsonb
---   v2 with no budget (kept one release for a rolling deploy: older brokers call it).
+--   Called by: GET /api/v1/kv/keys (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py).
 --   The getPrefix op of POST /api/v1/kv (queen._kv_get_prefix, 080_kv.sql) with an EMPTY prefix
 --   allowed: the op's validator wants a non-empty prefix (docs/wire.md#kv), a browser wants a whole
 --   namespace. Result, paging and clamping as getPrefix: {prefix, rows, truncated, nextAfter}, byte
 --   order of key, `after` exclusive, limit clamped to 1..1000, expired rows (expires_at <= now) absent.
+--   The page also stops before the row that would take its rows' JSON text past max_bytes (the
+--   answer budget; at least one row; NULL = no limit): truncated, nextAfter = its last row.
 --   Locks: none (a read). Time only from p_now (NULL = now()). Raises nothing.
 
 CREATE OR REPLACE FUNCTION queen.kv_namespaces_v1(p_tenant text, p_after text, p_limit integer)
@@ -50,13 +47,4 @@ LANGUAGE sql STABLE AS $$
         jsonb_build_object('ns', p_ns, 'prefix', coalesce(p_prefix, ''), 'after', p_after, 'limit', p_limit,
                            'keysOnly', coalesce(p_keys_only, false)),
         coalesce(p_now, now()), p_max_bytes);
-$$;
-
-CREATE OR REPLACE FUNCTION queen.kv_keys_v1(
-    p_tenant text, p_ns text, p_prefix text, p_after text, p_limit integer, p_keys_only boolean,
-    p_now timestamptz DEFAULT NULL
-)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT queen.kv_keys_v2(p_tenant, p_ns, p_prefix, p_after, p_limit, p_keys_only, p_now, NULL);
 $$;

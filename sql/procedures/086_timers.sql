@@ -81,8 +81,6 @@
 -- Errors: none of their own; a queue deleted while the fire pushes into it surfaces as a foreign-key
 --   violation (503 retry for a route; the job logs it and retries the next tick).
 
-DROP FUNCTION IF EXISTS queen.timer_get_v1(text, text, text);  -- read fired_at (gone with the tombstones)
-
 CREATE OR REPLACE FUNCTION queen._timer_hash(p_tenant text, p_queue text, p_key text)
 RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$

@@ -50,8 +50,6 @@
 --          custom plans for its array-parameter statements; measured 7-19 % less PostgreSQL CPU for a
 --          1-ack + 1-push (+ 1 KV put) bundle.
 
-DROP FUNCTION IF EXISTS queen._tx_ack_refusal(text, bigint, uuid, uuid, text, timestamptz);
-
 CREATE OR REPLACE FUNCTION queen._tx_ack_refusal(
     p_tenant text, p_pid bigint, p_hash uuid, p_lease uuid, p_group text, p_status text, p_now timestamptz)
 RETURNS text
@@ -100,14 +98,7 @@ BEGIN
 END;
 $$;
 
--- p_sealed and p_max_bytes come last, with defaults. The signature changed in place (no release
--- holds the previous ones): both are dropped.
-DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
-    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
-    uuid[], uuid[], integer, timestamptz);
-DROP FUNCTION IF EXISTS queen.transaction_v1(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
-    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
-    uuid[], uuid[], integer, timestamptz, boolean[]);
+-- p_sealed and p_max_bytes come last, with defaults.
 CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_tenant           text,
     p_ack_pids         bigint[],

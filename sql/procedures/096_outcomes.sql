@@ -3,14 +3,14 @@
 -- any replica (the design). Table: queen.request_outcomes (sql/schema.sql).
 --
 -- Called by: the engine (queen_pg/engine/outcomes.py and the modules below) for a request WITH a key;
---          a request without one calls the _v1 procedure directly, unchanged:
+--          a request without one calls the procedure it wraps (push_v3 and ack_v3 for the packed
+--          forms of push and ack) directly, unchanged:
 --            queen.push_v2        POST /api/v1/push                 (wraps queen.push_v1)
 --            queen.ack_v2         POST /api/v1/ack, /ack/batch      (wraps queen.ack_v1)
 --            queen.transaction_v2 POST /api/v1/transaction          (wraps queen.transaction_v1; its
 --                                 p_sealed and p_max_bytes last, as transaction_v1 has them)
---            queen.kv_v2          (wraps queen.kv_v1; kept one release for older brokers)
---            queen.kv_v3          POST /api/v1/kv, every request    (wraps queen._kv_run: kv_v1 with
---                                 the answer budget p_max_bytes after p_now; key NULL = no key)
+--            queen.kv_v3          POST /api/v1/kv, every request    (wraps queen._kv_run, with the
+--                                 answer budget p_max_bytes after p_now; key NULL = no key)
 --            queen.locks_v2       POST /api/v1/locks                (wraps queen.locks_v1)
 --          Each takes the _v1 arguments (p_now included), then p_request_key, p_route (the route's
 --          name), p_body_hash (xxh3-128 of the request body) and p_window_s. With p_request_key NULL
@@ -84,9 +84,7 @@ LANGUAGE sql AS $$
            created_at = excluded.created_at, expires_at = excluded.expires_at;
 $$;
 
--- p_sealed (added last, with a default: a broker of the previous release still calls it) is push_v1's.
-DROP FUNCTION IF EXISTS queen.push_v2(text, text[], text[], bytea[], integer[], uuid[], uuid[], timestamptz, text,
-                                      text, uuid, integer);
+-- p_sealed (last, with a default) is push_v1's.
 CREATE OR REPLACE FUNCTION queen.push_v2(
     p_tenant text, p_queues text[], p_partitions text[], p_blobs bytea[], p_item_group integer[],
     p_item_hash uuid[], p_item_msgid uuid[], p_now timestamptz DEFAULT NULL,
@@ -181,15 +179,6 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen.kv_v2(
-    p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL,
-    p_request_key text DEFAULT NULL, p_route text DEFAULT 'kv', p_body_hash uuid DEFAULT NULL,
-    p_window_s integer DEFAULT 60
-) RETURNS TABLE (result jsonb, replayed boolean)
-LANGUAGE sql AS $$
-    SELECT * FROM queen.kv_v3(p_tenant, p_ops, p_now, NULL, p_request_key, p_route, p_body_hash, p_window_s)
-$$;
-
 CREATE OR REPLACE FUNCTION queen.locks_v2(
     p_tenant text, p_ops jsonb, p_now timestamptz DEFAULT NULL,
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'locks', p_body_hash uuid DEFAULT NULL,
@@ -215,12 +204,6 @@ $$;
 
 -- p_transaction_id: the id the broker minted for this answer; it is recorded inside the result
 -- ({"transactionId": ...}), so a replay answers the same id.
-DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
-    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
-    uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text);
-DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
-    uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
-    uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text, boolean[]);
 CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_tenant text, p_ack_pids bigint[], p_ack_hashes uuid[], p_ack_txns text[], p_ack_leases uuid[],
     p_ack_groups text[], p_ack_statuses text[], p_ack_index integer[], p_required_leases uuid[],

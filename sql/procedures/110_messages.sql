@@ -5,16 +5,15 @@
 -- slices them. Message k of a segment (k counted over the frames NOT listed in `dropped`) has offset
 -- base_offset + k.
 --
--- queen.messages_list_v2(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
---                        limit, offset, status, now)
---   v3 with no budget (kept one release for a rolling deploy). Selects the retained messages of a
---   queue (one partition, or all)
---   whose offset is in [from_offset, to_offset) (either bound NULL = open) and whose segment was
---   written in [since, until) (NULL = open), and, when `status` is given ('consumed' | 'leased' |
+-- queen.messages_list_v3(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
+--                        limit, offset, status, now, max_bytes)
+--   Called by: GET /api/v1/messages (queen_pg/engine/messages.py). Selects the retained messages of a
+--   queue (one partition, or all) whose offset is in [from_offset, to_offset) (either bound NULL =
+--   open) and whose segment was written in [since, until) (NULL = open), and, when `status` is given ('consumed' | 'leased' |
 --   'pending' | 'dead'; it needs `group`, the route refuses it alone), whose state for that group is
 --   `status`; orders them by (segment time, partition id, offset), ascending or (desc) descending, and
 --   pages them with limit/offset (over the filtered set: total counts the matching messages only).
---   A message's state for the group (the same as message_get_v2 and the broker's per-message status):
+--   A message's state for the group (the same as message_get_v2's):
 --   'dead' (a dead letter of the group for the offset), else 'consumed' (below the group's cursor on
 --   the partition, or an offset it passes over in log_passes: an ack is an offset commit), else
 --   'leased' (below the end of the partition's live lease), else 'pending' (also: no cursor yet).
@@ -26,49 +25,36 @@
 --   (base_offset, created_at, dropped, codec, payload), the part of it that matches [lo, hi), `skip`
 --   = how many matching messages come before this segment in the chosen order (the broker decodes
 --   [lo, hi), keeps the offsets whose state is `status` and counts from `skip`); and, when a group is
---   given, that group's cursor, the offsets it passes over (log_passes), the end of its live lease
---   (NULL when no live lease) and its dead-lettered offsets inside [lo, hi). A page past the end, or a
---   refusal, is one row with NULL segment columns.
+--   given, `states`: the state of every offset of [lo, hi) for it, one letter each ('d' dead, 'c'
+--   consumed, 'l' leased, 'p' pending), the only place the broker learns a listed message's state.
+--   A page past the end, or a refusal, is one row with NULL segment columns.
 --   Cost: one pass over the index entries of the matching segments of the queue (for total and the
 --   ordering; with `status`, plus the cursor row and the dead letters and passes of each segment),
 --   then the payloads of the page's segments only.
+--   The page's segments stop at the answer budget (queen_pg/engine/answers.py): a segment is handed
+--   out only while the stored bytes of the page's segments before it are under max_bytes (the first
+--   always; NULL = no limit), so a page never carries much more than the budget of segments. The
+--   broker decodes them and stops its page where the decoded messages reach the budget (a zstd
+--   segment is smaller stored than decoded).
 --   Locks: none (reads).
 --
--- queen.messages_list_v3(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
---                        limit, offset, status, now, max_bytes)
---   Called by: GET /api/v1/messages. As v2 below, and the page's segments stop at the answer budget
---   (queen_pg/engine/answers.py): a segment is handed out only while the stored bytes of the page's
---   segments before it are under max_bytes (the first always; NULL = no limit), so a page never
---   carries much more than the budget of segments. The broker decodes them and stops its page where
---   the decoded messages reach the budget (a zstd segment is smaller stored than decoded).
---
--- queen.messages_list_v1(tenant, queue, partition, from_offset, to_offset, since, until, desc, group,
---                        limit, offset, now)
---   v2 without `status` (kept one release for a rolling deploy: older brokers call it). Locks: none.
---
--- queen.message_get_v1(tenant, partition_id, txn_hash, now)
---   Called by: GET /api/v1/messages/{partitionId}/{transactionId}. Resolves the transactionId hash in
---   the partition (log_txns; a transactionId can name several messages, e.g. a dead letter put back:
---   the newest is read, `offsets` lists them all) and returns status 'ok' | 'no_partition' |
---   'no_message', the queue and partition names, the offset and message id, the segment holding it,
---   and `groups`: jsonb
---   [{"name","queueMode","state","cursor"}] where state is 'dead' (a dead letter of that group exists
---   for the offset), 'consumed' (below the cursor, or an offset the group passes over), 'leased' (inside a live
---   lease), else 'pending'; `dead`: the dead letters of the offset [{"consumerGroup","error",
---   "attempts","failedAt"}]. Locks: none (reads).
---
 -- queen.message_get_v2(tenant, partition_id, txn_hash, now)
---   Called by: GET /api/v1/messages/{partitionId}/{transactionId} (docs/wire.md#message-detail). As v1, plus the queue's
---   namespace, task and `queue_config` (jsonb {leaseTime, retryLimit, priority, delayedProcessing,
---   windowBuffer, maxSize, retentionSeconds, completedRetentionSeconds, dedupWindowSeconds,
---   encryptionEnabled}), and richer `groups`: one element per consumer group with a cursor on the
---   partition, ordered by group name: {"group" (the stored name, '__QUEUE_MODE__' for queue mode),
---   "name" (NULL for queue mode), "queueMode", "cursor", "state" (as v1), "consumed" (below the cursor:
---   an autoAck pop, a completed ack, a dead letter; or an offset the group passes over, log_passes:
---   an operator's dead letter or delete above the cursor), "leaseExpiresAt" (ISO, the live lease
---   that holds the message unconsumed, else NULL), "deliveries" (times the group's current delivery
---   range was handed out when the message is in it, else NULL)}; `dead` adds "error" order newest
---   last. v1 stays one release for a rolling deploy. Locks: none (reads).
+--   Called by: GET /api/v1/messages/{partitionId}/{transactionId} (docs/wire.md#message-detail). Resolves the
+--   transactionId hash in the partition (log_txns; a transactionId can name several messages, e.g. a
+--   dead letter put back: the newest is read, `offsets` lists them all) and returns status 'ok' |
+--   'no_partition' | 'no_message', the queue and partition names, the queue's namespace, task and
+--   `queue_config` (jsonb {leaseTime, retryLimit, priority, delayedProcessing, windowBuffer, maxSize,
+--   retentionSeconds, completedRetentionSeconds, dedupWindowSeconds, encryptionEnabled}), the offset
+--   and message id, the segment holding it, and `groups`: one element per consumer group with a cursor
+--   on the partition, ordered by group name: {"group" (the stored name, '__QUEUE_MODE__' for queue
+--   mode), "name" (NULL for queue mode), "queueMode", "cursor", "state" ('dead': a dead letter of that
+--   group exists for the offset; 'consumed': below the cursor, or an offset the group passes over;
+--   'leased': inside a live lease; else 'pending'), "consumed" (below the cursor: an autoAck pop, a
+--   completed ack, a dead letter; or an offset the group passes over, log_passes: an operator's dead
+--   letter or delete above the cursor), "leaseExpiresAt" (ISO, the live lease that holds the message
+--   unconsumed, else NULL), "deliveries" (times the group's current delivery range was handed out
+--   when the message is in it, else NULL)}; `dead`: the dead letters of the offset
+--   [{"consumerGroup","error","attempts","failedAt"}], newest last. Locks: none (reads).
 --
 -- queen.message_delete_v1(tenant, partition_id, txn_hash, now) -> jsonb
 --   Called by: DELETE /api/v1/messages/{partitionId}/{transactionId}. A log cannot drop a message from
@@ -92,7 +78,7 @@ CREATE OR REPLACE FUNCTION queen.messages_list_v3(
     p_status text, p_now timestamptz, p_max_bytes bigint)
 RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
                created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
-               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
+               skip bigint, states text)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_qid bigint;
@@ -102,21 +88,21 @@ BEGIN
     IF v_qid IS NULL THEN
         RETURN QUERY SELECT 'no_queue'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
     IF p_partition IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = v_qid AND p.name = p_partition) THEN
         RETURN QUERY SELECT 'no_partition'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
     IF p_group IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_qid AND g.name = p_group) THEN
         RETURN QUERY SELECT 'no_group'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[];
+                            NULL::bigint, NULL::bigint, NULL::text;
         RETURN;
     END IF;
 
@@ -202,108 +188,30 @@ BEGIN
     )
     SELECT 'ok'::text, total.n, page.partition_id, page.pname, page.base_offset, page.created_at,
            s.dropped, s.codec, s.payload, page.lo, page.hi, page.before::bigint,
-           lc.cursor_offset,
-           ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
-                  WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
-                    AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi ORDER BY 1),
-           CASE WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now THEN lc.lease_end END,
-           (SELECT array_agg(DISTINCT d.msg_offset) FROM queen.log_dlq d
-             WHERE p_group IS NOT NULL AND d.partition_id = page.partition_id AND d.consumer_group = p_group
-               AND d.msg_offset >= page.lo AND d.msg_offset < page.hi)
+           -- the state of each offset of [lo, hi) for the group, one letter each: d(ead), c(onsumed),
+           -- l(eased), p(ending); the rule of the header, with the exceptions read once per segment
+           CASE WHEN p_group IS NOT NULL THEN
+               (SELECT string_agg(CASE WHEN o = ANY (x.dead) THEN 'd'
+                                       WHEN lc.cursor_offset IS NOT NULL
+                                            AND (o < lc.cursor_offset OR o = ANY (x.passes)) THEN 'c'
+                                       WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
+                                            AND o < lc.lease_end THEN 'l'
+                                       ELSE 'p' END, '' ORDER BY o)
+                  FROM generate_series(page.lo, page.hi - 1) AS o)
+           END
       FROM total
       LEFT JOIN kept AS page ON true
       LEFT JOIN queen.log_segments s ON s.partition_id = page.partition_id AND s.base_offset = page.base_offset
       LEFT JOIN queen.log_consumers lc ON lc.partition_id = page.partition_id AND lc.consumer_group = p_group
-     ORDER BY page.before;
-END;
-$$;
-
-CREATE OR REPLACE FUNCTION queen.messages_list_v2(
-    p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
-    p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
-    p_status text, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
-               created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
-               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM queen.messages_list_v3(p_tenant, p_queue, p_partition, p_from_offset, p_to_offset, p_since,
-                                         p_until, p_desc, p_group, p_limit, p_offset, p_status, p_now, NULL);
-$$;
-
-CREATE OR REPLACE FUNCTION queen.messages_list_v1(
-    p_tenant text, p_queue text, p_partition text, p_from_offset bigint, p_to_offset bigint,
-    p_since timestamptz, p_until timestamptz, p_desc boolean, p_group text, p_limit integer, p_offset integer,
-    p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name text, base_offset bigint,
-               created_at timestamptz, dropped integer[], codec smallint, payload bytea, lo bigint, hi bigint,
-               skip bigint, cursor_offset bigint, acked bigint[], lease_end bigint, dead bigint[])
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM queen.messages_list_v2(p_tenant, p_queue, p_partition, p_from_offset, p_to_offset, p_since,
-                                         p_until, p_desc, p_group, p_limit, p_offset, NULL, p_now);
-$$;
-
-CREATE OR REPLACE FUNCTION queen.message_get_v1(
-    p_tenant text, p_partition_id bigint, p_txn_hash uuid, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (status text, queue_name text, partition_name text, msg_offset bigint, message_id uuid,
-               offsets bigint[], base_offset bigint, created_at timestamptz, dropped integer[], codec smallint,
-               payload bytea, groups jsonb, dead jsonb)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, now());
-    p     record;
-    t     record;
-BEGIN
-    SELECT lp.id, lp.name, q.name AS qname INTO p
-      FROM queen.log_partitions lp JOIN queen.queues q ON q.id = lp.queue_id
-     WHERE lp.id = p_partition_id AND lp.tenant = p_tenant;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'no_partition'::text, NULL::text, NULL::text, NULL::bigint, NULL::uuid,
-                            NULL::bigint[], NULL::bigint, NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
-        RETURN;
-    END IF;
-    SELECT lt.msg_offset, lt.message_id INTO t
-      FROM queen.log_txns lt WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash
-     ORDER BY lt.msg_offset DESC LIMIT 1;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'no_message'::text, p.qname, p.name, NULL::bigint, NULL::uuid,
-                            NULL::bigint[], NULL::bigint, NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::jsonb, NULL::jsonb;
-        RETURN;
-    END IF;
-    RETURN QUERY
-    SELECT 'ok'::text, p.qname, p.name, t.msg_offset, t.message_id,
-           ARRAY(SELECT lt.msg_offset FROM queen.log_txns lt
-                  WHERE lt.partition_id = p_partition_id AND lt.txn_hash = p_txn_hash ORDER BY 1),
-           s.base_offset, s.created_at, s.dropped,
-           s.codec, s.payload,
-           coalesce((
-               SELECT jsonb_agg(jsonb_build_object(
-                          'name', nullif(lc.consumer_group, '__QUEUE_MODE__'),
-                          'queueMode', lc.consumer_group = '__QUEUE_MODE__',
-                          'cursor', lc.cursor_offset,
-                          'state', CASE
-                              WHEN EXISTS (SELECT 1 FROM queen.log_dlq d
-                                            WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset
-                                              AND d.consumer_group = lc.consumer_group) THEN 'dead'
-                              WHEN t.msg_offset < lc.cursor_offset
-                                   OR EXISTS (SELECT 1 FROM queen.log_passes lp
-                                               WHERE lp.partition_id = p_partition_id
-                                                 AND lp.consumer_group = lc.consumer_group
-                                                 AND lp.msg_offset = t.msg_offset) THEN 'consumed'
-                              WHEN lc.lease_id IS NOT NULL AND lc.lease_expires_at > v_now
-                                   AND t.msg_offset < lc.lease_end THEN 'leased'
-                              ELSE 'pending' END) ORDER BY lc.consumer_group)
-                 FROM queen.log_consumers lc WHERE lc.partition_id = p_partition_id), '[]'::jsonb),
-           coalesce((
-               SELECT jsonb_agg(jsonb_build_object(
-                          'consumerGroup', nullif(d.consumer_group, '__QUEUE_MODE__'), 'error', d.error,
-                          'attempts', d.attempts, 'failedAt', queen._iso_utc(d.failed_at)) ORDER BY d.id)
-                 FROM queen.log_dlq d WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset),
-               '[]'::jsonb)
-      FROM (SELECT 1) AS one
       LEFT JOIN LATERAL (
-            SELECT s.base_offset, s.created_at, s.dropped, s.codec, s.payload FROM queen.log_segments s
-             WHERE s.partition_id = p_partition_id AND s.base_offset <= t.msg_offset
-             ORDER BY s.base_offset DESC LIMIT 1) s ON true;
+            SELECT ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
+                          WHERE lp.partition_id = page.partition_id AND lp.consumer_group = p_group
+                            AND lp.msg_offset >= page.lo AND lp.msg_offset < page.hi) AS passes,
+                   ARRAY(SELECT d.msg_offset FROM queen.log_dlq d
+                          WHERE d.partition_id = page.partition_id AND d.consumer_group = p_group
+                            AND d.msg_offset >= page.lo AND d.msg_offset < page.hi) AS dead
+             WHERE p_group IS NOT NULL) x ON true
+     ORDER BY page.before;
 END;
 $$;
 

@@ -11,21 +11,18 @@
 --   refuses, e.g. a \u0000 escape, is kept as a JSON string of its text) and one trace_names row per
 --   distinct name. Result {"status":"recorded","id","createdAt"} or {"status":"no_partition"}.
 --   Locks: none beyond the inserted rows (and KEY SHARE on the partition row through the foreign key).
--- queen.traces_for_message_v1(tenant, partition_id, transaction_id, limit, offset) -> jsonb
+-- queen.traces_for_message_v2(tenant, partition_id, transaction_id, limit, offset, max_bytes) -> jsonb
 --   Called by GET /api/v1/traces/{partitionId}/{transactionId}: the message's timeline, oldest first:
 --   {"partitionId","transactionId","queue","partition","traces":[{"id","consumerGroup","queueMode",
 --   "eventType","traceNames","data","createdAt"}],"total","limit","offset"} or {"notFound":"partition"}.
--- queen.traces_by_name_v1(tenant, name, from, to, limit, offset) -> jsonb
+-- queen.traces_by_name_v2(tenant, name, from, to, limit, offset, max_bytes) -> jsonb
 --   Called by GET /api/v1/traces/by-name/{name}: newest first, created in [from, to) (NULL = open):
 --   {"traceName","traces":[{... as above, "partitionId","queue","partition","transactionId"}],
 --   "total","limit","offset"}. Cost: a range scan of trace_names' primary key.
--- queen.traces_for_message_v2(tenant, partition_id, transaction_id, limit, offset, max_bytes) -> jsonb
--- queen.traces_by_name_v2(tenant, name, from, to, limit, offset, max_bytes) -> jsonb
---   Called by the same routes: as v1, and the page stops at the answer budget (queen_pg/engine/
---   answers.py): a trace is shown only while the JSON text of the traces before it is under max_bytes
---   (the first always; NULL = no limit); the v1 are v2 with no budget, kept one release for a rolling
---   deploy. Each row of the page is measured (its data's text, one row at a time); only the rows
---   within the budget are built into the answer.
+--   Both pages stop at the answer budget (queen_pg/engine/answers.py): a trace is shown only while the
+--   JSON text of the traces before it is under max_bytes (the first always; NULL = no limit). Each row
+--   of the page is measured (its data's text, one row at a time); only the rows within the budget are
+--   built into the answer.
 -- queen.trace_names_v1(tenant, search, limit, offset) -> jsonb
 --   Called by GET /api/v1/traces/names: {"names":[{"name","count","lastSeen"}],"total","limit",
 --   "offset"}, by name; search = case-insensitive substring. Cost: a scan of trace_names' primary key
@@ -106,13 +103,6 @@ LANGUAGE sql STABLE AS $$
                                   '[]'::jsonb)) END
 $$;
 
-CREATE OR REPLACE FUNCTION queen.traces_for_message_v1(
-    p_tenant text, p_partition_id bigint, p_txn text, p_limit integer, p_offset integer)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT queen.traces_for_message_v2(p_tenant, p_partition_id, p_txn, p_limit, p_offset, NULL)
-$$;
-
 CREATE OR REPLACE FUNCTION queen.traces_by_name_v2(
     p_tenant text, p_name text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer,
     p_max_bytes bigint)
@@ -144,13 +134,6 @@ LANGUAGE sql STABLE AS $$
                    ORDER BY sized.created_at DESC, sized.trace_id DESC)
               FROM sized
              WHERE p_max_bytes IS NULL OR sized.bytes_before < p_max_bytes), '[]'::jsonb))
-$$;
-
-CREATE OR REPLACE FUNCTION queen.traces_by_name_v1(
-    p_tenant text, p_name text, p_from timestamptz, p_to timestamptz, p_limit integer, p_offset integer)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT queen.traces_by_name_v2(p_tenant, p_name, p_from, p_to, p_limit, p_offset, NULL)
 $$;
 
 CREATE OR REPLACE FUNCTION queen.trace_names_v1(p_tenant text, p_search text, p_limit integer, p_offset integer)
