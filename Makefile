@@ -33,9 +33,10 @@ run: $(STAMP) ## start the broker on :6632, 2 workers (WORKERS=1 for one; embedd
 test: $(TSTAMP) ## run the whole test suite (real PostgreSQL, real HTTP, the queen-mq client)
 	$(BIN)/python -m pytest
 
-lint: $(TSTAMP) ## ruff and mypy
+lint: $(TSTAMP) ## ruff, mypy and the import layers (lint-imports: [tool.importlinter] in pyproject.toml)
 	$(BIN)/ruff check queen_pg tests migrations benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results/<date>-<commit>.json; BENCH_ARGS="--help"
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)

@@ -44,7 +44,7 @@ from queen_pg.api.limits import BodyLimit
 from queen_pg.api.routes_metrics import HttpMetrics
 from queen_pg.api.routes_metrics import router as metrics_router
 from queen_pg.db.pool import Database
-from queen_pg.engine import pop_render
+from queen_pg.engine import pop_render, sealing
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError, Verdict
@@ -136,7 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
         refresher = await start_refresher(jobs, db, app.state.queen.maintenance, settings.maintenance_refresh_ms / 1000)
         mesh = app.state.queen.mesh = mesh_from_settings(settings, app.state.queen.waiters, refresher.kick)
         if mesh is not None:
-            mesh.on_config = crypto.forgetting(crypto.vault(db), mesh.on_config)  # a peer configured a queue
+            mesh.on_config = sealing.forgetting(crypto.vault(db), mesh.on_config)  # a peer configured a queue
             await mesh.start()  # binds now (a port in use fails the boot); dials under the supervisor
             jobs.start("mesh", mesh.run)
         if storage.enabled:  # in every process, jobs or not: it gates this process's pushes

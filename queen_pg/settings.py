@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from queen_pg.setting_values import key_problem, parse_keys, parse_peers
+
 MIB = 1024 * 1024
 
 
@@ -423,8 +425,6 @@ class Settings(BaseSettings):
     def _mesh(self) -> Settings:
         from ipaddress import ip_address
 
-        from queen_pg.mesh.node import parse_peers
-
         peers = parse_peers(self.mesh_peers)
         if peers and self.mesh_port is None:
             raise ValueError("mesh_peers needs mesh_port: a replica must listen to be woken")
@@ -467,17 +467,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _encryption(self) -> Settings:
         """A malformed key refuses to start (the message names the setting, never the value)."""
-        from queen_pg.security.crypto import Vault
-
-        Vault.from_settings(self.encryption_key, self.encryption_keys_old)
+        parse_keys(self.encryption_key, self.encryption_keys_old)
         return self
 
     @model_validator(mode="after")
     def _jwt(self) -> Settings:
-        """JWT on without a usable key refuses to start (queen_pg/security/tokens.py says which)."""
+        """JWT on without a usable key refuses to start (queen_pg/setting_values.py says which)."""
         if self.jwt_enabled:
-            from queen_pg.security.tokens import key_problem
-
             problem = key_problem(self)
             if problem:
                 raise ValueError(problem)

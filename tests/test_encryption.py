@@ -27,7 +27,7 @@ from queen import Queen
 
 from queen_pg.db.pool import Database
 from queen_pg.embedded_pg import EmbeddedPostgres
-from queen_pg.engine import codec
+from queen_pg.engine import codec, sealing
 from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import QueenError
 from queen_pg.jobs.dlq_fill import DlqFill
@@ -429,9 +429,9 @@ def test_a_framed_pop_blob_is_reframed_with_opened_payloads() -> None:
     v = crypto.Vault(bytes.fromhex(K1))
     mid, trace = uuid.uuid4(), uuid.uuid4()
     plain = codec.pack([codec.encode_frame(mid, "t", b'{"a":1}', trace, "sub")])
-    assert crypto.opened_blob(v, plain, codec.CODEC_ZSTD) == (plain, codec.CODEC_ZSTD)
+    assert sealing.opened_blob(v, plain, codec.CODEC_ZSTD) == (plain, codec.CODEC_ZSTD)
     sealed = codec.pack([codec.encode_frame(mid, "t", v.seal(b'{"a":1}'), trace, "sub", sealed=True)])
-    blob, codec_id = crypto.opened_blob(v, sealed, codec.CODEC_ZSTD)
+    blob, codec_id = sealing.opened_blob(v, sealed, codec.CODEC_ZSTD)
     assert codec_id == codec.CODEC_RAW
     (f,) = codec.unpack(blob, codec_id)
     assert (f.payload, f.sealed, f.message_id, f.trace_id, f.producer_sub) == (b'{"a":1}', False, mid, trace, "sub")

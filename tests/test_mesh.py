@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from queen_pg.mesh import frames
-from queen_pg.mesh.node import Mesh, MeshConfig, parse_peers
+from queen_pg.mesh.node import Mesh, MeshConfig
 from queen_pg.mesh.peers import Peer
 from queen_pg.metrics import Metrics
+from queen_pg.setting_values import parse_peers
 from queen_pg.settings import Settings
 from tests.conftest import free_port
 from tests.helpers import eventually, until

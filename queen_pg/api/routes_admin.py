@@ -14,6 +14,7 @@ from queen_pg.api.common import check_name, json_response, state, tenant
 from queen_pg.api.docs import answers, body
 from queen_pg.api.schemas_admin import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.engine import queues as queue_engine
+from queen_pg.engine import sealing
 from queen_pg.errors import DRAINING, QueenError, bad_request
 from queen_pg.security import crypto
 
@@ -110,7 +111,7 @@ async def configure(request: Request) -> Response:
     if body.task is not None:
         check_name("task", body.task)
     st = state(request)
-    crypto.may_configure(st.db, options)  # encryptionEnabled without a key: 409 before any write
+    sealing.may_configure(st.db, options)  # encryptionEnabled without a key: 409 before any write
     result = await queue_engine.configure(st.db, tenant(request), body.queue, body.namespace, body.task, options)
     crypto.vault(st.db).learn(tenant(request), body.queue, bool(result["options"]["encryptionEnabled"]))
     st.waiters.wake(tenant(request), body.queue)  # new options (a shorter delay, ...) may free messages

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import leases, pop_render
+from queen_pg.engine import leases, pop_render, sealing
 from queen_pg.engine.pop_frames import FramedPop, render_frames
 from queen_pg.engine.pop_render import JsonPop
 from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
@@ -166,7 +166,7 @@ async def _claim(
             lease = "" if req.auto_ack else str(lease_id)
             # a broker holding keys opens sealed segments (clients refuse flag-4 frames); without keys
             # nothing is sealed by it and segments ship as stored
-            shown = [crypto.opened_row(v, r) for r in rows] if v.can_open else rows
+            shown = [sealing.opened_row(v, r) for r in rows] if v.can_open else rows
             # a cut segment comes from the segment cache, which never holds opened plaintext
             cache = pop_render.NO_CACHE if v.can_open else pop_render.cache_of(db)
             answer: Answer | None = render_frames(

@@ -30,7 +30,7 @@ import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.db.types import fast_uuid
-from queen_pg.engine import codec
+from queen_pg.engine import codec, sealing
 from queen_pg.engine.outcomes import Once
 from queen_pg.security import crypto
 
@@ -396,7 +396,7 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
         prepared = prepare(items, v, tenant)
         return await db.fetch(PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
 
-    rows = await crypto.push_sealed(v, tenant, (it.queue for it in items), attempt)
+    rows = await sealing.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
     return answer(rows_placed(rows), [it.transaction_id or None for it in items], items)
 
@@ -415,4 +415,4 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
         (row,) = await db.fetch(PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
         return answers_v3(prepared, row, requests)
 
-    return await crypto.push_sealed(v, tenant, {it.queue for it in flat}, attempt)
+    return await sealing.push_sealed(v, tenant, {it.queue for it in flat}, attempt)

@@ -17,6 +17,7 @@ from typing import Any
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import push as push_engine
+from queen_pg.engine import sealing
 from queen_pg.engine.binary import Group
 from queen_pg.engine.outcomes import Once
 from queen_pg.errors import QueenError
@@ -96,7 +97,7 @@ async def push_many(
             once.replayed = bool(rows) and rows[0]["replayed"]
             placed = push_engine.rows_placed(rows)
     except QueenError as err:
-        named = crypto.mismatched(err)
+        named = sealing.mismatched(err)
         if named is None:
             raise
         # a queue is encrypted after all (this broker's cache did not know): learn it, and pack the

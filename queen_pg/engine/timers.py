@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import sealing
 from queen_pg.security import crypto
 
 APPLY_SQL = "SELECT queen.timers_v1($1, $2::text::jsonb, $3, $4, $5, $6)"
@@ -55,7 +56,7 @@ async def apply(
         sealed = timer_payloads(v, tenant, ops, payloads)
         return await db.fetchval(APPLY_SQL, tenant, text, sealed, hashes, message_ids, now)
 
-    raw = await crypto.push_sealed(v, tenant, [str(op.get("queue")) for op in ops], attempt)
+    raw = await sealing.push_sealed(v, tenant, [str(op.get("queue")) for op in ops], attempt)
     results: list[dict[str, Any]] = orjson.loads(raw)["results"]
     return results
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine import codec
+from queen_pg.engine import codec, sealing
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.ack import BIGINT_MAX, STATUSES
 from queen_pg.engine.outcomes import Once
@@ -154,7 +154,7 @@ async def commit(
         return rows[0]["result"], rows[0]["replayed"]
 
     queues = [it.queue for it in items] + [str(op.get("queue")) for op in tx.timers.ops]
-    raw, replayed = await crypto.push_sealed(v, tenant, queues, attempt)
+    raw, replayed = await sealing.push_sealed(v, tenant, queues, attempt)
     if once is not None:
         once.replayed = replayed
     out = orjson.loads(raw)

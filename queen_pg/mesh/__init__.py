@@ -12,6 +12,7 @@ Invariants:
 """
 
 from queen_pg.mesh.frames import FrameError
-from queen_pg.mesh.node import Mesh, MeshConfig, parse_peers
+from queen_pg.mesh.node import Mesh, MeshConfig
+from queen_pg.setting_values import parse_peers
 
 __all__ = ["FrameError", "Mesh", "MeshConfig", "parse_peers"]

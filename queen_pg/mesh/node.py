@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from queen_pg.engine.waiters import Waiters
 from queen_pg.mesh import frames
 from queen_pg.mesh.peers import Connect, Peer, tcp_dialer, unix_dialer
+from queen_pg.setting_values import parse_peers
 
 if TYPE_CHECKING:
     from queen_pg.settings import Settings
@@ -82,21 +83,6 @@ class MeshConfig:
     # the oldest (counted), so silent dials can neither take a peer's place nor the descriptors
     max_pending: int = 16
     node: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-def parse_peers(text: str) -> tuple[tuple[str, int], ...]:
-    """``host:port,host:port`` (IPv6 as ``[::1]:7000``); ValueError naming the bad entry."""
-    out: list[tuple[str, int]] = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"mesh peer {item!r} is not host:port")
-        out.append((host, int(port)))
-    return tuple(out)
 
 
 def _nothing(*_: object) -> None:

@@ -1,17 +1,18 @@
-"""Encrypted queues: payloads at rest under AES-256-GCM.
+"""Encrypted queues: payloads at rest under AES-256-GCM. Cryptography only: seal, open, keys.
 
 A sealed payload is ``0x00 | u8 version (1) | u8[4] key id | u8[12] nonce | ciphertext + 16-byte tag``.
 The leading NUL byte never starts a JSON text, so a sealed payload names itself wherever it is stored
 as bytes (a frame payload, ``timers.payload``, ``log_dlq.sealed``); in a QPF1 frame flag 4 says it too
-(docs/wire.md#framed-pop). The first six bytes are the GCM associated data. The key id is the first 4 bytes of
+(docs/wire.md#frame-flags). The first six bytes are the GCM associated data. The key id is the first 4 bytes of
 SHA-256 over the key, so ``QUEEN_ENCRYPTION_KEYS_OLD`` decrypts what older keys sealed and the key
 itself is never stored. A fresh random 96-bit nonce per payload.
 
 Whether a queue is encrypted is decided by the database (``queues.encryption_enabled``):
 ``queen.push_v1`` refuses, under the partition lock, a group whose sealing disagrees with its queue
 (``encryption_mismatch``, nothing written). :class:`Vault` keeps a cache of that answer per
-(tenant, queue) so the next push seals at once; a stale cache costs one refused call and a retry,
-never plaintext in an encrypted queue (:func:`push_sealed`).
+(tenant, queue) so the next push seals at once; the engine retries a refused push after learning the
+answer (``queen_pg/engine/sealing.py``), so a stale cache costs one refused call, never plaintext in
+an encrypted queue.
 
 The vault belongs to a :class:`~queen_pg.db.pool.Database` handle (:func:`bind`, :func:`vault`), so
 every engine function that is given the handle finds it without a new parameter.
@@ -20,6 +21,9 @@ The embedded default (``queen-pg serve`` with no database URL) needs no key to b
 :func:`embedded_keys` generates one once into ``<data_dir>/encryption_key`` (0600), beside the database
 it protects. A configured ``QUEEN_ENCRYPTION_KEY`` wins and the file is then never created; a file
 left by earlier runs stays readable as an old key.
+
+This module imports only ``queen_pg.errors`` and ``queen_pg.setting_values`` of queen_pg: the engine
+calls it, never the other way round (docs/architecture.md#imports).
 """
 
 from __future__ import annotations
@@ -29,15 +33,15 @@ import os
 import secrets
 import struct
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from queen_pg.errors import ENCRYPTION_KEY_MISSING, ENCRYPTION_KEY_UNKNOWN, ENCRYPTION_MISMATCH, QueenError
+from queen_pg.errors import ENCRYPTION_KEY_MISSING, ENCRYPTION_KEY_UNKNOWN, QueenError
+from queen_pg.setting_values import parse_key, parse_keys
 
 MARK = 0x00
 VERSION = 1
@@ -52,20 +56,6 @@ NO_KEY = (
     "on every broker of the database); only the embedded default (`queen-pg serve` without DATABASE_URL) "
     "generates one in its data directory"
 )
-PUSH_ATTEMPTS = 4  # a push whose queues flip between attempts more often than this gives up (503)
-
-T = TypeVar("T")
-
-
-def parse_key(text: str, name: str) -> bytes:
-    """A 64-hex-character key as 32 bytes; ValueError naming the setting (never the value) otherwise."""
-    raw = text.strip()
-    if len(raw) != 64:
-        raise ValueError(f"{name} must be 64 hex characters (32 bytes), got {len(raw)} characters")
-    try:
-        return bytes.fromhex(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be 64 hex characters (32 bytes): not hex") from None
 
 
 def key_id(key: bytes) -> bytes:
@@ -91,8 +81,8 @@ class Vault:
 
     @classmethod
     def from_settings(cls, key: str, old: str) -> Vault:
-        olds = [parse_key(k, "QUEEN_ENCRYPTION_KEYS_OLD") for k in old.split(",") if k.strip()]
-        return cls(parse_key(key, "QUEEN_ENCRYPTION_KEY") if key.strip() else None, olds)
+        current, olds = parse_keys(key, old)
+        return cls(current, olds)
 
     @property
     def can_seal(self) -> bool:
@@ -171,60 +161,6 @@ def vault(db: object) -> Vault:
     return _VAULTS.get(db, _NO_KEYS)
 
 
-def mismatched(err: QueenError) -> dict[str, bool] | None:
-    """The queues (name -> encrypted) a refused push named, or None when ``err`` is another error."""
-    if err.kind is not ENCRYPTION_MISMATCH:
-        return None
-    try:
-        named = orjson.loads(str(err.fields.get("detail", "{}")))
-    except orjson.JSONDecodeError:
-        return {}
-    return {str(k): bool(v) for k, v in named.items()} if isinstance(named, dict) else {}
-
-
-async def push_sealed(v: Vault, tenant: str, queues: Iterable[str], attempt: Callable[[], Awaitable[T]]) -> T:
-    """Run ``attempt`` (which seals by ``v``'s cache) until the database agrees with the sealing.
-    On ``encryption_mismatch`` the named queues' answers are learned and the attempt is made again;
-    an encrypted queue with no key here is 409 ``encryption_key_missing`` before any write."""
-    names = set(queues)
-    for _ in range(PUSH_ATTEMPTS):
-        if not v.can_seal:
-            missing = sorted(q for q in names if v.encrypted(tenant, q))
-            if missing:
-                raise QueenError(
-                    ENCRYPTION_KEY_MISSING,
-                    detail=f"queue {missing[0]!r} is encrypted and {NO_KEY}",
-                )
-        try:
-            return await attempt()
-        except QueenError as err:
-            named = mismatched(err)
-            if named is None:
-                raise
-            for q, enc in named.items():
-                v.learn(tenant, q, enc)
-    raise QueenError(ENCRYPTION_MISMATCH, detail="the queues' encryption kept changing; retry the request")
-
-
-def may_configure(db: object, options: dict[str, Any]) -> None:
-    """``encryptionEnabled: true`` on a broker without QUEEN_ENCRYPTION_KEY: 409 before any write."""
-    if options.get("encryptionEnabled") is True and not vault(db).can_seal:
-        raise QueenError(
-            ENCRYPTION_KEY_MISSING,
-            detail=f"encryptionEnabled needs an encryption key: {NO_KEY}",
-        )
-
-
-def forgetting(v: Vault, on_config: Callable[[str, str], None]) -> Callable[[str, str], None]:
-    """A mesh CONFIG handler that also drops the vault's answer for that queue (a peer configured it)."""
-
-    def handler(tenant: str, queue: str) -> None:
-        v.forget(tenant, queue)
-        on_config(tenant, queue)
-
-    return handler
-
-
 class _Framed(Protocol):
     @property
     def payload(self) -> bytes: ...
@@ -237,28 +173,6 @@ def opened(v: Vault | None, frame: _Framed) -> bytes:
     if not frame.sealed:
         return frame.payload
     return (v or _NO_KEYS).open(frame.payload)
-
-
-def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
-    """A stored segment blob as a framed pop may ship it (docs/wire.md#frame-flags: clients refuse flag 4): as it is
-    when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
-    from queen_pg.engine import codec  # the engine imports this module
-
-    frames = list(codec.unpack(blob, codec_id))
-    if not any(f.sealed for f in frames):
-        return blob, codec_id
-    raw = b"".join(
-        codec.encode_frame(f.message_id, f.transaction_id, opened(v, f), f.trace_id, f.producer_sub) for f in frames
-    )
-    return raw, codec.CODEC_RAW
-
-
-def opened_row(v: Vault, row: Any) -> Any:
-    """A pop_v1 row whose segment a framed pop may ship: its blob through :func:`opened_blob`."""
-    blob, codec_id = opened_blob(v, row["payload"], row["codec"])
-    if blob is row["payload"]:
-        return row
-    return {**dict(row), "payload": blob, "codec": codec_id}
 
 
 def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:

@@ -28,16 +28,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import jwt
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from queen_pg.setting_values import ASYMMETRIC, load_public_key, pem_algorithm
 
 if TYPE_CHECKING:
     from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
 
-ASYMMETRIC = ("RS256", "EdDSA")
 MISS_REFRESH_FLOOR_S = 1.0
 NO_EXP_RECHECK_S = 300.0  # a token without exp (JWT_REQUIRE_EXP=0) is verified again after this long
 
@@ -57,43 +55,6 @@ def valid_until(claims: dict[str, Any], skew: float, require: bool) -> float | N
     if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
         raise TokenError("token exp is not a NumericDate (a JSON number)")
     return float(exp) + skew
-
-
-def _load_public_key(pem: str) -> Any:
-    return load_pem_public_key(pem.replace("\\n", "\n").encode())
-
-
-def _pem_algorithm(key: Any) -> str | None:
-    if isinstance(key, RSAPublicKey):
-        return "RS256"
-    if isinstance(key, Ed25519PublicKey):
-        return "EdDSA"
-    return None
-
-
-def key_problem(s: Settings) -> str | None:
-    """Why JWT_ENABLED=1 cannot work with these settings (one line), or None."""
-    alg = s.jwt_algorithm
-    pem_alg = None
-    if s.jwt_public_key:
-        try:
-            pem_alg = _pem_algorithm(_load_public_key(s.jwt_public_key))
-        except (ValueError, TypeError):
-            return "JWT_PUBLIC_KEY is not a PEM public key"
-        if pem_alg is None:
-            return "JWT_PUBLIC_KEY must be an RSA (RS256) or Ed25519 (EdDSA) public key"
-    if s.jwt_jwks_url and urlsplit(s.jwt_jwks_url).scheme not in ("http", "https"):
-        return "JWT_JWKS_URL must be an http(s) URL"
-    if alg == "HS256" and not s.jwt_secret:
-        return "JWT_ENABLED=1 with JWT_ALGORITHM=HS256 needs JWT_SECRET"
-    if alg in ASYMMETRIC and not s.jwt_jwks_url:
-        if not s.jwt_public_key:
-            return f"JWT_ENABLED=1 with JWT_ALGORITHM={alg} needs JWT_PUBLIC_KEY or JWT_JWKS_URL"
-        if pem_alg != alg:
-            return f"JWT_PUBLIC_KEY is a {pem_alg} key but JWT_ALGORITHM is {alg}"
-    if alg == "auto" and not (s.jwt_secret or s.jwt_public_key or s.jwt_jwks_url):
-        return "JWT_ENABLED=1 with JWT_ALGORITHM=auto needs JWT_SECRET, JWT_PUBLIC_KEY or JWT_JWKS_URL"
-    return None
 
 
 class Jwks:
@@ -179,7 +140,7 @@ class Verifier:
 
     @classmethod
     def build(cls, s: Settings) -> Verifier:
-        public_key = _load_public_key(s.jwt_public_key) if s.jwt_public_key else None
+        public_key = load_public_key(s.jwt_public_key) if s.jwt_public_key else None
         jwks = (
             Jwks(s.jwt_jwks_url, s.jwt_jwks_refresh_interval, s.jwt_jwks_timeout_ms / 1000) if s.jwt_jwks_url else None
         )
@@ -190,7 +151,7 @@ class Verifier:
             if s.jwt_secret:
                 algs.add("HS256")
             if public_key is not None:
-                algs.add(_pem_algorithm(public_key) or "")
+                algs.add(pem_algorithm(public_key) or "")
             if jwks is not None:
                 algs.update(ASYMMETRIC)
         if s.jwt_secret and len(s.jwt_secret.encode()) < 32 and "HS256" in algs:
@@ -200,7 +161,7 @@ class Verifier:
     async def _key(self, alg: str, kid: str | None) -> Any:
         if alg == "HS256":
             return self.settings.jwt_secret.encode()
-        if self.public_key is not None and _pem_algorithm(self.public_key) == alg and (kid is None or not self.jwks):
+        if self.public_key is not None and pem_algorithm(self.public_key) == alg and (kid is None or not self.jwks):
             return self.public_key
         if self.jwks is not None:
             found = await self.jwks.key(kid)
