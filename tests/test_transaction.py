@@ -137,6 +137,34 @@ async def test_retry_of_a_committed_step_is_a_duplicate_and_the_first_stands(
     assert await state(conn) == after_first  # the incr did not run twice
 
 
+async def test_a_committed_step_resent_after_its_lease_ran_out_is_a_duplicate(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """The answer of a committed step is lost (the broker died after the commit) and the worker resends it
+    once its lease has run out, before anyone claimed the partition again: the lease's row still names
+    it, so the resend is this worker's own step and its pushes decide (duplicate: it committed), not a
+    refused required lease (which told the worker to expect a redelivery that never comes)."""
+    await push(http, "q", [{"payload": 1, "transactionId": "a"}, {"payload": 2, "transactionId": "b"}])
+    m, _ = (await pop(http, "q", batch=2))["messages"]  # the lease stays live after `a`: `b` is in it
+    body = {"operations": [ack_op(m), push_op("out", "out-a", {"v": 1})], "requiredLeases": [m["leaseId"]]}
+    first = await tx(http, dict(body))
+    assert first["success"] is True, first
+    await conn.execute("UPDATE queen.log_consumers SET lease_expires_at = now() - interval '1 second'")
+    after_first = await state(conn)
+    again = await tx(http, dict(body))
+    assert again["success"] is False and again["reason"] == "duplicate", again
+    assert await state(conn) == after_first
+    # a lease that ran out with its message NOT committed is still refused
+    await push(http, "q2", [{"payload": 1, "transactionId": "c"}])
+    (n,) = (await pop(http, "q2"))["messages"]
+    await conn.execute(
+        "UPDATE queen.log_consumers SET lease_expires_at = now() - interval '1 second' WHERE lease_id = $1",
+        __import__("uuid").UUID(n["leaseId"]),
+    )
+    late = await tx(http, {"operations": [ack_op(n)], "requiredLeases": [n["leaseId"]]})
+    assert late["success"] is False and late["reason"] == "rejected_ack", late
+
+
 async def test_kv_precondition_reports_the_flat_index(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     await http.post(
         "/api/v1/kv", json={"operations": [{"op": "put", "ns": "n", "key": "k", "value": "v", "forever": True}]}

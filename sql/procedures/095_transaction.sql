@@ -28,7 +28,8 @@
 --                         nothing proves that this worker is the one that committed it, and the
 --                         bundle's pushes and KV writes must not apply twice; with its lease it is a
 --                         noop and a resent bundle passes this step, its pushes decide); or a
---                         requiredLeases entry is neither live nor released by its own acks;
+--                         requiredLeases entry is neither live nor the last lease (released, or run
+--                         out unclaimed) of a cursor row its own acks touch;
 --          duplicate      a pushed transactionId is already in its partition's dedup window;
 --          kv_precondition a `required` KV condition failed (failedIndex, kvReason, version, value).
 --          Precedence follows the planning order: acks, then pushes, then KV, then timers.
@@ -173,7 +174,10 @@ BEGIN
         END IF;
     END LOOP;
     FOREACH v_lease IN ARRAY coalesce(p_required_leases, '{}') LOOP
-        -- live anywhere (its cursor rows through queen.log_leases), or released by its own acks (their rows)
+        -- live anywhere (its cursor rows through queen.log_leases), or the last lease of a row its own
+        -- acks touch: released by them, or run out with nobody claiming since. The acks were checked
+        -- above under the same rule (queen._tx_ack_refusal): under a lease that ran out only offsets
+        -- already below the cursor pass, i.e. a resent bundle whose answer was lost; its pushes decide.
         IF NOT EXISTS (SELECT 1 FROM queen.log_leases l
                          JOIN queen.log_consumers lc
                            ON lc.partition_id = l.partition_id AND lc.consumer_group = l.consumer_group
@@ -181,7 +185,8 @@ BEGIN
                           AND lc.lease_expires_at > v_now AND lc.tenant = p_tenant)
            AND NOT EXISTS (SELECT 1 FROM queen.log_consumers lc
                             WHERE lc.partition_id = ANY (coalesce(p_ack_pids, '{}'))
-                              AND lc.released_lease_id = v_lease AND lc.tenant = p_tenant) THEN
+                              AND (lc.released_lease_id = v_lease OR lc.lease_id = v_lease)
+                              AND lc.tenant = p_tenant) THEN
             PERFORM queen._verdict('rejected_ack', jsonb_build_object(
                 'leaseId', v_lease::text,
                 'error', format('transaction rolled back: required lease %s is not held', v_lease)));
