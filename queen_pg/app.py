@@ -18,12 +18,13 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
-from queen_pg.api import dashboard, dlq, messages, pop, traces, transaction
+from queen_pg.api import ack, dashboard, dlq, messages, pop, push, traces, transaction
 from queen_pg.api.admin import groups as admin_groups
 from queen_pg.api.admin import moves as admin_moves
 from queen_pg.api.admin import routes as admin_routes
 from queen_pg.api.hot import HotRoutes, hot_routes
 from queen_pg.api.kv import browse as kv_browse
+from queen_pg.api.kv import locks as kv_locks
 from queen_pg.api.kv import routes as kv_routes
 from queen_pg.api.shared.admission import Admission, ByteBudget
 from queen_pg.api.shared.common import AppState, json_response
@@ -203,7 +204,9 @@ def create_app(settings: Settings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
 
+    app.include_router(push.router)
     app.include_router(pop.router)
+    app.include_router(ack.router)
     app.include_router(admin_routes.router)
     app.include_router(status_resources.router)  # before admin_groups: /consumer-groups/lagging
     app.include_router(messages.router)
@@ -213,6 +216,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(admin_moves.router)  # docs/wire.md#legacy-admin: POST …/{tid}/dlq, DELETE /queues/{q}/clear
     app.include_router(admin_groups.router)
     app.include_router(kv_routes.router)
+    app.include_router(kv_locks.router)
     app.include_router(kv_browse.router)
     app.include_router(timer_routes.router)
     app.include_router(transaction.router)

@@ -11,8 +11,10 @@ import httpx
 import msgspec
 import pytest
 
-from queen_pg.api.pop import AckBatchBody, AckItem, PushBody
+from queen_pg.api.ack import AckBatchBody
+from queen_pg.api.push import PushBody
 from queen_pg.api.shared import body
+from queen_pg.api.shared.items import AckItem
 from queen_pg.api.transaction import TransactionRequest, TxAckOp, TxPushOp
 from queen_pg.errors import QueenError
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.messages import message_key
 from queen_pg.api.shared.common import answer_budget, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, params
-from queen_pg.api.shared.params import Param, read_page
+from queen_pg.api.shared.params import Param, message_key, read_page
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import DlqPage, RetryAnswer
 from queen_pg.engine import dlq as dlq_engine

@@ -12,10 +12,9 @@ from fastapi.responses import Response
 
 from queen_pg.api.shared.common import answer_budget, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, params
-from queen_pg.api.shared.params import Param
+from queen_pg.api.shared.params import Param, message_key, page_params
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageDeleted, MessageDetail, MessagePage
-from queen_pg.api.status.resources import page_params
 from queen_pg.engine import messages as message_engine
 from queen_pg.errors import bad_request
 
@@ -41,22 +40,6 @@ STATUS = Param(
     "choice",
     choices=STATUSES,
 )
-
-
-def partition_id_param(raw: str) -> int:
-    try:
-        pid = int(raw)
-    except ValueError:
-        raise bad_request(f"partitionId must be the numeric id a pop returned, got {raw!r}") from None
-    if not 0 < pid < 2**63:
-        raise bad_request(f"partitionId must be a positive 64-bit integer, got {raw!r}")
-    return pid
-
-
-def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
-    if not transaction_id or "\x00" in transaction_id:
-        raise bad_request("transactionId is required and must not contain U+0000")
-    return partition_id_param(partition_id), transaction_id
 
 
 @router.get(

@@ -13,14 +13,12 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.messages import message_key, partition_id_param
 from queen_pg.api.shared.body import Name, PartitionId, TxnId, read, stored_json
 from queen_pg.api.shared.common import answer_budget, check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
-from queen_pg.api.shared.params import Param
+from queen_pg.api.shared.params import Param, message_key, page_params, partition_id_param
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageTraces, TraceNames, TraceRecorded, TracesByName
-from queen_pg.api.status.resources import page_params
 from queen_pg.engine import traces as trace_engine
 from queen_pg.engine.pop import QUEUE_MODE
 

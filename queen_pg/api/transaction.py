@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import Field
 
+from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
-from queen_pg.api.kv.routes import TxKvOp
-from queen_pg.api.kv.schemas import TransactionDone, TransactionVerdict
-from queen_pg.api.pop import AckPartitionId, AckStatus, PushItem, new_messages
+from queen_pg.api.kv.schemas import KvResult
 from queen_pg.api.shared import binary, decoded
 from queen_pg.api.shared.body import Name, Text, TxnId, decode
 from queen_pg.api.shared.common import (
@@ -26,11 +26,13 @@ from queen_pg.api.shared.common import (
     wake_pushed,
 )
 from queen_pg.api.shared.docs import answers, body
+from queen_pg.api.shared.gates import refuse_push_in_maintenance
+from queen_pg.api.shared.items import AckPartitionId, AckStatus, PushItem, new_messages
 from queen_pg.api.shared.request_key import replay_headers, request_once
-from queen_pg.api.shared.schemas import REQUEST_KEY
-from queen_pg.api.status.system import refuse_push_in_maintenance
+from queen_pg.api.shared.schemas import REQUEST_KEY, AckResult, Answer, PushResult
+from queen_pg.api.timers.body import TimerOp
 from queen_pg.api.timers.ops import decode_payloads, prepare_timer_ops
-from queen_pg.api.timers.routes import TimerOp
+from queen_pg.api.timers.schemas import TimerResult
 from queen_pg.engine import transaction as tx_engine
 from queen_pg.errors import Verdict, bad_request
 
@@ -95,6 +97,38 @@ def _planner_limits(kv: list[Any], timers: list[Any]) -> None:
                     {"error": f"timers[{i}]: one timer operation per queue and timer key per transaction"},
                 )
             seen.add(key)
+
+
+# --- transaction answers -------------------------------------------------------------------------
+
+
+class TxAckResult(AckResult):
+    type: Literal["ack"]
+
+
+class TxPushResult(PushResult):
+    type: Literal["push"]
+
+
+class TransactionDone(Answer):
+    transactionId: str
+    success: Literal[True]
+    results: list[TxAckResult | TxPushResult | KvResult | TimerResult] = Field(
+        description="one per flat index: the operations (each ack one slot, each push item one), then kv, then timers"
+    )
+
+
+class TransactionVerdict(Answer):
+    """Nothing was written. ``kv_precondition`` is returned by the client (a falsy result); any other
+    reason (``rejected_ack``, ``duplicate``, ``too_large``, ``bad_request``) is raised with ``error``."""
+
+    success: Literal[False]
+    reason: str
+    error: str
+    failedIndex: int | None = None
+    kvReason: str | None = Field(None, description="with kv_precondition: version, exists, absent, limit, type")
+    version: int | None = None
+    value: Any = None
 
 
 @router.post(

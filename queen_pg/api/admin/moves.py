@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from queen_pg.api.messages import message_key
 from queen_pg.api.shared import params as P
 from queen_pg.api.shared.body import NO_NUL, Name, read
 from queen_pg.api.shared.common import json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body
+from queen_pg.api.shared.params import message_key
 from queen_pg.api.shared.schemas import Answer
 from queen_pg.engine import admin_moves
 from queen_pg.errors import bad_request

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg import __version__
+from queen_pg.api.admin.schemas import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.api.shared.body import INT32, Name, decode, stored_json
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body
-from queen_pg.api.status.schemas import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
 from queen_pg.engine import queues as queue_engine
 from queen_pg.errors import DRAINING, QueenError, bad_request
 from queen_pg.security import crypto

@@ -9,8 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from queen_pg.api.shared.schemas import AckResult, Answer, PushResult
-from queen_pg.api.timers.schemas import TimerResult
+from queen_pg.api.shared.schemas import Answer
 
 # --- KV answers ----------------------------------------------------------------------------------
 
@@ -144,35 +143,3 @@ class LocksAnswer(Answer):
     results: list[
         Annotated[LockAcquireResult | LockRenewResult | LockReleaseResult | LockGetResult, Field(discriminator="op")]
     ] = Field(description="exactly one per op, in order")
-
-
-# --- transaction answers -------------------------------------------------------------------------
-
-
-class TxAckResult(AckResult):
-    type: Literal["ack"]
-
-
-class TxPushResult(PushResult):
-    type: Literal["push"]
-
-
-class TransactionDone(Answer):
-    transactionId: str
-    success: Literal[True]
-    results: list[TxAckResult | TxPushResult | KvResult | TimerResult] = Field(
-        description="one per flat index: the operations (each ack one slot, each push item one), then kv, then timers"
-    )
-
-
-class TransactionVerdict(Answer):
-    """Nothing was written. ``kv_precondition`` is returned by the client (a falsy result); any other
-    reason (``rejected_ack``, ``duplicate``, ``too_large``, ``bad_request``) is raised with ``error``."""
-
-    success: Literal[False]
-    reason: str
-    error: str
-    failedIndex: int | None = None
-    kvReason: str | None = Field(None, description="with kv_precondition: version, exists, absent, limit, type")
-    version: int | None = None
-    value: Any = None

@@ -32,8 +32,8 @@ from queen_pg.api.shared.common import (
     tenant,
     wake_pushed,
 )
+from queen_pg.api.shared.counting import count_push
 from queen_pg.api.shared.request_key import replay_headers, request_once
-from queen_pg.api.status.metrics import count_push
 from queen_pg.engine import binary, push_binary
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.fusion import Fuser, Lane

@@ -15,7 +15,7 @@ import contextlib
 from fastapi import Request
 
 from queen_pg.api.shared.common import permit, state, tenant
-from queen_pg.api.status.system import pop_in_maintenance
+from queen_pg.api.shared.gates import pop_in_maintenance
 from queen_pg.engine import pop as pop_engine
 
 

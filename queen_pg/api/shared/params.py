@@ -23,6 +23,7 @@ import msgspec
 from fastapi import Request
 
 from queen_pg.api.shared.body import INT64, MAX_NAME, NAME_DOC, NO_CONTROL, NO_NUL
+from queen_pg.engine import admin
 from queen_pg.errors import NAME_TOO_LONG, QueenError, bad_request
 
 __all__ = ["INT64", "Param", "check_name", "page", "parse_timestamp", "utc"]
@@ -165,3 +166,35 @@ def page(default: int = 100, most: int = 1000, max_offset: int = 2**31 - 1) -> t
 def read_page(request: Request, spec: tuple[Param, Param]) -> tuple[int, int]:
     limit, offset = spec
     return limit.read(request), offset.read(request)
+
+
+# --- paging of the list routes ---------------------------------------------------------------
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+MAX_OFFSET = 2**31 - 1
+PAGE = page(DEFAULT_PAGE, MAX_PAGE, MAX_OFFSET)
+
+
+def page_params(request: Request, spec: tuple[Param, Param] = PAGE) -> admin.Page:
+    """``limit`` and ``offset`` of a paged list (documented by the same ``spec``); anything else is a 400."""
+    return admin.Page(*read_page(request, spec))
+
+
+# --- a message named in the path: /messages/{partitionId}/{transactionId} -------------------------
+
+
+def partition_id_param(raw: str) -> int:
+    try:
+        pid = int(raw)
+    except ValueError:
+        raise bad_request(f"partitionId must be the numeric id a pop returned, got {raw!r}") from None
+    if not 0 < pid < 2**63:
+        raise bad_request(f"partitionId must be a positive 64-bit integer, got {raw!r}")
+    return pid
+
+
+def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
+    if not transaction_id or "\x00" in transaction_id:
+        raise bad_request("transactionId is required and must not contain U+0000")
+    return partition_id_param(partition_id), transaction_id

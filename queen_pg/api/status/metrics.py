@@ -16,8 +16,6 @@ many queues exist. A request no route matched is labelled ``<unmatched>``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -27,10 +25,6 @@ from queen_pg.api.shared.common import state, tenant
 from queen_pg.api.shared.docs import answers, params
 from queen_pg.api.shared.params import page, read_page
 from queen_pg.engine import metrics as metrics_engine
-from queen_pg.engine.ack import AckLike
-from queen_pg.engine.pop_frames import FramedPop
-from queen_pg.engine.pop_render import JsonPop
-from queen_pg.engine.push import Answer
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
 from queen_pg.security import tenancy
 
@@ -63,32 +57,6 @@ class HttpMetrics:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED
             self.metrics.request_done(scope["method"], template, status, time.perf_counter() - started)
-
-
-def _metrics(request: Request) -> Metrics | None:
-    m: Metrics | None = getattr(request.app.state, "metrics", None)
-    return m
-
-
-def count_push(request: Request, ten: str, answer: Answer) -> None:
-    """After a push: messages appended (and duplicates) per tenant."""
-    m = _metrics(request)
-    if m is not None:
-        m.count_push(ten, answer.queued, answer.duplicates)
-
-
-def count_pop(request: Request, answer: JsonPop | FramedPop | None) -> None:
-    """After a pop: messages delivered per tenant."""
-    m = _metrics(request)
-    if m is not None and answer is not None:
-        m.count_pop_claims(tenant(request), answer.claimed)
-
-
-def count_ack(request: Request, items: Sequence[AckLike], results: Sequence[dict[str, Any]]) -> None:
-    """After an ack: messages settled per tenant and status."""
-    m = _metrics(request)
-    if m is not None:
-        m.count_ack(tenant(request), items, results)
 
 
 @router.get(

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, params
-from queen_pg.api.shared.params import Param, page, read_page
+from queen_pg.api.shared.params import MAX_OFFSET, MAX_PAGE, PAGE, Param, page, page_params
 from queen_pg.api.status.schemas import (
     LaggingGroups,
     NamespaceList,
@@ -30,12 +30,6 @@ from queen_pg.engine import admin
 
 router = APIRouter(prefix="/api/v1")
 
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
-MAX_OFFSET = 2**31 - 1
-
-
-PAGE = page(DEFAULT_PAGE, MAX_PAGE, MAX_OFFSET)
 DEPTH_PAGE = page(MAX_PAGE, 10 * MAX_PAGE, MAX_OFFSET)
 SEARCH = Param("search", "case-insensitive substring of the queue name", "text")
 NAMESPACE = Param("namespace", "only queues tagged with this namespace")
@@ -43,11 +37,6 @@ TASK = Param("task", "only queues tagged with this task")
 GROUP = Param("group", "this consumer group's lag (`__QUEUE_MODE__`: queue mode); absent: each partition's backlog")
 QUEUE = Param("queue", "only this queue's partitions")
 MIN_LAG = Param("minLagSeconds", "age of the oldest pending message", "int", 60, 0, 10 * 365 * 86400)
-
-
-def page_params(request: Request, spec: tuple[Param, Param] = PAGE) -> admin.Page:
-    """``limit`` and ``offset`` of a paged list (documented by the same ``spec``); anything else is a 400."""
-    return admin.Page(*read_page(request, spec))
 
 
 @router.get(

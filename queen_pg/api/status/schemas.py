@@ -17,33 +17,6 @@ from queen_pg.api.shared.schemas import Answer
 # --- queue management and health -----------------------------------------------------------------
 
 
-class ConfigureAnswer(Answer):
-    success: Literal[True]
-    queue: str
-    configured: Literal[True]
-    id: int
-    name: str
-    namespace: str | None
-    task: str | None
-    options: dict[str, Any] = Field(description="the stored options, defaults filled in")
-    createdAt: str
-
-
-class DeleteQueueAnswer(Answer):
-    success: Literal[True]
-    queue: str
-    deleted: bool = Field(description="false: there was no such queue")
-
-
-class HealthAnswer(Answer):
-    status: Literal["healthy"]
-    database: Literal["up"]
-    version: str
-
-
-# --- resources -----------------------------------------------------------------------------------
-
-
 class Paged(Answer):
     total: int
     limit: int

@@ -24,8 +24,8 @@ from queen_pg import __version__
 from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
+from queen_pg.api.shared.params import PAGE, page_params
 from queen_pg.api.shared.schemas import window
-from queen_pg.api.status.resources import PAGE, page_params
 from queen_pg.api.status.schemas import (
     Analytics,
     MaintenanceAnswer,
@@ -38,7 +38,7 @@ from queen_pg.api.status.schemas import (
 )
 from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
-from queen_pg.errors import FORBIDDEN, MAINTENANCE, QueenError
+from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.mesh.node import Mesh
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 
@@ -49,17 +49,6 @@ MAX_BUCKETS = 10_080  # a week of minutes
 DEFAULT_WINDOW = timedelta(hours=1)
 FUTURE = timedelta(days=1)  # a window's end beyond now + FUTURE reads as now + FUTURE
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def refuse_push_in_maintenance(request: Request, pushes: bool = True) -> None:
-    """503 ``maintenance`` (with ``Retry-After``) for a request that pushes while push maintenance is on."""
-    if pushes and state(request).maintenance.push:
-        raise QueenError(MAINTENANCE, detail="push maintenance is on: pushes are refused for now")
-
-
-def pop_in_maintenance(request: Request) -> bool:
-    """Whether pops must answer empty (204) at once: pop maintenance is on."""
-    return state(request).maintenance.pop
 
 
 class SwitchBody(msgspec.Struct):

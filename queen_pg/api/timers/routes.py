@@ -16,25 +16,21 @@ the client into ``TimerError``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import unquote
 
-import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.kv.routes import exact_ops
-from queen_pg.api.kv.routes import family_envelope as family_error
 from queen_pg.api.shared import decoded
-from queen_pg.api.shared.body import Name, decode_family
+from queen_pg.api.shared.body import decode_family
 from queen_pg.api.shared.common import json_response, permit, producer_sub, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
+from queen_pg.api.shared.envelope import exact_ops
+from queen_pg.api.shared.envelope import family_envelope as family_error
 from queen_pg.api.shared.params import Param
+from queen_pg.api.timers.body import TimersRequest
 from queen_pg.api.timers.ops import (
-    MAX_DELAY_MS,
-    MAX_OPS,
-    MAX_TIMER_KEY_BYTES,
-    MAX_TXN_BYTES,
     check_queue_name,
     check_timer_key,
     decode_payloads,
@@ -54,73 +50,6 @@ LIST_MAX = 1000
 
 # --- request bodies: the Structs decode; timer_ops.py keeps byte limits, base64/zstd/JSON payloads
 # --- and one op per (queue, timerKey) -----------------------------------------------------------
-
-TimerQueue = Name  # the byte limit: check_queue_name (timers_bad_request too_long)
-TimerKey = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=MAX_TIMER_KEY_BYTES,
-        pattern=r"^[^\x00-\x1f\x7f-\x9f]+$",
-        description="1-1024 bytes of UTF-8, no control characters; '/' is fine",
-    ),
-]
-Txn = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=MAX_TXN_BYTES,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="the fired message's transactionId (1-65535 bytes, no control characters)",
-    ),
-]
-
-
-class _TimerOp(msgspec.Struct, tag_field="op", forbid_unknown_fields=True):
-    pass
-
-
-class _Schedule(_TimerOp):
-    """Server-owned fields (messageId, deliverAt, tenant..., _...) are refused."""
-
-    queue: TimerQueue
-    timerKey: TimerKey
-    payload: Annotated[
-        str, msgspec.Meta(description="base64 of the JSON payload (zstd-compressed first with payloadZstd)")
-    ]
-    delayMs: Annotated[
-        float,
-        msgspec.Meta(
-            ge=-MAX_DELAY_MS, le=MAX_DELAY_MS, description="milliseconds from now; negative = now; within ±100 years"
-        ),
-    ]
-    txn: Txn | None = None
-    partition: TimerQueue | None = None
-    payloadZstd: bool = False
-
-
-class TimerSchedule(_Schedule, tag="schedule"):
-    """Schedule (upsert: a second schedule answers `rescheduled`)."""
-
-
-class TimerReschedule(_Schedule, tag="reschedule"):
-    """The same as schedule."""
-
-
-class TimerCancel(_TimerOp, tag="cancel"):
-    queue: TimerQueue
-    timerKey: TimerKey
-    txn: Txn | None = None
-
-
-TimerOp = TimerSchedule | TimerReschedule | TimerCancel
-
-
-class TimersRequest(msgspec.Struct):
-    """At most 1000 ops, one per (queue, timerKey)."""
-
-    operations: Annotated[list[TimerOp], msgspec.Meta(max_length=MAX_OPS)]
-
 
 AFTER = Param("after", "list: the page after this timerKey (exclusive)", "text")
 LIMIT = Param("limit", "list: rows per page, clamped to 1-1000", "int", LIST_DEFAULT, 1, LIST_MAX, clamp=True)
