@@ -13,7 +13,7 @@ from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.api.kv.schemas import KvResult
 from queen_pg.api.shared import binary, decoded
-from queen_pg.api.shared.body import Name, Text, TxnId, decode
+from queen_pg.api.shared.body import Text, decode
 from queen_pg.api.shared.common import (
     answer_budget,
     check_name,
@@ -27,7 +27,7 @@ from queen_pg.api.shared.common import (
 )
 from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.gates import refuse_push_in_maintenance
-from queen_pg.api.shared.items import AckPartitionId, AckStatus, PushItem, new_messages
+from queen_pg.api.shared.items import AckItem, PushItem, new_messages
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY, AckResult, Answer, PushResult
 from queen_pg.api.timers.body import TimerOp
@@ -43,12 +43,8 @@ MAX_KV_KEYS = 256
 KV_WRITES = {"put", "putIfAbsent", "delete", "incr"}
 
 
-class TxAckOp(msgspec.Struct, tag="ack", tag_field="type"):
-    transactionId: TxnId
-    partitionId: AckPartitionId
-    status: AckStatus = "completed"
-    consumerGroup: Name | None = None
-    leaseId: Text | None = None
+class TxAckOp(AckItem, tag="ack", tag_field="type"):
+    """An ack of the transaction: the one ack item of POST /api/v1/ack, tagged ``"type": "ack"``."""
 
 
 class TxPushOp(msgspec.Struct, tag="push", tag_field="type"):
@@ -164,11 +160,9 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     for n, op in enumerate(body.operations):
         if isinstance(op, TxAckOp):
             status = op.status.lower()
-            if op.consumerGroup is not None:
-                check_name("consumerGroup", op.consumerGroup)
-            acks.append(
-                tx_engine.TxAck(slot, op.transactionId, str(op.partitionId), status, op.consumerGroup, op.leaseId)
-            )
+            if op.group is not None:
+                check_name("consumerGroup", op.group)
+            acks.append(tx_engine.TxAck(slot, op.transaction_id, str(op.partition_id), status, op.group, op.lease_id))
             slot += 1
         else:
             for msg in new_messages(op.items, f"operations.{n}.items", producer_sub(request)):
