@@ -18,31 +18,25 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from queen_pg import __version__
-from queen_pg.api import (
-    admin_moves,
-    dashboard,
-    kv_browse,
-    routes_admin,
-    routes_data,
-    routes_dlq,
-    routes_groups,
-    routes_kv,
-    routes_messages,
-    routes_resources,
-    routes_system,
-    routes_timers,
-    routes_traces,
-    routes_tx,
-)
-from queen_pg.api.admission import Admission, ByteBudget
-from queen_pg.api.common import AppState, json_response
-from queen_pg.api.docs import install as install_docs
-from queen_pg.api.forwarded import Forwarded
+from queen_pg.api import ack, dashboard, dlq, messages, pop, push, traces, transaction
+from queen_pg.api.admin import groups as admin_groups
+from queen_pg.api.admin import moves as admin_moves
+from queen_pg.api.admin import routes as admin_routes
 from queen_pg.api.hot import HotRoutes, hot_routes
-from queen_pg.api.internal import InternalErrors
-from queen_pg.api.limits import BodyLimit
-from queen_pg.api.routes_metrics import HttpMetrics
-from queen_pg.api.routes_metrics import router as metrics_router
+from queen_pg.api.kv import browse as kv_browse
+from queen_pg.api.kv import locks as kv_locks
+from queen_pg.api.kv import routes as kv_routes
+from queen_pg.api.shared.admission import Admission, ByteBudget
+from queen_pg.api.shared.common import AppState, json_response
+from queen_pg.api.shared.docs import install as install_docs
+from queen_pg.api.shared.forwarded import Forwarded
+from queen_pg.api.shared.internal import InternalErrors
+from queen_pg.api.shared.limits import BodyLimit
+from queen_pg.api.status import resources as status_resources
+from queen_pg.api.status import system as status_system
+from queen_pg.api.status.metrics import HttpMetrics
+from queen_pg.api.status.metrics import router as metrics_router
+from queen_pg.api.timers import routes as timer_routes
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop_render, sealing
 from queen_pg.engine.fusion import FuseConfig, Fuser
@@ -210,19 +204,22 @@ def create_app(settings: Settings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return json_response({"error": str(exc.detail), "code": code}, exc.status_code)
 
-    app.include_router(routes_data.router)
-    app.include_router(routes_admin.router)
-    app.include_router(routes_resources.router)  # before routes_groups: /consumer-groups/lagging
-    app.include_router(routes_messages.router)
-    app.include_router(routes_traces.router)
-    app.include_router(routes_system.router)
-    app.include_router(routes_dlq.router)
+    app.include_router(push.router)
+    app.include_router(pop.router)
+    app.include_router(ack.router)
+    app.include_router(admin_routes.router)
+    app.include_router(status_resources.router)  # before admin_groups: /consumer-groups/lagging
+    app.include_router(messages.router)
+    app.include_router(traces.router)
+    app.include_router(status_system.router)
+    app.include_router(dlq.router)
     app.include_router(admin_moves.router)  # docs/wire.md#legacy-admin: POST …/{tid}/dlq, DELETE /queues/{q}/clear
-    app.include_router(routes_groups.router)
-    app.include_router(routes_kv.router)
+    app.include_router(admin_groups.router)
+    app.include_router(kv_routes.router)
+    app.include_router(kv_locks.router)
     app.include_router(kv_browse.router)
-    app.include_router(routes_timers.router)
-    app.include_router(routes_tx.router)
+    app.include_router(timer_routes.router)
+    app.include_router(transaction.router)
     app.include_router(metrics_router)
 
     app.include_router(dashboard.router)  # / and /dashboard/<file>: the embedded UI (webapp/)

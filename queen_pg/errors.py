@@ -27,7 +27,7 @@ BAD_REQUEST = ErrorKind("bad_request", 400, "{detail}")
 BAD_BINARY = ErrorKind("bad_binary", 400, "malformed binary body: {detail}")
 NAME_TOO_LONG = ErrorKind("name_too_long", 413, "{what} name is {size} bytes; the limit is {limit}")
 BODY_TOO_LARGE = ErrorKind("body_too_large", 413, "request body exceeds {limit} bytes")
-# What a request expands to when decoded (zstd, base64: queen_pg/api/decoded.py), over the request.
+# What a request expands to when decoded (zstd, base64: queen_pg/api/shared/decoded.py), over the request.
 DECODED_TOO_LARGE = ErrorKind(
     "decoded_too_large", 413, "{detail}: a request may decode to at most {limit} bytes (QUEEN_MAX_DECODED_BYTES)"
 )
@@ -36,11 +36,11 @@ CONFLICT = ErrorKind("conflict", 409, "{detail}")
 RETRY = ErrorKind("retry", 503, "{detail}; retry the request")
 DB_UNAVAILABLE = ErrorKind("db_unavailable", 503, "database unavailable: {detail}")
 # The 500 answer never carries the cause (driver or PostgreSQL text): only a request id, which the one
-# log line with the cause and traceback also carries (queen_pg/api/internal.py, queen_pg/db/pool.py).
+# log line with the cause and traceback also carries (queen_pg/api/shared/internal.py, queen_pg/db/pool.py).
 INTERNAL = ErrorKind("internal", 500, "internal error (request id {request_id}); the cause is in the broker's log")
 
 # KV and locks families (docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by
-# queen_pg/api/routes_kv.py; `reason` (a stable id) comes in the QueenError's fields.
+# queen_pg/api/kv/routes.py; `reason` (a stable id) comes in the QueenError's fields.
 KV_BAD_REQUEST = ErrorKind("kv_bad_request", 400, "{detail}")
 LOCKS_BAD_REQUEST = ErrorKind("locks_bad_request", 400, "{detail}")
 
@@ -53,17 +53,17 @@ CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
 # Timers family (docs/wire.md#timers, docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by
-# queen_pg/api/routes_timers.py; `reason` (a stable id) comes in the QueenError's fields.
+# queen_pg/api/timers/routes.py; `reason` (a stable id) comes in the QueenError's fields.
 TIMERS_BAD_REQUEST = ErrorKind("timers_bad_request", 400, "{detail}")
 CATALOG[TIMERS_BAD_REQUEST.code] = TIMERS_BAD_REQUEST
 
-# Overload (queen_pg/limiter.py, queen_pg/api/admission.py): a 429 carries `retry_after` (seconds, 1-5)
+# Overload (queen_pg/limiter.py, queen_pg/api/shared/admission.py): a 429 carries `retry_after` (seconds, 1-5)
 # in its fields, rendered as the Retry-After header; storage_full refuses writes, reads still served.
 OVERLOADED = ErrorKind("overloaded", 429, "{detail}")
 STORAGE_FULL = ErrorKind("storage_full", 507, "{detail}")
 CATALOG.update({k.code: k for k in (OVERLOADED, STORAGE_FULL)})
 
-# Push maintenance (queen_pg/api/routes_system.py): pushes refused with 503 + Retry-After until it is off.
+# Push maintenance (queen_pg/api/status/system.py): pushes refused with 503 + Retry-After until it is off.
 MAINTENANCE = ErrorKind("maintenance", 503, "{detail}")
 CATALOG[MAINTENANCE.code] = MAINTENANCE
 

@@ -3,7 +3,7 @@
 * :func:`tenant_part`: one tenant's part of a shared pool, so one tenant cannot starve the others.
 * :class:`FairSemaphore` grants permits of any weight strictly first come, first served, up to an
   adjustable ``capacity``, with a bounded number of waiters. The admission byte budget
-  (``queen_pg/api/admission.py``) is one; each :class:`Limiter` holds one of weight-1 permits.
+  (``queen_pg/api/shared/admission.py``) is one; each :class:`Limiter` holds one of weight-1 permits.
 * :class:`Limiter` is a Vegas-style controller per route family (``push``, ``pop``, ``ack``,
   ``transaction``, ``kv``). It watches how long each permit is held (the engine call: one
   PostgreSQL round trip, including the wait for a pooled connection), keeps a windowed minimum

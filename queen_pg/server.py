@@ -418,7 +418,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "port": settings.port,
         "log_level": settings.log_level,
         "access_log": False,
-        "proxy_headers": False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/forwarded.py)
+        "proxy_headers": False,  # X-Forwarded-*: only from trusted_proxies (queen_pg/api/shared/forwarded.py)
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "timeout_keep_alive": settings.keep_alive_s,

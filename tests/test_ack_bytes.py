@@ -10,8 +10,9 @@ import httpx
 import orjson
 import pytest
 
+from queen_pg.api.shared.items import AckItem
 from queen_pg.engine import ack as ack_engine
-from queen_pg.engine.ack import AckItem, AckResults, _Verdicts
+from queen_pg.engine.ack import AckResults, _Verdicts
 from tests.helpers import pop, push
 from tests.test_metrics import scrape, value
 

@@ -14,8 +14,9 @@ import asyncpg
 import httpx
 import pytest
 
+from queen_pg.api.shared.items import AckItem
 from queen_pg.engine import leases
-from queen_pg.engine.ack import ACK_SQL, AckItem, ack_many
+from queen_pg.engine.ack import ACK_SQL, ack_many
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL

@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
+from queen_pg.api.shared.items import AckItem
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
-from queen_pg.engine.ack import AckItem, ack_many
+from queen_pg.engine.ack import ack_many
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.leases import book_of
 from queen_pg.engine.outcomes import once

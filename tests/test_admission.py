@@ -1,4 +1,4 @@
-"""Admission by Content-Length (queen_pg/api/admission.py) and 507 storage_full (queen_pg/jobs/storage.py),
+"""Admission by Content-Length (queen_pg/api/shared/admission.py) and 507 storage_full (queen_pg/jobs/storage.py),
 over real HTTP against a real broker: a small byte budget held by slow bodies refuses the next push with
 429 + Retry-After and admits it again once the budget frees; a tiny database byte budget refuses pushes
 with 507 while pops, acks and ack-only transactions still drain the backlog."""

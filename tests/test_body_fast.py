@@ -1,4 +1,4 @@
-"""The decoding fast path (queen_pg/api/body.py): a body that cannot hold a control character is
+"""The decoding fast path (queen_pg/api/shared/body.py): a body that cannot hold a control character is
 decoded without the character-class regexes, and decides exactly as the declared type does: same
 value, same class, same refusal with the same text. Bodies are the hot routes' (ack, ack/batch, push,
 transaction), hostile ones included; then the same through real HTTP."""
@@ -11,9 +11,11 @@ import httpx
 import msgspec
 import pytest
 
-from queen_pg.api import body
-from queen_pg.api.routes_data import AckBatchBody, AckItem, PushBody
-from queen_pg.api.routes_tx import TransactionRequest, TxAckOp, TxPushOp
+from queen_pg.api.ack import AckBatchBody
+from queen_pg.api.push import PushBody
+from queen_pg.api.shared import body
+from queen_pg.api.shared.items import AckItem
+from queen_pg.api.transaction import TransactionRequest, TxAckOp, TxPushOp
 from queen_pg.errors import QueenError
 
 BODIES: list[tuple[type[Any], bytes]] = [

@@ -12,8 +12,8 @@ import asyncpg
 import httpx
 import pytest
 
+from queen_pg.api.shared.items import AckItem
 from queen_pg.db.pool import Database
-from queen_pg.engine.ack import AckItem
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.push import NewMessage
 from queen_pg.errors import QueenError

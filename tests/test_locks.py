@@ -14,7 +14,7 @@ import pytest
 from queen import Queen
 from queen.errors import LockError
 
-from queen_pg.api.kv_ops import validate_kv_ops, validate_lock_ops
+from queen_pg.api.kv.ops import validate_kv_ops, validate_lock_ops
 from queen_pg.db.pool import Database
 from queen_pg.engine import kv as kv_engine
 from queen_pg.engine import locks as locks_engine

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from queen_pg.api.kv_ops import validate_kv_ops
+from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.db import locks
 from queen_pg.db.pool import Database
 from queen_pg.engine import kv as kv_engine

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from queen_pg.api import routes_data
+from queen_pg.api import pop as routes_data
 from tests.helpers import pop, push
 
 

@@ -33,9 +33,10 @@ Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 def hot_routes() -> list[APIRoute]:
     """The routes served by :class:`HotRoutes` (the data plane's, docs/wire.md#push)."""
-    from queen_pg.api import routes_data, routes_tx
+    from queen_pg.api import ack, pop, push, transaction
 
-    return [r for r in (*routes_data.router.routes, *routes_tx.router.routes) if isinstance(r, APIRoute)]
+    routes = (*push.router.routes, *pop.router.routes, *ack.router.routes, *transaction.router.routes)
+    return [r for r in routes if isinstance(r, APIRoute)]
 
 
 class HotRoutes:

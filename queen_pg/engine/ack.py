@@ -10,7 +10,6 @@ import operator
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from typing import Any, Protocol, overload
@@ -44,7 +43,7 @@ STATUSES = {"completed": "completed", "success": "completed", "failed": "failed"
 
 class AckLike(Protocol):
     """An item to settle, as the engine reads it: the ack route's decoded body item (settled as
-    decoded, no copy) or an :class:`AckItem`."""
+    decoded, no copy: ``queen_pg.api.shared.items.AckItem``, the one ack item type)."""
 
     @property
     def transaction_id(self) -> str: ...
@@ -58,16 +57,6 @@ class AckLike(Protocol):
     def group(self) -> str | None: ...
     @property
     def lease_id(self) -> str | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class AckItem:
-    transaction_id: str
-    partition_id: str
-    status: str  # a key of STATUSES
-    error: str | None
-    group: str | None
-    lease_id: str | None
 
 
 def _refused(index: int, item: AckLike, error: str) -> dict[str, Any]:

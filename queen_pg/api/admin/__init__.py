@@ -1,0 +1,1 @@
+"""Administration: configure and delete queues, health, consumer groups, the legacy admin moves."""

@@ -1,0 +1,194 @@
+"""Consumer-group administration (docs/wire.md#admin): list, inspect, delete, seek, re-subscribe.
+
+The queue-mode group is addressed as ``__QUEUE_MODE__`` in paths and shown as ``"name": null,
+"queueMode": true`` in answers. POSTs never require a body (the client sends none when its options
+are empty, docs/wire.md#empty-posts); what a body must say is checked after an empty one is read as ``{}``.
+Path names are URL-decoded by the router; a group or queue name containing ``/`` cannot be addressed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from queen_pg.api.shared.body import read
+from queen_pg.api.shared.common import check_name, json_response, state, tenant
+from queen_pg.api.shared.docs import answers, body, params
+from queen_pg.api.shared.params import Param, page, parse_timestamp, read_page, time_schema
+from queen_pg.api.shared.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
+from queen_pg.engine import groups as group_engine
+from queen_pg.errors import bad_request
+
+router = APIRouter(prefix="/api/v1/consumer-groups")
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+SUBSCRIPTION_NOTE = (
+    "cursors were not moved: the timestamp is the group's subscription rule, used when its cursors are "
+    "recreated (DELETE /api/v1/consumer-groups/{group}?deleteMetadata=false); seek moves cursors"
+)
+
+
+Timestamp = Annotated[
+    str, msgspec.Meta(extra_json_schema=time_schema(True), description="RFC 3339 with a zone, or `now`")
+]
+_ONE_TARGET: dict[str, Any] = {
+    "oneOf": [
+        {"required": ["toEnd"], "properties": {"toEnd": {"const": True}}},
+        {"required": ["toStart"], "properties": {"toStart": {"const": True}}},
+        {"required": ["timestamp"], "properties": {"timestamp": {"type": "string"}}},
+    ]
+}
+
+
+class SeekBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one target: ``toEnd: true``, ``toStart: true`` or ``timestamp``; the schema's ``oneOf`` says so,
+    and ``_seek`` checks it (a schema constraint msgspec does not evaluate)."""
+
+    toEnd: bool | None = None
+    toStart: bool | None = None
+    timestamp: Timestamp | None = None
+
+
+class SubscriptionBody(msgspec.Struct, forbid_unknown_fields=True):
+    subscriptionTimestamp: Timestamp
+
+
+DELETE_METADATA = Param(
+    "deleteMetadata",
+    "true: forget the group's subscription too; false: keep it and recreate the cursors from it at once",
+    "bool",
+    True,
+)
+PAGE = page(DEFAULT_PAGE, MAX_PAGE)
+DELETE_DESCRIPTION = "Live leases on the deleted cursors are broken. 404 when the group (or the queue) is unknown."
+SEEK_DESCRIPTION = (
+    'Exactly one target: `{"toEnd": true}`, `{"toStart": true}` (the first retained message) or '
+    '`{"timestamp": "<ISO-8601 with zone>" | "now"}` (the first message written at or after it). Moved '
+    "cursors drop their leases and retry counts. An empty body reads as `{}` and is refused with 400."
+)
+
+
+@router.get(
+    "",
+    summary="List consumer groups per queue, with lag and leases (paginated)",
+    openapi_extra=params(*PAGE),
+    responses=answers({200: GroupList}, 400),
+)
+async def list_groups(request: Request) -> Response:
+    limit, offset = read_page(request, PAGE)
+    st = state(request)
+    return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
+
+
+@router.get(
+    "/{group}",
+    summary="A consumer group's cursors, lag and leases per queue and partition",
+    responses=answers({200: GroupDetail}, 400, 404, 413),
+)
+async def get_group(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    st = state(request)
+    return json_response(await group_engine.get_group(st.db, tenant(request), group))
+
+
+@router.delete(
+    "/{group}/queues/{queue}",
+    summary="Delete a consumer group's cursors on one queue",
+    description=DELETE_DESCRIPTION,
+    openapi_extra=params(DELETE_METADATA),
+    responses=answers({200: GroupDeleted}, 400, 404, 413),
+)
+async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
+    check_name("consumer group", group)
+    check_name("queue", queue)
+    return await _delete(request, group, queue)
+
+
+@router.delete(
+    "/{group}",
+    summary="Delete a consumer group's cursors on every queue",
+    description=DELETE_DESCRIPTION,
+    openapi_extra=params(DELETE_METADATA),
+    responses=answers({200: GroupDeleted}, 400, 404, 413),
+)
+async def delete_group(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    return await _delete(request, group, None)
+
+
+async def _delete(request: Request, group: str, queue: str | None) -> Response:
+    delete_metadata: bool = DELETE_METADATA.read(request)
+    st = state(request)
+    ten = tenant(request)
+    result = await group_engine.delete_group(st.db, ten, group, queue, delete_metadata)
+    if not delete_metadata:  # cursors were recreated: parked pops of the group may have work again
+        for q in result.get("queues") or ():
+            st.waiters.notify(ten, q["queue"])
+    return json_response(result)
+
+
+@router.post(
+    "/{group}/queues/{queue}/seek",
+    summary="Move a group's cursors on a queue: end, start or time",
+    description=SEEK_DESCRIPTION,
+    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
+    responses=answers({200: SeekAnswer}, 400, 404, 413),
+)
+async def seek_queue(request: Request, group: str, queue: str) -> Response:
+    return await _seek(request, group, queue, None)
+
+
+@router.post(
+    "/{group}/queues/{queue}/partitions/{partition}/seek",
+    summary="Move a group's cursor on one partition: end, start or time",
+    description=SEEK_DESCRIPTION,
+    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
+    responses=answers({200: SeekAnswer}, 400, 404, 413),
+)
+async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
+    check_name("partition", partition)
+    return await _seek(request, group, queue, partition)
+
+
+async def _seek(request: Request, group: str, queue: str, partition: str | None) -> Response:
+    check_name("consumer group", group)
+    check_name("queue", queue)
+    body = await read(request, SeekBody, empty_ok=True)
+    chosen = [name for name, on in (("toEnd", body.toEnd), ("toStart", body.toStart)) if on]
+    if body.timestamp is not None:
+        chosen.append("timestamp")
+    if len(chosen) != 1:
+        given = f"; got {', '.join(chosen)}" if chosen else ""
+        raise bad_request(
+            'seek needs exactly one target: {"toEnd": true}, {"toStart": true} or '
+            '{"timestamp": "<ISO-8601 with zone>"}' + given
+        )
+    target: group_engine.SeekTarget = "end" if body.toEnd else "start" if body.toStart else "timestamp"
+    ts = parse_timestamp("timestamp", body.timestamp, now_ok=True) if body.timestamp is not None else None
+    st = state(request)
+    ten = tenant(request)
+    result = await group_engine.seek(st.db, ten, group, queue, partition, target, ts)
+    st.waiters.notify(ten, queue)  # a seek back makes the partitions claimable at once
+    return json_response(result)
+
+
+@router.post(
+    "/{group}/subscription",
+    summary="Set the group's subscription timestamp (cursors do not move)",
+    description="Records the timestamp (ISO-8601 with a zone, or `now`) on every queue of the group; it is "
+    "used when the group's cursors are recreated (DELETE ...?deleteMetadata=false). An empty body reads as "
+    "`{}` and is refused (400: subscriptionTimestamp is required).",
+    openapi_extra=body(SubscriptionBody),
+    responses=answers({200: SubscriptionAnswer}, 400, 404, 413),
+)
+async def set_subscription(request: Request, group: str) -> Response:
+    check_name("consumer group", group)
+    body = await read(request, SubscriptionBody, empty_ok=True)
+    ts = parse_timestamp("subscriptionTimestamp", body.subscriptionTimestamp, now_ok=True)
+    st = state(request)
+    result = await group_engine.set_subscription(st.db, tenant(request), group, ts)
+    return json_response({**result, "note": SUBSCRIPTION_NOTE})

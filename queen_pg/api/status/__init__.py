@@ -1,0 +1,1 @@
+"""Status and operations: status, resources, analytics, maintenance switches, metrics."""

@@ -1,0 +1,109 @@
+"""``GET /metrics`` (Prometheus text format 0.0.4), ``GET /metrics/queues`` (the per-queue series, one
+page of queues per call), the HTTP metrics middleware, and the one-line helpers the data routes call
+to count messages (``count_push``, ``count_pop``, ``count_ack``).
+
+``/metrics`` stays small at any number of queues: message counters and database gauges are per tenant
+(RabbitMQ's ``/metrics`` vs ``/metrics/per-object``). ``/metrics/queues?limit=&offset=`` answers the
+same gauge names with ``queue`` (and ``consumer_group``) labels for queues ``offset`` .. ``offset+limit``
+by (tenant, name), read live from the database (cost: that page's queues), plus
+``queen_metrics_queues_total``; with tenancy on, the caller's tenant's queues only.
+
+The middleware labels a request with its route *template* (``/api/v1/pop/queue/{queue}``), read
+from ``scope["route"]`` after routing, never with the raw path: the label set stays bounded however
+many queues exist. A request no route matched is labelled ``<unmatched>``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from queen_pg.api.shared.common import state, tenant
+from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.params import page, read_page
+from queen_pg.engine import metrics as metrics_engine
+from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
+from queen_pg.security import tenancy
+
+router = APIRouter()
+
+
+class HttpMetrics:
+    """Pure ASGI middleware: request count and latency per (method, route template, status)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # unless a response starts: an exception escaped every handler
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED
+            self.metrics.request_done(scope["method"], template, status, time.perf_counter() - started)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text format 0.0.4)",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"}},
+)
+async def metrics(request: Request) -> Response:
+    m: Metrics = request.app.state.metrics
+    st = getattr(request.app.state, "queen", None)
+    db = getattr(st, "db", None)
+    m.sample(
+        db,
+        getattr(st, "waiters", None),
+        getattr(st, "limiters", None),
+        getattr(request.app.state, "jobs", None),
+        getattr(st, "mesh", None),
+    )
+    if db is not None:
+        await m.refresh(db)
+    text = m.render()
+    if st is not None and tenancy.enabled(st.settings):  # a tenant sees only its own labels
+        text = tenancy.only_tenant(text, tenant(request))
+    return Response(text, media_type=CONTENT_TYPE)
+
+
+QUEUES_PAGE = page(1000, 10_000)
+
+
+@router.get(
+    "/metrics/queues",
+    summary="Per-queue and per-group Prometheus series, one page of queues (by tenant, name)",
+    description="The gauges of `/metrics` with `queue` and `consumer_group` labels (partitions, messages "
+    "written, backlog, DLQ depth; group lag, lag seconds, leased partitions, DLQ depth) for `limit` queues "
+    "from `offset`, read live; `queen_metrics_queues_total` counts every queue. Scrape it less often than "
+    "`/metrics` (its cost grows with `limit`).",
+    response_class=Response,
+    openapi_extra=params(*QUEUES_PAGE),
+    responses={
+        **answers({}, 400),
+        200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"},
+    },
+)
+async def metrics_queues(request: Request) -> Response:
+    limit, offset = read_page(request, QUEUES_PAGE)
+    st = state(request)
+    who = tenant(request) if tenancy.enabled(st.settings) else None
+    snap, total = await metrics_engine.queues_page(st.db, who, limit, offset)
+    return Response(render_queues(snap, total), media_type=CONTENT_TYPE)
