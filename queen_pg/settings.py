@@ -178,7 +178,7 @@ class Settings(BaseSettings):
         "seconds to finish before they are cancelled (below a container's stop timeout, 10 s by default).",
     )
 
-    # operations (queen_pg/api/routes_system.py, queen_pg/jobs/maintenance.py, stats.py, traces.py)
+    # operations (queen_pg/api/status/system.py, queen_pg/jobs/maintenance.py, stats.py, traces.py)
     maintenance_refresh_ms: int = Field(
         500,
         ge=50,
@@ -199,7 +199,7 @@ class Settings(BaseSettings):
         168, ge=0, description="Trace events (POST /api/v1/traces) are kept this long; 0 = forever."
     )
 
-    # overload (queen_pg/limiter.py, queen_pg/api/admission.py, queen_pg/jobs/storage.py)
+    # overload (queen_pg/limiter.py, queen_pg/api/shared/admission.py, queen_pg/jobs/storage.py)
     admit_max_mb: int = Field(
         256,
         ge=1,

@@ -1,7 +1,7 @@
 """Messages (docs/wire.md#admin): browse a queue's log, read one message, delete one.
 
 ``POST /messages/{partitionId}/{transactionId}/retry`` (put a dead letter back) lives in
-``routes_dlq.py``; the routes here answer GET and DELETE only, so the two never shadow each other.
+``dlq.py``; the routes here answer GET and DELETE only, so the two never shadow each other.
 Transaction ids may contain ``/`` (the client does not quote them in paths).
 """
 

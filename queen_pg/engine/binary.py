@@ -44,7 +44,7 @@ FLAG_FRAMES = 8
 PUSH_FLAGS = FLAG_ZSTD | FLAG_COUNTS | FLAG_TXN | FLAG_FRAMES
 FRAME_TRACE = 1  # the only frame flag a client may set (codec.FLAG_TRACE)
 MAX_TXN_BYTES = 65_535
-MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/body.py stored_json)
+MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/shared/body.py stored_json)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -46,7 +46,7 @@ async def apply(
     once: Once | None = None,
     max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Apply validated ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op.
+    """Apply validated ops (queen_pg.api.kv.ops) in order: ``{"results": [...]}``, one per op.
 
     ``max_bytes`` is the answer budget (queen_pg/engine/answers.py; None = none): a getPrefix page stops
     at what the ops before it left, and a batch whose answer passes it is 413 ``answer_too_large``

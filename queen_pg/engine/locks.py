@@ -20,5 +20,5 @@ LOCKS_ONCE_SQL = "SELECT * FROM queen.locks_v2($1, $2::text::jsonb, $3, $4, $5, 
 async def apply(
     db: Database, tenant: str, ops: list[dict[str, Any]], now: datetime | None = None, once: Once | None = None
 ) -> dict[str, Any]:
-    """Run validated lock ops (queen_pg.api.kv_ops) in order: ``{"results": [...]}``, one per op."""
+    """Run validated lock ops (queen_pg.api.kv.ops) in order: ``{"results": [...]}``, one per op."""
     return await run_ops(db, LOCKS_SQL, LOCKS_ONCE_SQL, tenant, ops, now, once)

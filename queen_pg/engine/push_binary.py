@@ -85,7 +85,7 @@ async def push_many(
     db: Database, tenant: str, requests: Sequence[Sequence[Group]], once: Once | None = None
 ) -> list[push_engine.Answer]:
     """Several bodies' groups (on distinct partitions) in ONE call (the binary fusion lane,
-    queen_pg/api/binary.py); each body gets its own results, indexed from 0. ``once`` only with one body."""
+    queen_pg/api/shared/binary.py); each body gets its own results, indexed from 0. ``once`` only with one body."""
     flat = [g for req in requests for g in req]
     prepared = prepare(flat)
     try:

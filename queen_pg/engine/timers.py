@@ -46,7 +46,7 @@ async def apply(
     now: datetime | None = None,
     producer_sub: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Apply validated ops (``queen_pg.api.timer_ops``) in one transaction; one result per op. The
+    """Apply validated ops (``queen_pg.api.timers.ops``) in one transaction; one result per op. The
     payloads of an encrypted queue's schedules are sealed (the procedure refuses a disagreement);
     ``producer_sub`` (the token's sub) becomes the fired messages' producerSub."""
     v = crypto.vault(db)
@@ -63,7 +63,7 @@ async def apply(
 
 def ops_text(ops: list[dict[str, Any]], producer_sub: str | None) -> str:
     """The ops as the procedures take them (jsonb text): each schedule gets the scheduler's
-    ``producerSub`` (the token's sub; a client's own is refused as server-owned, timer_ops.py)."""
+    ``producerSub`` (the token's sub; a client's own is refused as server-owned, api/timers/ops.py)."""
     if producer_sub is None:
         return orjson.dumps(ops).decode()
     stamped = [op if op.get("op") == "cancel" else {**op, "producerSub": producer_sub} for op in ops]

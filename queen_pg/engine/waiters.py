@@ -3,7 +3,7 @@
 Each waiting pop owns one event, registered under its (tenant, queue) key for the whole pop; it
 clears the event *before* each claim attempt, so a push that commits after the attempt started
 always wakes it. Anyone may set a pop's event: a push (``notify``), the pop's own client going away
-(queen_pg/api/longpoll.py), and shutdown (``drain``), after which every pop answers without parking
+(queen_pg/api/shared/longpoll.py), and shutdown (``drain``), after which every pop answers without parking
 again. Wake-ups are hints: a lost one costs latency up to the shared re-check, never a message. The
 number of parked pops is bounded, and with tenancy on each tenant may hold only its part of that
 bound (``tenant_share``, :func:`queen_pg.limiter.tenant_part`), so one tenant parking all it can still

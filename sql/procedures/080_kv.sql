@@ -9,7 +9,7 @@
 --   that do not exist yet. Two keys with one hash share a lock (harmless: more serialization).
 --
 -- queen._kv_apply(tenant, op jsonb, now[, max_bytes]) -> jsonb
---   Applies ONE op already validated by queen_pg/api/kv_ops.py; the caller holds the key's lock.
+--   Applies ONE op already validated by queen_pg/api/kv/ops.py; the caller holds the key's lock.
 --   max_bytes (NULL or absent = no limit; the answer budget, queen_pg/engine/answers.py): a getPrefix
 --   page also stops before the row that would take its rows past it (at least one row); getMany stops
 --   reading once its rows pass it (the caller, queen._kv_run, then refuses the call).

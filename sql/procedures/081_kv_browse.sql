@@ -1,8 +1,8 @@
 -- KV browsing for the dashboard's KV page: GET /api/v1/kv/namespaces and GET /api/v1/kv/keys
--- (queen_pg/api/kv_browse.py). Both read only.
+-- (queen_pg/api/kv/browse.py). Both read only.
 --
 -- queen.kv_namespaces_v1(tenant, after, limit) -> TABLE(ns text)
---   Called by: GET /api/v1/kv/namespaces (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py).
+--   Called by: GET /api/v1/kv/namespaces (queen_pg/api/kv/browse.py, queen_pg/engine/kv.py).
 --   Inputs: after = the page after this namespace (exclusive, NULL = from the first); limit = rows wanted
 --   (the caller asks for one more than it shows, to know whether the page is truncated).
 --   Result: the tenant's distinct namespaces in ascending order (the collation of kv_pkey), at most
@@ -12,7 +12,7 @@
 --   Locks: none (a read; it sees what committed before the statement). Reads no clock. Raises nothing.
 --
 -- queen.kv_keys_v2(tenant, ns, prefix, after, limit, keys_only, now, max_bytes) -> jsonb
---   Called by: GET /api/v1/kv/keys (queen_pg/api/kv_browse.py, queen_pg/engine/kv.py).
+--   Called by: GET /api/v1/kv/keys (queen_pg/api/kv/browse.py, queen_pg/engine/kv.py).
 --   The getPrefix op of POST /api/v1/kv (queen._kv_get_prefix, 080_kv.sql) with an EMPTY prefix
 --   allowed: the op's validator wants a non-empty prefix (docs/wire.md#kv), a browser wants a whole
 --   namespace. Result, paging and clamping as getPrefix: {prefix, rows, truncated, nextAfter}, byte

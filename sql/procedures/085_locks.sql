@@ -9,7 +9,7 @@
 --
 -- queen.locks_v1(tenant, ops jsonb, now) -> jsonb
 --   Called by: POST /api/v1/locks (queen_pg/engine/locks.py). ops = validated by
---   queen_pg/api/kv_ops.py (name without '#', ttlSeconds > 0, limit 1..1024, token > 0, slot >= 0).
+--   queen_pg/api/kv/ops.py (name without '#', ttlSeconds > 0, limit 1..1024, token > 0, slot >= 0).
 --   Result: {"results":[{index, op, name, ...}]}, exactly one per op, in order:
 --     acquire {acquired:true, slot, token, owner, guard, expiresAt, already?:true}
 --             | {acquired:false, reason:'held' (limit 1) | 'contended', holders}

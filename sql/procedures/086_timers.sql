@@ -27,7 +27,7 @@
 --   queen.timers_v1, queen.transaction_v1 (after queen._kv_lock).
 --
 -- queen._timer_apply(tenant, op jsonb, payload bytea, txn_hash uuid, message_id uuid, now) -> jsonb
---   Applies ONE op validated by the broker (queen_pg/api/timer_ops.py); the caller holds the key lock.
+--   Applies ONE op validated by the broker (queen_pg/api/timers/ops.py); the caller holds the key lock.
 --   op = {"op": "schedule"|"reschedule", "queue", "timerKey", "partition", "delayMs", "txn", "producerSub"?}:
 --     upsert; deliver_at = now + delayMs (negative = already due: fired by the job's next cycle). Status
 --     `rescheduled` when a pending timer was replaced, else `scheduled` (a new key, including a key

@@ -1,7 +1,7 @@
 -- Metrics: what GET /metrics reads from the database, in one call per scrape.
 --
 -- queen.metrics_queues_v1(p_tenant, p_limit, p_offset, p_now) -> rows
---   Called by: GET /metrics/queues (queen_pg/api/routes_metrics.py), one page of queues, by (tenant,
+--   Called by: GET /metrics/queues (queen_pg/api/status/metrics.py), one page of queues, by (tenant,
 --   name): tenant NULL = every tenant's. GET /metrics itself reads the per-tenant snapshot
 --   (queen.metrics_tenants_v1, sql/procedures/098_stats_snapshot.sql).
 --   Result: one row per queue with consumer_group NULL: partitions, messages (every offset ever

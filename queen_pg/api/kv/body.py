@@ -9,7 +9,7 @@ import msgspec
 
 from queen_pg.api.shared.body import INT32, INT64
 
-# --- request bodies: the Structs decode (shape, types, ranges, characters); kv_ops.py keeps what a
+# --- request bodies: the Structs decode (shape, types, ranges, characters); ops.py keeps what a
 # --- schema cannot say (UTF-8 byte limits, exactly one expiry, one write per key, key counts) -------
 
 PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"  # no C0/C1 control character, not empty

@@ -1,6 +1,6 @@
 """Answers of KV, locks and the transaction for ``/openapi.json`` (docs/wire.md#transaction); their request
-bodies are msgspec Structs beside their routes (``routes_kv.py``, ``routes_tx.py``). Timers:
-``schemas_timers.py``.
+bodies are msgspec Structs beside their routes (``kv/routes.py``, ``transaction.py``). Timers:
+``timers/schemas.py``.
 """
 
 from __future__ import annotations

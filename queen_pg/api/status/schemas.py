@@ -1,6 +1,6 @@
 """Answers of queue management, resources, status/analytics and the system routes (docs/wire.md#configure,
 docs/wire.md#admin; shapes from ``sql/procedures/100_resources.sql``, ``140_status.sql``, ``130_system.sql`` and
-``routes_system.py``), for ``/openapi.json`` only. Conventions as in ``schemas.py``: permissive, a field
+``status/system.py``), for ``/openapi.json`` only. Conventions as in ``schemas.py``: permissive, a field
 without a default is always present. Terms: ``messages`` every offset ever given, ``retained`` those
 still stored, ``backlog`` the largest group lag (no group: the retained messages), ``inFlight`` messages
 under a live lease not yet acked, ``dlq`` dead letters; queue mode is ``name: null, queueMode: true``.

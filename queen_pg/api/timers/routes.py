@@ -48,7 +48,7 @@ PREFIX = "/api/v1/timers/"
 LIST_DEFAULT = 100
 LIST_MAX = 1000
 
-# --- request bodies: the Structs decode; timer_ops.py keeps byte limits, base64/zstd/JSON payloads
+# --- request bodies: the Structs decode; ops.py keeps byte limits, base64/zstd/JSON payloads
 # --- and one op per (queue, timerKey) -----------------------------------------------------------
 
 AFTER = Param("after", "list: the page after this timerKey (exclusive)", "text")

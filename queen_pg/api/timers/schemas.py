@@ -1,5 +1,5 @@
 """Answers of the timer routes for ``/openapi.json`` (docs/wire.md#timers); the request body is a msgspec
-Struct beside its route (``routes_timers.py``).
+Struct beside its route (``timers/routes.py``).
 """
 
 from __future__ import annotations
