@@ -5,8 +5,9 @@ answers as dicts (the engine's, or SQL's JSON) and never validate them against t
 Field names are docs/wire.md's; every field a client reads is named. Answers are permissive
 (``extra="allow"``): a broker may add keys, and clients ignore the ones they do not know. A field
 without a default is always present (possibly ``null``); one with a default may be absent. Other
-families: ``kv/schemas.py`` (KV, locks, the transaction), ``timers/schemas.py``, ``admin/schemas.py`` and ``status/schemas.py``
-(queues, resources, status, system), ``schemas_browse.py`` (messages, DLQ, traces, consumer groups).
+families: ``kv/schemas.py`` (KV, locks, the transaction), ``timers/schemas.py``, ``admin/schemas.py`` and
+``status/schemas.py`` (queues, resources, status, system), ``schemas_browse.py`` (messages, DLQ, traces,
+consumer groups).
 """
 
 from __future__ import annotations
