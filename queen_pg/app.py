@@ -51,7 +51,7 @@ from queen_pg.memtrim import run_trimmer
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
-from queen_pg.security import install as install_security
+from queen_pg.security.access import install as install_security
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck, tune_gc
 from queen_pg.settings import MIB, Settings

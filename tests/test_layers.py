@@ -42,3 +42,15 @@ def test_the_document_states_the_contract_layers() -> None:
     rows = re.findall(r"^\| (\d+) \| (.+) \|$", doc.split('<a id="imports"></a>')[1].split("<a id=")[0], re.M)
     stated = [[part.strip(" `") for part in cell.split(r"\|")] for _, cell in rows]
     assert stated == _layers()
+
+
+def test_loading_the_engine_loads_no_web_framework() -> None:
+    """A package ``__init__`` runs on any import below it, and import-linter does not count it: the
+    engine (which imports ``security.crypto``) must load no FastAPI, Starlette or uvicorn."""
+    code = (
+        "import sys, pkgutil, importlib, queen_pg.engine as e\n"
+        "for m in pkgutil.iter_modules(e.__path__): importlib.import_module('queen_pg.engine.' + m.name)\n"
+        "print(sorted(n for n in ('fastapi', 'starlette', 'uvicorn') if n in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

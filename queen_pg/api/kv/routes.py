@@ -23,7 +23,8 @@ from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY
 from queen_pg.engine import kv as kv_engine
 from queen_pg.errors import KV_BAD_REQUEST, QueenError, Verdict
-from queen_pg.security import Level, need
+from queen_pg.security.access import need
+from queen_pg.security.roles import Level
 
 router = APIRouter()
 

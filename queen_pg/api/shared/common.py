@@ -26,7 +26,7 @@ from queen_pg.errors import STORAGE_FULL, QueenError
 from queen_pg.jobs.storage import StorageCheck
 from queen_pg.limiter import Limiter
 from queen_pg.mesh.node import Mesh
-from queen_pg.security import principal
+from queen_pg.security.access import principal
 from queen_pg.server import Transport
 from queen_pg.settings import Settings
 
