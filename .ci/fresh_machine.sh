@@ -111,7 +111,7 @@ grep -q "open it with:" "$WORK/run/broker.log" || fail "serve did not print the 
 say "psql line: $(grep -A1 'open it with:' "$WORK/run/broker.log" | tail -1 | sed 's/^ *//')"
 
 # 4. the packaged migrations (no alembic.ini, no checkout): the database boot set up is at head
-DSN="postgresql://queen@/queen?host=$WORK/run/.queen/sock&port=$PG_PORT"
+DSN="postgresql://queen@/queen?host=$WORK/run/.queen/sock&port=$PG_PORT&passfile=$WORK/run/.queen/pgpass"  # the socket wants the password (scram)
 MIGRATE="$(env -u PYTHONPATH "$WORK/runtime/bin/queen-pg" migrate --database-url "$DSN" 2>&1)" \
     || { echo "$MIGRATE" >&2; fail "queen-pg migrate failed from the installed wheel"; }
 grep -q "migrate: at head" <<<"$MIGRATE" || { echo "$MIGRATE" >&2; fail "queen-pg migrate did not reach head"; }
