@@ -122,6 +122,12 @@ def listen_sockets(host: str, port: int, n: int) -> list[socket.socket]:
     return out
 
 
+# How long a worker started by SIGHUP gets to serve before the swap is aborted (the old one is kept).
+# A worker's start-up opens its pool and joins the mesh; on a loaded host it took 15 s, three times
+# uvicorn's 5 s health-check timeout, which used to abort every swap there.
+READY_TIMEOUT_S = 60.0
+
+
 class Supervisor:
     """Worker ``i`` serves ``sockets[i]``; a worker that exits or stops answering uvicorn's health
     ping is replaced on the same socket, unless it failed during start-up (the app, the settings or
@@ -190,7 +196,7 @@ class Supervisor:
             if self.should_exit.is_set():
                 return
             new = self._start(i)
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            if not new.wait_until_ready(READY_TIMEOUT_S, self.should_exit):
                 new.kill()
                 self._join(new)
                 log.error("event=workers_restart_aborted pid=%s: not ready in time; keeping %s", new.pid, old.pid)

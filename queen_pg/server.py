@@ -122,6 +122,11 @@ def close_after(cycle: Any) -> None:
 # within its 0.5 s poll; taking that as "shut down now" cut the lame duck to half a second.
 SAME_STOP_S = 2.0
 
+# At shutdown a connection accepted but not yet read from gets this long to send its request head
+# (it is served, then closed). A worker swapped by SIGHUP shares its listening socket with its
+# successor, so such a connection is usually a client's request that merely came in last.
+FRESH_GRACE_S = 1.0
+
 
 def install_lame_duck(transport: Transport) -> None:
     """Put the lame duck in front of uvicorn's SIGTERM handler (called from the lifespan, after
@@ -196,6 +201,7 @@ class _Guard:
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._last_call = False  # shutdown began before this connection's first request: serve it, then close
         if self._queen is not None and self._queen.connections is None:
             self._queen.connections, self._queen.tasks = self.connections, self.tasks
 
@@ -232,8 +238,10 @@ class _Guard:
         if self._head_timer is not None and self.cycle is not self._head_cycle:
             self._disarm_head()  # a new request cycle: its head is complete
         self._arm_body()
-        if self._queen is not None and self._queen.draining and self.cycle is not None and self.cycle.keep_alive:
-            close_after(self.cycle)  # the lame duck: this connection's last request
+        if self.cycle is not None and self.cycle.keep_alive and (
+            self._last_call or (self._queen is not None and self._queen.draining)
+        ):
+            close_after(self.cycle)  # the lame duck, or shutdown: this connection's last request
 
     def _head_expired(self) -> None:
         self._head_timer = None
@@ -276,6 +284,18 @@ class _Guard:
         if self._queen is not None:
             self._queen.begin_drain(len(self.tasks))
 
+    def _keep_fresh(self) -> bool:
+        """At shutdown: keep a connection accepted but not yet read from (its request may already be in
+        the socket: closing it would lose that request with no answer) for one request, at most
+        ``FRESH_GRACE_S`` for its head; uvicorn waits for it like a request in flight."""
+        if self._queen is None or self.cycle is not None or self.transport.is_closing():
+            return False
+        self._last_call = True
+        self._disarm_head()
+        self._head_cycle = None
+        self._head_timer = self.loop.call_later(min(FRESH_GRACE_S, self._queen.header_timeout_s), self._head_expired)
+        return True
+
 
 class _Guarded(_Guard):
     """The protocol hooks, written once: listed before uvicorn's protocol class in the bases, so each
@@ -301,7 +321,8 @@ class _Guarded(_Guard):
 
     def shutdown(self) -> None:
         self._drain()
-        super().shutdown()  # type: ignore[misc]
+        if not self._keep_fresh():
+            super().shutdown()  # type: ignore[misc]
 
 
 CONTINUE = b"HTTP/1.1 100 "

@@ -191,3 +191,67 @@ async def test_sigterm_to_the_process_group_of_workers_keeps_the_lame_duck(db_ur
         if broker.proc is not None and broker.proc.poll() is None:
             os.killpg(broker.pid, signal.SIGKILL)
             broker.proc.wait()
+
+
+async def test_a_connection_accepted_before_the_shutdown_is_served_then_closed_not_dropped(
+    db_url: str, tmp_path: Path, conn: asyncpg.Connection
+) -> None:
+    """A connection the broker accepted but had not read from when its shutdown began (a worker swapped
+    by SIGHUP shares its socket with its successor, so a client's request often arrives just then) is
+    served once and closed. uvicorn alone closes it, and the request already sent is lost unanswered."""
+    broker = ServeProcess(db_url, tmp_path / "broker.log", QUEEN_DRAIN_DELAY_MS="0")
+    await broker.start()
+    try:
+        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+            r = await http.post("/api/v1/push", json={"items": [{"queue": "held", "payload": 0}]})
+            assert r.status_code == 201
+            # a push in flight, waiting for its partition's lock, keeps the shutdown waiting
+            pid = await conn.fetchval(
+                "SELECT p.id FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'held'"
+            )
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute("SELECT 1 FROM queen.log_partitions WHERE id = $1 FOR UPDATE", pid)
+            late = {"items": [{"queue": "held", "payload": 1}]}
+            in_flight = asyncio.create_task(http.post("/api/v1/push", json=late))
+            reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)  # nothing sent yet
+            try:
+                async with httpx.AsyncClient(base_url=broker.url, timeout=30) as later:  # queued after it:
+                    assert (await later.get("/health")).status_code == 200  # so it was accepted first
+
+                async def push_waits() -> bool:
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND query LIKE '%push%' AND datname = current_database()"
+                        )
+                    )
+
+                await until(push_waits, "the push to wait for the partition lock")
+                broker.terminate()
+
+                async def shutting_down() -> bool:  # logged after uvicorn asked every connection to close
+                    return "Waiting for connections to close" in broker.log()
+
+                await until(shutting_down, "the shutdown to reach the open connections")
+                body = b'{"items": [{"queue": "fresh", "payload": "last"}]}'
+                writer.write(
+                    b"POST /api/v1/push HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                )
+                answer = await asyncio.wait_for(reader.read(65536), 10)
+                assert answer.startswith(b"HTTP/1.1 201"), answer
+                assert b"connection: close" in answer.lower(), answer
+                assert await asyncio.wait_for(reader.read(), 10) == b""  # then closed
+            finally:
+                writer.close()
+            await tx.commit()
+            assert (await asyncio.wait_for(in_flight, 10)).status_code == 201
+        assert await asyncio.to_thread(broker.process.wait, 20) == 0
+        stored = await conn.fetchval(
+            "SELECT sum(p.next_offset) FROM queen.log_partitions p JOIN queen.queues q ON q.id = p.queue_id"
+            " WHERE q.name = 'fresh'"
+        )
+        assert stored == 1
+    finally:
+        broker.kill()
