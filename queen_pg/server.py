@@ -238,8 +238,10 @@ class _Guard:
         if self._head_timer is not None and self.cycle is not self._head_cycle:
             self._disarm_head()  # a new request cycle: its head is complete
         self._arm_body()
-        if self.cycle is not None and self.cycle.keep_alive and (
-            self._last_call or (self._queen is not None and self._queen.draining)
+        if (
+            self.cycle is not None
+            and self.cycle.keep_alive
+            and (self._last_call or (self._queen is not None and self._queen.draining))
         ):
             close_after(self.cycle)  # the lame duck, or shutdown: this connection's last request
 
