@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS queen.log_segments (
     dropped             integer[],
     codec               smallint NOT NULL DEFAULT 1,   -- QPF1 record codec: 0 raw, 1 zstd
     payload             bytea NOT NULL,
+    sealed              boolean,                       -- may hold sealed frames (flag 4); NULL: unknown
     CONSTRAINT log_segments_pkey PRIMARY KEY (partition_id, base_offset),
     CONSTRAINT log_segments_range_check CHECK (end_offset > base_offset)
 );
@@ -79,6 +80,19 @@ BEGIN
                 WHERE attrelid = 'queen.log_segments'::regclass AND attname = 'payload'
                   AND attstorage <> 'e') THEN
         ALTER TABLE queen.log_segments ALTER COLUMN payload SET STORAGE EXTERNAL;
+    END IF;
+END;
+$$;
+-- Revision 0012 (migrations/versions/0012_segments_sealed.py): `sealed` says whether a segment can hold
+-- a sealed frame, so a framed pop on a broker holding keys decodes only those (to ship them opened) and
+-- ships the others as stored. Every writer sets it (push: its group's p_sealed; a dead letter put back:
+-- its payload's); rows written before the revision keep NULL, read as "may be sealed". Only when
+-- missing (ACCESS EXCLUSIVE, as above); a nullable column without a default rewrites nothing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = 'queen.log_segments'::regclass AND attname = 'sealed' AND NOT attisdropped) THEN
+        ALTER TABLE queen.log_segments ADD COLUMN sealed boolean;
     END IF;
 END;
 $$;

@@ -24,6 +24,7 @@ import httpx
 import orjson
 import pytest
 from queen import Queen
+from queen.http.pop_frames import decode_pop_frames
 
 from queen_pg.db.pool import Database
 from queen_pg.embedded_pg import EmbeddedPostgres
@@ -489,6 +490,81 @@ async def test_binary_client_round_trip_into_an_encrypted_queue(start_broker: An
     await no_plaintext(conn)
     stored = await frames(conn, "bvault")
     assert len(stored) == 4 and all(f.sealed for f in stored)
+
+
+def count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every segment a framed pop decodes to look for sealed frames (``sealing.opened_blob``), by its
+    frame count: the brokers of a test run in this process."""
+    seen: list[int] = []
+    real = sealing.opened_blob
+
+    def counting(v: crypto.Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
+        seen.append(len(list(codec.unpack(blob, codec_id))))
+        return real(v, blob, codec_id)
+
+    monkeypatch.setattr(sealing, "opened_blob", counting)
+    return seen
+
+
+async def framed_pop(http: httpx.AsyncClient, queue: str, batch: int = 10, auto_ack: bool = False) -> list[Any]:
+    """A framed pop's messages as the official client decodes them (it refuses a sealed frame)."""
+    params = {"batch": batch, "frames": "true", "autoAck": str(auto_ack).lower()}
+    r = await http.get(f"/api/v1/pop/queue/{queue}", params=params)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-queen-pop", r.text
+    return [m["data"] for m in decode_pop_frames(r.content)["messages"]]
+
+
+async def stored_sealed(conn: asyncpg.Connection, queue: str) -> list[bool | None]:
+    return [
+        r[0]
+        for r in await conn.fetch(
+            "SELECT s.sealed FROM queen.log_segments s JOIN queen.log_partitions p ON p.id = s.partition_id"
+            " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = $1 ORDER BY s.partition_id, s.base_offset",
+            queue,
+        )
+    ]
+
+
+async def test_a_framed_pop_decodes_only_segments_that_may_hold_sealed_frames(
+    start_broker: Any, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker holding a key (the embedded default) ships a never-encrypted queue's segments as they
+    are stored, without decoding them, and still opens an encrypted queue's."""
+    b: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    decoded = count_decodes(monkeypatch)
+    data = [{"n": i, "s": SECRET_WORD} for i in range(3)]
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        r = await http.post("/api/v1/configure", json={"queue": "enc", "options": {"encryptionEnabled": True}})
+        assert r.status_code == 200, r.text
+        for q in ("plain", "enc"):
+            r = await http.post("/api/v1/push", json={"items": [{"queue": q, "payload": d} for d in data]})
+            assert r.status_code == 201, r.text
+        assert await framed_pop(http, "plain") == data
+        assert decoded == []
+        assert await framed_pop(http, "enc") == data
+        assert decoded == [3]
+    assert await stored_sealed(conn, "plain") == [False]
+    assert await stored_sealed(conn, "enc") == [True]
+
+
+async def test_a_queue_switched_off_and_on_again_pops_everything_opened(
+    start_broker: Any, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encrypted, then plain, then encrypted again: one framed pop gets all messages opened, having
+    decoded only the two sealed segments; a lease that cuts a segment too."""
+    b: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    decoded = count_decodes(monkeypatch)
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        for n, on in enumerate((True, False, True)):
+            r = await http.post("/api/v1/configure", json={"queue": "flip", "options": {"encryptionEnabled": on}})
+            assert r.status_code == 200 and r.json()["options"]["encryptionEnabled"] is on, r.text
+            items = [{"queue": "flip", "payload": [n, k]} for k in range(2)]
+            assert (await http.post("/api/v1/push", json={"items": items})).status_code == 201
+        assert await stored_sealed(conn, "flip") == [True, False, True]
+        assert await framed_pop(http, "flip", batch=3, auto_ack=True) == [[0, 0], [0, 1], [1, 0]]
+        assert decoded == [2]
+        assert await framed_pop(http, "flip", batch=10) == [[1, 1], [2, 0], [2, 1]]
+        assert decoded == [2, 2]
 
 
 def postmaster_environ(data_dir: Path) -> bytes:

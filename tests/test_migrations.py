@@ -14,15 +14,17 @@ import sys
 from typing import Any
 
 import asyncpg
+import httpx
 import psycopg
 import pytest
 
 from queen_pg.db.apply import apply_sql
 from queen_pg.migrate import sqlalchemy_url, upgrade
 from tests.conftest import ROOT, PgServer, empty_database
+from tests.test_encryption import K1, count_decodes, framed_pop
 
 SCHEMA = "queen"
-HEAD = "0011"  # the newest revision under migrations/versions/
+HEAD = "0012"  # the newest revision under migrations/versions/
 IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]
@@ -496,3 +498,45 @@ async def test_boot_drops_every_gone_procedure(pg_server: PgServer) -> None:
     assert held == (len(signatures),)
     await boot_apply(old)
     assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", "gone procedures + boot")
+
+
+async def test_segments_from_before_0012_still_pop_opened(
+    pg_server: PgServer, start_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database of the release before revision 0012 (its segments have no `sealed`; an encrypted
+    queue's hold sealed frames) brought forward by alembic: the old segments read NULL ("may be
+    sealed") and a framed pop decodes them, opening the sealed ones; new segments say what they hold."""
+    url = empty_database(pg_server)
+    upgrade(url, out=lambda *_: None)
+    fresh = catalog(url)
+    old: Any = await start_broker(url, encryption_key=K1, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=old.url) as http:
+        await http.post("/api/v1/configure", json={"queue": "enc", "options": {"encryptionEnabled": True}})
+        for q in ("enc", "plain"):
+            r = await http.post("/api/v1/push", json={"items": [{"queue": q, "payload": [q, k]} for k in range(2)]})
+            assert r.status_code == 201, r.text
+    with psycopg.connect(url, autocommit=True) as c:  # the shape of 0011: no column, version 0011
+        c.execute("ALTER TABLE queen.log_segments DROP COLUMN sealed")
+        c.execute("UPDATE public.alembic_version SET version_num = '0011'")
+    upgrade(url, out=lambda *_: None)
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
+    assert scalar(url, "SELECT count(*) FROM queen.log_segments WHERE sealed IS NULL") == 2
+    assert_same_catalog(fresh, catalog(url), "new database", "0011 shape + alembic")
+
+    decoded = count_decodes(monkeypatch)
+    new: Any = await start_broker(url, encryption_key=K1, jobs_enabled=False)
+    async with httpx.AsyncClient(base_url=new.url) as http:
+        assert await framed_pop(http, "enc", auto_ack=True) == [["enc", 0], ["enc", 1]]
+        assert await framed_pop(http, "plain", auto_ack=True) == [["plain", 0], ["plain", 1]]
+        assert decoded == [2, 2]  # unknown: both decoded, as before the revision
+        for q in ("enc", "plain"):
+            assert (await http.post("/api/v1/push", json={"items": [{"queue": q, "payload": 9}]})).status_code == 201
+        assert await framed_pop(http, "enc") == [9]
+        assert await framed_pop(http, "plain") == [9]
+        assert decoded == [2, 2, 1]  # the new plain segment ships as stored
+    assert scalar(url, "SELECT array_agg(sealed ORDER BY partition_id, base_offset) FROM queen.log_segments") == [
+        None,
+        True,
+        None,
+        False,
+    ]

@@ -34,6 +34,15 @@ from queen_pg.errors import QueenError
 from queen_pg.security import crypto
 
 POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
+# A framed pop on a broker holding keys also reads each segment's `sealed` (revision 0012), by key, so
+# that it decodes only segments that may hold sealed frames (sealing.opened_rows). The lookup reads the
+# statement's snapshot, taken before pop_v1's own statements: a segment committed in between is not
+# seen there, its NULL reads as "may be sealed" and it is decoded, so a sealed frame is never shipped.
+POP_SEALED_SQL = (
+    "SELECT p.*, (SELECT s.sealed FROM queen.log_segments s"
+    " WHERE s.partition_id = p.partition_id AND s.base_offset = p.base_offset) AS sealed"
+    " FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13) AS p"
+)
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 NEXT_AT_SQL = "SELECT queen.pop_next_at_v1($1, $2, $3, $4)"
 QUEUE_MODE = "__QUEUE_MODE__"
@@ -137,8 +146,9 @@ async def _claim(
     db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None
 ) -> tuple[Answer | None, Claim | None]:
     lease_id = uuid.uuid4()
+    v = crypto.vault(db)
     rows = await db.fetch(
-        POP_SQL,
+        POP_SEALED_SQL if req.frames and v.can_open else POP_SQL,
         tenant,
         req.queue,
         req.namespace,
@@ -160,15 +170,13 @@ async def _claim(
     if not req.auto_ack:
         leases.book_of(db).remember(lease_id, rows)  # its ack then needs no hash look-up
     got = None if req.auto_ack else _claimed(lease_id, rows)
-    v = crypto.vault(db)
     try:
         if req.frames:
             lease = "" if req.auto_ack else str(lease_id)
-            # a broker holding keys opens sealed segments (clients refuse flag-4 frames); without keys
-            # nothing is sealed by it and segments ship as stored
-            shown = [sealing.opened_row(v, r) for r in rows] if v.can_open else rows
+            # a broker holding keys opens sealed segments (clients refuse flag-4 frames)
+            shown, opened = sealing.opened_rows(v, rows)
             # a cut segment comes from the segment cache, which never holds opened plaintext
-            cache = pop_render.NO_CACHE if v.can_open else pop_render.cache_of(db)
+            cache = pop_render.NO_CACHE if opened else pop_render.cache_of(db)
             answer: Answer | None = render_frames(
                 req.group is None, lease, req.group or "", req.autopilot, shown, cache
             )

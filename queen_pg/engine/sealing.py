@@ -7,7 +7,7 @@ procedure call, a stored segment or a queue's configuration are here, and call i
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -93,3 +93,14 @@ def opened_row(v: Vault, row: Any) -> Any:
     if blob is row["payload"]:
         return row
     return {**dict(row), "payload": blob, "codec": codec_id}
+
+
+def opened_rows(v: Vault, rows: Sequence[Any]) -> tuple[Sequence[Any], bool]:
+    """The rows of a framed pop (each with the segment's ``sealed`` column) as the broker may ship
+    them, and whether any was opened. Only a segment that may hold a sealed frame (``sealed`` true, or
+    NULL: written before revision 0012, or not visible to the statement's snapshot) is decoded; the
+    others ship as stored (decoding every segment to look cost -30 % framed pop + ack)."""
+    if not v.can_open:  # without keys nothing is sealed by this broker: as stored
+        return rows, False
+    shown = [opened_row(v, r) if r["sealed"] is not False else r for r in rows]
+    return shown, any(a is not b for a, b in zip(shown, rows, strict=True))

@@ -10,7 +10,9 @@
 --            p_item_msgid[i] (message id minted by the broker);
 --          p_sealed[g]: whether group g's payloads are sealed (queen_pg/security/crypto.py). NULL (the
 --            whole array) = every group plain; a NULL element = not checked (the timer job, whose
---            frames say it themselves: queen._frame).
+--            frames say it themselves: queen._frame). The group's segment row keeps it as `sealed`
+--            (false for a plain group, true for a sealed one or a NULL element), so a framed pop
+--            decodes only segments that may hold sealed frames (queen_pg/engine/pop.py).
 -- Result:  one row per item, in request order: (idx 1-based, status 'queued'|'duplicate', message_id,
 --          partition_id, msg_offset). A duplicate carries the ORIGINAL message id and offset.
 -- Locks:   (docs/locks.md) queues FOR UPDATE only when a partition is created (via
@@ -127,9 +129,9 @@ BEGIN
         ), ok AS MATERIALIZED (
             SELECT bool_and(it.grp = it.ord) AS ok FROM it
         ), seg AS (
-            INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+            INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload, sealed)
             SELECT v_gp[it.grp], v_next[it.grp], v_next[it.grp] + 1, v_ts[it.grp], NULL, coalesce(p_codecs[it.grp], 1),
-                   p_blobs[it.grp]
+                   p_blobs[it.grp], p_sealed IS NOT NULL AND coalesce(p_sealed[it.grp], true)
               FROM it, ok
              WHERE it.old_off IS NULL AND ok.ok
              ORDER BY 1
@@ -195,9 +197,10 @@ BEGIN
       LEFT JOIN numbered f ON f.ord = n.first_ord AND n.first_ord <> n.ord;
 
     -- 5. one segment per group that has survivors; their hashes; the partitions' counters
-    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+    INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload, sealed)
     SELECT v_gp[s.grp], v_next[s.grp], v_next[s.grp] + s.live_n, v_ts[s.grp],
-           CASE WHEN s.dropped = '{}' THEN NULL ELSE s.dropped END, coalesce(p_codecs[s.grp], 1), p_blobs[s.grp]
+           CASE WHEN s.dropped = '{}' THEN NULL ELSE s.dropped END, coalesce(p_codecs[s.grp], 1), p_blobs[s.grp],
+           p_sealed IS NOT NULL AND coalesce(p_sealed[s.grp], true)
       FROM (SELECT i.grp,
                    count(*) FILTER (WHERE r_live[i.ord]) AS live_n,
                    coalesce(array_agg(i.frame - 1) FILTER (WHERE NOT r_live[i.ord]), '{}') AS dropped
@@ -366,8 +369,9 @@ BEGIN
             ELSE
                 WITH seg AS (
                     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped,
-                                                    codec, payload)
-                    VALUES (v_pid, v_next, v_next + 1, v_ts, NULL, coalesce(p_codecs[1], 1), p_blobs[1])
+                                                    codec, payload, sealed)
+                    VALUES (v_pid, v_next, v_next + 1, v_ts, NULL, coalesce(p_codecs[1], 1), p_blobs[1],
+                            p_sealed IS NOT NULL AND coalesce(p_sealed[1], true))
                 ), tx AS (
                     INSERT INTO queen.log_txns (partition_id, txn_hash, msg_offset, message_id, created_at)
                     VALUES (v_pid, v_hash1, v_next, v_mid1, v_ts)
@@ -410,8 +414,9 @@ BEGIN
             IF NOT v_dups THEN
                 WITH seg AS (
                     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped,
-                                                    codec, payload)
-                    VALUES (v_pid, v_next, v_next + n, v_ts, NULL, coalesce(p_codecs[1], 1), p_blobs[1])
+                                                    codec, payload, sealed)
+                    VALUES (v_pid, v_next, v_next + n, v_ts, NULL, coalesce(p_codecs[1], 1), p_blobs[1],
+                            p_sealed IS NOT NULL AND coalesce(p_sealed[1], true))
                 ), tx AS (
                     INSERT INTO queen.log_txns (partition_id, txn_hash, msg_offset, message_id, created_at)
                     SELECT v_pid, u.hash, v_next + u.ord - 1, u.msgid, v_ts
@@ -454,8 +459,9 @@ BEGIN
                       FROM nb
                 ), seg AS (
                     INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped,
-                                                    codec, payload)
-                    SELECT v_pid, v_next, v_next + agg.live_n, v_ts, agg.dropped, coalesce(p_codecs[1], 1), p_blobs[1]
+                                                    codec, payload, sealed)
+                    SELECT v_pid, v_next, v_next + agg.live_n, v_ts, agg.dropped, coalesce(p_codecs[1], 1), p_blobs[1],
+                           p_sealed IS NOT NULL AND coalesce(p_sealed[1], true)
                       FROM agg
                      WHERE agg.live_n > 0
                 ), tx AS (

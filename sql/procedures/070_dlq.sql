@@ -120,13 +120,15 @@ BEGIN
 
     IF d.payload IS NOT NULL THEN
         v_msgid := p_message_id;
-        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload,
+                                        sealed)
         VALUES (p.id, v_off, v_off + 1, v_now, NULL, 0,
                 queen._frame(v_msgid, coalesce(d.transaction_id, v_msgid::text),
-                             coalesce(d.sealed, convert_to(d.payload::text, 'UTF8')), d.producer_sub));
+                             coalesce(d.sealed, convert_to(d.payload::text, 'UTF8')), d.producer_sub),
+                d.sealed IS NOT NULL);
     ELSE
         -- not copied out yet: the segment's frames as they are, all but this message's dropped
-        SELECT sg.base_offset, sg.end_offset, sg.dropped, sg.codec, sg.payload INTO s
+        SELECT sg.base_offset, sg.end_offset, sg.dropped, sg.codec, sg.payload, sg.sealed INTO s
           FROM queen.log_segments sg
          WHERE sg.partition_id = p.id AND sg.base_offset <= d.msg_offset
          ORDER BY sg.base_offset DESC LIMIT 1;
@@ -139,10 +141,11 @@ BEGIN
          WHERE NOT f.i = ANY (coalesce(s.dropped, '{}'))
          ORDER BY f.i OFFSET (d.msg_offset - s.base_offset) LIMIT 1;
         v_msgid := coalesce(d.message_id, p_message_id);
-        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload)
+        INSERT INTO queen.log_segments (partition_id, base_offset, end_offset, created_at, dropped, codec, payload,
+                                        sealed)
         VALUES (p.id, v_off, v_off + 1, v_now,
                 ARRAY(SELECT f.i FROM generate_series(0, v_frames - 1) AS f(i) WHERE f.i <> v_index ORDER BY 1),
-                s.codec, s.payload);
+                s.codec, s.payload, s.sealed);
     END IF;
     INSERT INTO queen.log_txns AS t (partition_id, txn_hash, msg_offset, message_id, created_at)
     VALUES (p.id, p_txn_hash, v_off, v_msgid, v_now);
