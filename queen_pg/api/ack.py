@@ -18,10 +18,10 @@ from queen_pg.api.shared.common import (
 from queen_pg.api.shared.counting import count_ack
 from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.items import AckItem
+from queen_pg.api.shared.params import check_id
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY, AckResult, LeaseAnswer
 from queen_pg.engine import ack as ack_engine
-from queen_pg.errors import bad_request
 
 router = APIRouter(prefix="/api/v1")
 
@@ -104,8 +104,7 @@ async def ack_batch(request: Request) -> Response:
     responses=answers({200: LeaseAnswer}, 429),
 )
 async def extend(request: Request, lease_id: str) -> Response:
-    if "\x00" in lease_id:
-        raise bad_request("a lease id must not contain U+0000")
+    check_id("lease id", lease_id)
     st = state(request)
     async with permit(request, "ack"):
         return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))
