@@ -42,7 +42,10 @@ _CONTROL_UTF8 = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]")
 
 def has_control(text: str) -> bool:
     """Whether ``text`` holds a character an identifier must not hold (one regex search, no Python loop)."""
-    return _CONTROL.search(text) is not None
+    return _search(text) is not None
+
+
+_search = _CONTROL.search  # bound once: the check costs one call into `re` (names are checked per push)
 
 
 def utf8_has_control(raw: bytes) -> bool:
