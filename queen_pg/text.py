@@ -35,6 +35,9 @@ MESSAGE = "must not contain control characters (U+0000-U+001F, U+007F-U+009F)"
 FREE_TEXT_MESSAGE = "must not contain U+0000"
 
 _CONTROL = re.compile(f"[{CONTROL_CLASS}]")
+_search = _CONTROL.search  # bound once: the check costs one call into `re` (names are checked per push)
+# The single-byte characters of the class (C0, DEL) for ``bytes.translate``: C1 in UTF-8 is two bytes.
+C0_AND_DEL = bytes([*range(0x20), 0x7F])
 # The same characters in UTF-8: C0 and DEL are single bytes (never inside a multi-byte sequence), C1 is
 # 0xC2 followed by 0x80-0x9F.
 _CONTROL_UTF8 = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]")
@@ -43,9 +46,6 @@ _CONTROL_UTF8 = re.compile(rb"[\x00-\x1f\x7f]|\xc2[\x80-\x9f]")
 def has_control(text: str) -> bool:
     """Whether ``text`` holds a character an identifier must not hold (one regex search, no Python loop)."""
     return _search(text) is not None
-
-
-_search = _CONTROL.search  # bound once: the check costs one call into `re` (names are checked per push)
 
 
 def utf8_has_control(raw: bytes) -> bool:

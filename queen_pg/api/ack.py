@@ -101,7 +101,7 @@ async def ack_batch(request: Request) -> Response:
     summary="Renew a lease (docs/wire.md#lease-extend); no body",
     description="Takes no body (the client sends `Content-Length: 0`); the lease is renewed by its queue's "
     "leaseTime. A lease that is gone or unknown is a 200 `{success: false, renewed: 0, error}`.",
-    responses=answers({200: LeaseAnswer}, 429),
+    responses=answers({200: LeaseAnswer}, 400, 429),
 )
 async def extend(request: Request, lease_id: str) -> Response:
     check_id("lease id", lease_id)

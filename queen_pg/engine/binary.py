@@ -189,7 +189,6 @@ def _check_txn(raw: bytes) -> str:
 _PLAIN_HEAD = struct.Struct("<IB16sH")
 _V7_BYTE6 = bytes(0x70 | x for x in range(16))  # byte 6 of a version-7 id
 _V7_BYTE8 = bytes(0x80 | x for x in range(64))  # byte 8: the RFC 4122 variant
-_C0_AND_DEL = bytes([*range(0x20), 0x7F])  # the single-byte half of the text rule; C1 is 0xC2 0x80-0x9F
 
 
 @dataclass(slots=True)
@@ -235,7 +234,9 @@ def _plain_frames(raw: bytes, n: int, seen: set[bytes]) -> Frames | None:
     if len(set(mids)) != n or not seen.isdisjoint(mids) or b"" in traws:
         return None
     joined = b"".join(traws)
-    if len(joined.translate(None, _C0_AND_DEL)) != len(joined) or (b"\xc2" in joined and text.utf8_has_control(joined)):
+    if len(joined.translate(None, text.C0_AND_DEL)) != len(joined) or (
+        b"\xc2" in joined and text.utf8_has_control(joined)
+    ):
         return None
     try:
         # "\n" cannot be in a checked transactionId, and an ASCII byte ends any UTF-8 sequence: the

@@ -139,11 +139,16 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
 
 
 def _path_params(schema: dict[str, Any]) -> None:
+    """The path parameters' rules; a route with a name in its path also answers what ``check_name``
+    answers beyond 255 bytes (413 ``name_too_long``, as the 400 it documents)."""
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
+            responses = operation.get("responses", {})
             for p in operation.get("parameters", []):
                 if p.get("in") == "path" and p.get("name") in PATH_PARAMS:
                     p["schema"] = dict(PATH_PARAMS[p["name"]])
+                    if PATH_PARAMS[p["name"]] is _NAME_PATH and "400" in responses and "413" not in responses:
+                        responses["413"] = {**responses["400"], "description": "Content Too Large"}
 
 
 def install(app: FastAPI) -> None:
