@@ -5,6 +5,7 @@ transaction), hostile ones included; then the same through real HTTP."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -60,6 +61,11 @@ BODIES: list[tuple[type[Any], bytes]] = [
     (AckItem, b'{"transactionId":"t","partitionId":"1","status":"completedx"}'),
     (AckItem, b'{"transactionId":"t","partitionId":"1","status":""}'),
     (AckItem, b'{"transactionId":"t","partitionId":"1","status":5}'),
+    # the text rule's C1 and final newline (docs/wire.md#text)
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"c1\xc2\x85","payload":1}]}'),  # raw C1 in a new id
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"c1\\u009b","payload":1}]}'),
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"nl\\n","payload":1}]}'),  # a final newline
+    (PushBody, b'{"items":[{"queue":"q","transactionId":"deg\xc2\xb0","payload":"25 \xc2\xb0C"}]}'),  # not C1
 ]
 
 
@@ -98,18 +104,29 @@ def test_the_twin_keeps_classes_tags_and_wire_names() -> None:
     assert body._twin(AckItem) is not AckItem and issubclass(body._twin(AckItem), AckItem)
 
 
-def test_the_scan_finds_every_escape_the_patterns_refuse() -> None:
-    for c in [*range(0x20), 0x7F]:
-        escaped = ('"' + chr(c) + '"').encode() if c == 0x7F else msgspec.json.encode(chr(c))
-        assert body._MAYBE_CONTROL.search(escaped) is not None, hex(c)
-    assert body._MAYBE_CONTROL.search(b'{"a":"plain \\u00e9 \\" \\\\ \\/"}') is None
+def test_the_scan_finds_every_control_character_the_patterns_refuse() -> None:
+    # C0 can only come escaped; DEL and C1 escaped or raw (docs/wire.md#text)
+    for c in [*range(0x20), *range(0x7F, 0xA0)]:
+        escaped = msgspec.json.encode(chr(c))
+        escaped = escaped if b"\\" in escaped else b'"\\u%04x"' % c
+        assert not body._clean(escaped), hex(c)
+        if c >= 0x7F:
+            assert not body._clean(('"' + chr(c) + '"').encode()), hex(c)
+    for c in [0x7F, 0x85, 0x9F]:
+        assert not body._clean(b'"\\u%04X"' % c), hex(c)
+    assert body._clean(b'{"a":"plain \\u00e9 \\u00a0 \\" \\\\ \\/"}')
 
 
-def test_the_memchr_shortcut_agrees_with_the_scan() -> None:
-    # a body without a backslash or a raw DEL byte cannot hold an escape: clean without the regex walk
+# every way a JSON body can hold a control character: an escape, a raw DEL, a raw C1 (what _clean looks for)
+_ANY_CONTROL = re.compile(rb"\\(?:[bfnrt]|u00[0189]|u007[fF])|\x7f|\xc2[\x80-\x9f]")
+
+
+def test_the_memchr_shortcuts_agree_with_one_scan() -> None:
+    # a body without a backslash, a raw DEL byte or a 0xC2 byte cannot hold one: clean without a regex
     for raw in [b'{"a":"plain"}', b'{"a":"caf\xc3\xa9"}', b"", b'{"a":"x\x7f"}', b'{"a":"\\u0000"}',
-                b'{"a":"\\n"}', b'{"a":"\\\\n"}', b'{"a":"\\u00e9"}', b'{"a":"\\u007F"}']:  # fmt: skip
-        assert body._clean(raw) is (body._MAYBE_CONTROL.search(raw) is None), raw
+                b'{"a":"\\n"}', b'{"a":"\\\\n"}', b'{"a":"\\u00e9"}', b'{"a":"\\u007F"}', b'{"a":"\\u0085"}',
+                b'{"a":"25 \xc2\xb0C"}', b'{"a":"\xc2\x85"}', b'{"a":"\xc2\xa0 \xc2\x9b"}']:  # fmt: skip
+        assert body._clean(raw) is (_ANY_CONTROL.search(raw) is None), raw
 
 
 def test_usual_status_spellings_take_the_twin_and_others_the_declared_type(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -77,6 +77,25 @@ BODIES: list[tuple[str, bytes]] = [
     ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "a\\nb"}]}'),
     ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "a\\u007fb"}]}'),
     ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": ""}]}'),
+    # the one identifier rule (docs/wire.md#text): no C0, DEL or C1 anywhere, a final newline included
+    ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "a\\u0085b"}]}'),
+    ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "a\xc2\x9bb"}]}'),  # raw C1
+    ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "abc\\n"}]}'),
+    ("/api/v1/push", b'{"items": [{"queue": "q\\u007f", "payload": 1}]}'),
+    ("/api/v1/push", b'{"items": [{"queue": "q\\u0085", "payload": 1}]}'),
+    ("/api/v1/push", b'{"items": [{"queue": "q", "partition": "p\\u009f", "payload": 1}]}'),
+    ("/api/v1/configure", b'{"queue": "q", "namespace": "n\\u007f"}'),
+    ("/api/v1/ack", b'{"transactionId": "t\\tx", "partitionId": "1"}'),
+    ("/api/v1/ack", b'{"transactionId": "t\\u007f", "partitionId": "1"}'),
+    ("/api/v1/ack", b'{"transactionId": "t", "partitionId": "1", "leaseId": "l\\u0085"}'),
+    ("/api/v1/ack/batch", b'{"acknowledgments": [{"transactionId": "t\\n", "partitionId": "1"}]}'),
+    ("/api/v1/timers", b'{"operations": [{"op": "cancel", "queue": "q", "timerKey": "k", "txn": "t\\u0085"}]}'),
+    ("/api/v1/timers", b'{"operations": [{"op": "cancel", "queue": "q", "timerKey": "k", "txn": "t\\n"}]}'),
+    ("/api/v1/transaction", b'{"operations": [], "requiredLeases": ["l\\u007f"]}'),
+    (
+        "/api/v1/transaction",
+        b'{"operations": [{"type": "push", "items": [{"queue": "q", "payload": 1, "transactionId": "\\u0085"}]}]}',
+    ),
     # a QPF1 frame stores the transactionId length in a u16 (was a 500 in the encoder)
     ("/api/v1/push", b'{"items": [{"queue": "q", "payload": 1, "transactionId": "' + b"t" * 65536 + b'"}]}'),
     # configure options beyond their integer columns
@@ -193,6 +212,23 @@ async def test_nul_in_lease_and_retry_paths_is_400(http: httpx.AsyncClient, conn
     assert await rows(conn) == before
 
 
+@pytest.mark.parametrize("char", ["%09", "%7F", "%C2%85"])  # TAB, DEL, C1: once only NUL was refused here
+async def test_control_characters_in_id_paths_are_400_and_write_nothing(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, char: str
+) -> None:
+    await push(http, "q", [{"payload": 1, "transactionId": "t1"}])
+    before = await rows(conn)
+    refused(await http.post(f"/api/v1/lease/l{char}/extend"))
+    refused(await http.get(f"/api/v1/messages/1/a{char}b"))
+    refused(await http.post(f"/api/v1/messages/1/a{char}b/retry"))
+    refused(await http.post(f"/api/v1/messages/1/a{char}b/dlq"))
+    refused(await http.delete(f"/api/v1/messages/1/a{char}b"))
+    refused(await http.get(f"/api/v1/pop/queue/q{char}"))
+    refused(await http.get("/api/v1/pop/queue/q", params={"consumerGroup": "g\x85"}))
+    refused(await http.delete(f"/api/v1/timers/q/k?txn=t{char}"))
+    assert await rows(conn) == before
+
+
 @pytest.mark.parametrize("ts", EDGES)
 async def test_edge_timestamps_are_accepted(http: httpx.AsyncClient, ts: str) -> None:
     await push(http, "q", [{"payload": 1, "transactionId": "t1"}])
@@ -223,7 +259,7 @@ async def test_edge_timestamps_are_accepted(http: httpx.AsyncClient, ts: str) ->
 async def test_a_refused_transaction_id_leaves_no_message_and_an_accepted_one_acks(
     http: httpx.AsyncClient, conn: asyncpg.Connection
 ) -> None:
-    for txn in ("a\x00b", "a\x01b", "tab\there", "a\x7f"):
+    for txn in ("a\x00b", "a\x01b", "tab\there", "a\x7f", "a\x85", "\x9b[31m", "trailing\n"):
         refused(await http.post("/api/v1/push", json={"items": [{"queue": "q", "payload": 1, "transactionId": txn}]}))
     assert await rows(conn) == dict.fromkeys(TABLES, 0)
     odd = "ünïcødé/with spaces & ?#"

@@ -151,6 +151,7 @@ BAD: dict[str, bytes] = {
     "id repeated across groups": _body(FIVE, [_frame(5), _frame(6, mid=_mid(2))]),
     "control character in frame 4": _body([*FIVE[:4], _frame(4, b"a\x01b")]),
     "DEL in frame 1": _body([FIVE[0], _frame(1, b"a\x7f"), *FIVE[2:]]),
+    "C1 in frame 2": _body([*FIVE[:2], _frame(2, "a\x85".encode()), *FIVE[3:]]),
     "UTF-8 split across two transactionIds": _body([_frame(0, b"x\xc3"), _frame(1, b"\xa9y"), FIVE[2]]),
     "invalid UTF-8 in frame 2": _body([*FIVE[:2], _frame(2, b"\xed\xa0\x80"), *FIVE[3:]]),  # a surrogate
     "empty transactionId in frame 3": _body([*FIVE[:3], struct.pack("<IB", 19, 0) + _mid(3) + b"\x00\x00", FIVE[4]]),

@@ -256,6 +256,11 @@ async def test_tenant_header_validation_and_default(start_broker: Any) -> None:
         assert r.status_code == 400 and "tenant" in r.json()["error"]
         r = await http.get("/api/v1/resources/queues", headers={"x-queen-tenant": "x" * 256})
         assert r.status_code == 400
+        # the identifier rule (docs/wire.md#text): TAB, and C1 (a header is read as latin-1); the HTTP server
+        # itself refuses a DEL in a header
+        for control in (b"a\tb", b"a\x85"):
+            r = await http.get("/api/v1/resources/queues", headers={"x-queen-tenant": control})
+            assert r.status_code == 400 and "control characters" in r.json()["error"], (control, r.text)
         await ok(await http.post("/api/v1/push", json={"items": [{"queue": "dq", "payload": 1}]}))
         listed = await ok(await http.get("/api/v1/resources/queues"))
         assert "dq" in str(listed)  # no header: the default tenant

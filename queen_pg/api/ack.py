@@ -18,10 +18,10 @@ from queen_pg.api.shared.common import (
 from queen_pg.api.shared.counting import count_ack
 from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.items import AckItem
+from queen_pg.api.shared.params import check_id
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY, AckResult, LeaseAnswer
 from queen_pg.engine import ack as ack_engine
-from queen_pg.errors import bad_request
 
 router = APIRouter(prefix="/api/v1")
 
@@ -101,11 +101,10 @@ async def ack_batch(request: Request) -> Response:
     summary="Renew a lease (docs/wire.md#lease-extend); no body",
     description="Takes no body (the client sends `Content-Length: 0`); the lease is renewed by its queue's "
     "leaseTime. A lease that is gone or unknown is a 200 `{success: false, renewed: 0, error}`.",
-    responses=answers({200: LeaseAnswer}, 429),
+    responses=answers({200: LeaseAnswer}, 400, 429),
 )
 async def extend(request: Request, lease_id: str) -> Response:
-    if "\x00" in lease_id:
-        raise bad_request("a lease id must not contain U+0000")
+    check_id("lease id", lease_id)
     st = state(request)
     async with permit(request, "ack"):
         return json_response(await ack_engine.extend_lease(st.db, tenant(request), lease_id))

@@ -13,7 +13,7 @@ from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.api.kv.schemas import KvResult
 from queen_pg.api.shared import binary, decoded
-from queen_pg.api.shared.body import Text, decode
+from queen_pg.api.shared.body import LeaseId, decode
 from queen_pg.api.shared.common import (
     answer_budget,
     check_name,
@@ -56,7 +56,7 @@ class TransactionRequest(msgspec.Struct):
     (no getPrefix) and POST /api/v1/timers take them."""
 
     operations: list[TxAckOp | TxPushOp] = []
-    requiredLeases: list[Text] = []
+    requiredLeases: list[LeaseId] = []
     kv: list[TxKvOp] | None = None
     timers: list[TimerOp] | None = None
 

@@ -11,9 +11,10 @@ frames in the text), never an exception of another kind. What is checked: the ma
 length against what is left, counts against the bytes that could hold them (a count that lies fails
 before anything is allocated for it), the zstd frame (exactly one, content size declared and within the
 budget, nothing after it), each frame (flags 0 or 1: a client's frame never carries a producerSub or the
-encrypted flag; a version-7 message id, unique in the body; a non-empty printable transactionId of valid
-UTF-8; a payload that is JSON the broker can hand back exactly, as ``stored_json`` demands of a JSON
-push). Names are checked by the route (``check_name``), as for JSON.
+encrypted flag; a version-7 message id, unique in the body; a non-empty transactionId of valid UTF-8
+without a control character (docs/wire.md#text); a payload that is JSON the broker can hand back
+exactly, as ``stored_json`` demands of a JSON push). Names are checked by the route (``check_name``),
+as for JSON.
 
 A flag-8 group keeps its zstd blob: when nothing needs rewriting (:func:`needs_rewrite`) the blob is
 stored as the segment as it came (queen_pg/engine/push_binary.py), and the frames are only read to hash
@@ -22,7 +23,6 @@ the transactionIds and check the rules above.
 
 from __future__ import annotations
 
-import re
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ import orjson
 import xxhash
 import zstandard
 
+from queen_pg import text
 from queen_pg.db.types import fast_uuid
 from queen_pg.engine.codec import dctx
 
@@ -50,7 +51,6 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
 _DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
-_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # a new transactionId: printable (body.NewTxnId)
 
 
 class Malformed(Exception):
@@ -180,8 +180,8 @@ def check_payload(payload: bytes) -> None:
 def _check_txn(raw: bytes) -> str:
     if not raw:
         raise ValueError("an empty transactionId")
-    if _CONTROL.search(raw):
-        raise ValueError("a transactionId with a control character")
+    if text.utf8_has_control(raw):
+        raise ValueError(f"the transactionId {text.MESSAGE}")
     return raw.decode()  # UnicodeDecodeError is a ValueError
 
 
@@ -189,7 +189,6 @@ def _check_txn(raw: bytes) -> str:
 _PLAIN_HEAD = struct.Struct("<IB16sH")
 _V7_BYTE6 = bytes(0x70 | x for x in range(16))  # byte 6 of a version-7 id
 _V7_BYTE8 = bytes(0x80 | x for x in range(64))  # byte 8: the RFC 4122 variant
-_CONTROL_BYTES = bytes([*range(0x20), 0x7F])
 
 
 @dataclass(slots=True)
@@ -235,7 +234,9 @@ def _plain_frames(raw: bytes, n: int, seen: set[bytes]) -> Frames | None:
     if len(set(mids)) != n or not seen.isdisjoint(mids) or b"" in traws:
         return None
     joined = b"".join(traws)
-    if len(joined.translate(None, _CONTROL_BYTES)) != len(joined):
+    if len(joined.translate(None, text.C0_AND_DEL)) != len(joined) or (
+        b"\xc2" in joined and text.utf8_has_control(joined)
+    ):
         return None
     try:
         # "\n" cannot be in a checked transactionId, and an ASCII byte ends any UTF-8 sequence: the

@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from queen_pg import text
 from queen_pg.settings import Settings
 
 HEADER = "x-queen-tenant"
 MAX_BYTES = 255
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class TenantError(Exception):
@@ -33,8 +33,8 @@ def valid_name(name: str) -> str | None:
         return "tenant name must be a non-empty string"
     if len(name.encode()) > MAX_BYTES:
         return f"tenant name is longer than {MAX_BYTES} bytes"
-    if _CONTROL.search(name):
-        return "tenant name must not contain control characters"
+    if text.has_control(name):
+        return f"tenant name {text.MESSAGE}"
     return None
 
 

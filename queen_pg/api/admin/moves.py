@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import Field
 
+from queen_pg import text
 from queen_pg.api.shared import params as P
-from queen_pg.api.shared.body import NO_NUL, Name, read
+from queen_pg.api.shared.body import Name, read
 from queen_pg.api.shared.common import json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.params import message_key
@@ -37,7 +38,7 @@ PARTITION = P.Param("partition", "clear only this partition (by name)")
 DlqError = Annotated[
     str,
     msgspec.Meta(
-        pattern=NO_NUL,
+        pattern=text.FREE_TEXT_PATTERN,
         description=f"the dead letter's error message, at most {MAX_ERROR_BYTES} bytes of UTF-8",
         extra_json_schema={"maxLength": MAX_ERROR_BYTES},
     ),
@@ -92,8 +93,6 @@ async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) 
     group = GROUP.read(request) or doc.consumerGroup
     if doc.error is not None and len(doc.error.encode()) > MAX_ERROR_BYTES:
         raise bad_request(f"error must be at most {MAX_ERROR_BYTES} bytes of UTF-8")
-    if "\x00" in txn:
-        raise bad_request("transactionId must not contain NUL characters")
     st = state(request)
     return json_response(await admin_moves.move_to_dlq(st.db, tenant(request), pid, txn, group, doc.error))
 

@@ -7,31 +7,30 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from queen_pg.api.shared.body import INT32, INT64
+from queen_pg import text
+from queen_pg.api.kv import ops
+from queen_pg.api.shared.body import identifier
 
-# --- request bodies: the Structs decode (shape, types, ranges, characters); ops.py keeps what a
-# --- schema cannot say (UTF-8 byte limits, exactly one expiry, one write per key, key counts) -------
-
-PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"  # no C0/C1 control character, not empty
-
+# --- request bodies, built from the rule's constants in ops.py, which decides (the Structs decode the
+# --- shape and what msgspec can check of the rule; ops.py the rest: UTF-8 byte limits, the namespace
+# --- rule, exactly one expiry, one write per key, key counts) -----------------------------------------
 
 Ns = Annotated[
     str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=128,
-        pattern=PRINTABLE,
-        description="1-128 bytes of UTF-8, no control characters; `queen-locks` is written only through /api/v1/locks",
+    identifier(
+        ops.MAX_NS_BYTES,
+        f"a namespace (docs/wire.md#kv-namespaces): {ops.NAMESPACE_RULE}, at most {ops.MAX_NS_BYTES} bytes (400 "
+        "`bad_namespace`); `queen-locks` is written only through /api/v1/locks",
+        also=ops.NAMESPACE_PATTERN,
     ),
 ]
-Key = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1, max_length=1024, pattern=PRINTABLE, description="1-1024 bytes of UTF-8, no control characters"
-    ),
+Key = Annotated[str, identifier(ops.MAX_KEY_BYTES, f"1-{ops.MAX_KEY_BYTES} bytes of UTF-8, {text.RULE}")]
+Version = Annotated[
+    int, msgspec.Meta(ge=0, le=ops.MAX_VERSION, description="the version the key must be at; 0 = absent")
 ]
-Version = Annotated[int, msgspec.Meta(ge=0, le=INT64, description="the version the key must be at; 0 = absent")]
-Ttl = Annotated[int, msgspec.Meta(ge=1, le=INT32, description="exactly one of ttlSeconds or forever: true")]
+Ttl = Annotated[
+    int, msgspec.Meta(ge=1, le=ops.MAX_TTL_SECONDS, description="exactly one of ttlSeconds or forever: true")
+]
 Number = Annotated[float, msgspec.Meta(description="a number (not a bool); integers within 64 bits")]
 Required = Annotated[bool, msgspec.Meta(description="a lost condition refuses the whole call (200 verdict)")]
 Value = Annotated[Any, msgspec.Meta(description="any JSON value (null is a value); at most 1 MiB, no U+0000")]
@@ -50,7 +49,7 @@ class KvGet(_Op, tag="get"):
 
 class KvGetMany(_Op, tag="getMany"):
     ns: Ns
-    keys: Annotated[list[Key], msgspec.Meta(min_length=1, max_length=256)]
+    keys: Annotated[list[Key], msgspec.Meta(min_length=1, max_length=ops.MAX_GET_MANY)]
 
 
 class KvGetPrefix(_Op, tag="getPrefix"):
@@ -59,7 +58,10 @@ class KvGetPrefix(_Op, tag="getPrefix"):
     ns: Ns
     prefix: Key
     after: Key | U = UNSET
-    limit: Annotated[int, msgspec.Meta(description="rows per page; clamped to 1-1000, default 100")] | None = None
+    limit: (
+        Annotated[int, msgspec.Meta(description=f"rows per page; clamped to 1-{ops.MAX_PREFIX_LIMIT}, default 100")]
+        | None
+    ) = None
     keysOnly: bool = False
 
 
@@ -119,36 +121,41 @@ TxKvOp = KvGet | KvGetMany | KvPut | KvPutIfAbsent | KvDelete | KvIncr | KvCheck
 class KvRequest(msgspec.Struct):
     """At most 64 ops and 256 distinct (ns, key) pairs per call, one write per key."""
 
-    operations: Annotated[list[KvOp], msgspec.Meta(max_length=64)]
+    operations: Annotated[list[KvOp], msgspec.Meta(max_length=ops.MAX_OPS)]
 
 
 LockName = Annotated[
     str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=256,
-        pattern=r"^[^\x00-\x1f\x7f-\x9f#]+$",
-        description="1-256 bytes of UTF-8, no '#', no control characters",
+    identifier(
+        ops.MAX_LOCK_NAME_BYTES,
+        f"1-{ops.MAX_LOCK_NAME_BYTES} bytes of UTF-8, no '#', {text.RULE}",
+        pattern=ops.LOCK_NAME_PATTERN,
     ),
 ]
 Owner = Annotated[
     str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=256,
-        pattern=PRINTABLE,
-        description="at most 256 bytes of UTF-8; the same owner acquiring again gets its permit back",
+    identifier(
+        ops.MAX_OWNER_BYTES,
+        f"1-{ops.MAX_OWNER_BYTES} bytes of UTF-8, {text.RULE}; the same owner acquiring again gets its permit back",
     ),
 ]
-Token = Annotated[int, msgspec.Meta(ge=1, le=INT64)]
-Slot = Annotated[int, msgspec.Meta(ge=0, le=1023)]
+Token = Annotated[int, msgspec.Meta(ge=1, le=ops.MAX_VERSION)]
+Slot = Annotated[int, msgspec.Meta(ge=0, le=ops.MAX_LOCK_LIMIT - 1)]
 
 
 class LockAcquire(_Op, tag="acquire"):
     name: LockName
     ttlSeconds: Ttl
     owner: Owner | None = None
-    limit: Annotated[int, msgspec.Meta(ge=1, le=1024, description="permits; at most 1024 slots per call")] | None = None
+    limit: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1, le=ops.MAX_LOCK_LIMIT, description=f"permits; at most {ops.MAX_LOCK_SLOTS} slots per call"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class LockRenew(_Op, tag="renew"):
@@ -170,4 +177,4 @@ class LockGet(_Op, tag="get"):
 
 
 class LocksRequest(msgspec.Struct):
-    operations: Annotated[list[LockAcquire | LockRenew | LockRelease | LockGet], msgspec.Meta(max_length=64)]
+    operations: Annotated[list[LockAcquire | LockRenew | LockRelease | LockGet], msgspec.Meta(max_length=ops.MAX_OPS)]

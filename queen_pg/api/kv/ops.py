@@ -1,4 +1,8 @@
-"""Validation of KV operations (docs/wire.md#kv) and lock operations (docs/wire.md#locks).
+"""Validation of KV operations (docs/wire.md#kv) and lock operations (docs/wire.md#locks): the rule.
+
+What a field may hold is declared here once, as the constants below; the Structs of body.py are built
+from them (their schema in ``/openapi.json`` states the same rule, their decoding checks the part of it
+msgspec can check, with the same constants). Every caller runs these checks, whatever decoded the body.
 
 ``validate_kv_ops`` is shared by ``POST /api/v1/kv`` and the ``kv`` rider of
 ``POST /api/v1/transaction``; ``validate_lock_ops`` serves ``POST /api/v1/locks``. Both return the
@@ -17,13 +21,17 @@ from typing import Any
 
 import orjson
 
-from queen_pg.api.shared.body import has_nul
+from queen_pg import text
+from queen_pg.api.shared.body import INT32, INT64, has_nul
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError
 
 LOCKS_NS = "queen-locks"  # permits live here; written only through /api/v1/locks
 # docs/wire.md#kv-namespaces: lowercase letters, digits, - _ . :, starting with a letter or digit (and MAX_NS_BYTES)
-NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]*")
+NAMESPACE_PATTERN = "^[a-z0-9][a-z0-9._:-]*$"
+NAMESPACE_RE = re.compile(NAMESPACE_PATTERN)  # fullmatch: Python's `$` alone would let a final newline in
 NAMESPACE_RULE = "lowercase letters, digits, '-', '_', '.' and ':', starting with a letter or digit"
+# a lock name, an owner, a key: identifiers (docs/wire.md#text); a lock name also has no '#'
+LOCK_NAME_PATTERN = text.pattern("#")
 MAX_OPS = 64
 MAX_KEYS = 256  # distinct (ns, key) pairs one call may touch
 MAX_NS_BYTES = 128
@@ -31,8 +39,8 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20  # a value, as compact JSON
 MAX_GET_MANY = 256
 MAX_PREFIX_LIMIT = 1000
-MAX_TTL_SECONDS = 2**31 - 1  # ~68 years; longer is `forever`
-MAX_VERSION = 2**63 - 1
+MAX_TTL_SECONDS = INT32  # ~68 years; longer is `forever`
+MAX_VERSION = INT64
 MAX_LOCK_NAME_BYTES = 256
 MAX_OWNER_BYTES = 256
 MAX_LOCK_LIMIT = 1024
@@ -87,8 +95,8 @@ class _Checker:
             raise self.fail("bad_field", field, "must be a non-empty string")
         if len(v.encode()) > limit:
             raise self.fail("too_long", field, f"is {len(v.encode())} bytes; the limit is {limit}")
-        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in v):
-            raise self.fail("bad_field", field, "must not contain control characters")
+        if text.has_control(v):
+            raise self.fail("bad_field", field, text.MESSAGE)
         if no_hash and "#" in v:
             raise self.fail("bad_field", field, "must not contain '#' (it separates a lock's name from its slot)")
         return v

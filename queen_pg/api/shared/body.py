@@ -26,38 +26,56 @@ import msgspec
 import orjson
 from fastapi import Request
 
+from queen_pg import text
 from queen_pg.errors import BAD_JSON, BAD_REQUEST, ErrorKind, QueenError
 
 T = TypeVar("T")
-
-# Regexes are Python `re` (msgspec) and ECMA-262 (JSON Schema) alike.
-NO_CONTROL = r"^[^\x00-\x1f]*$"  # names: no C0 control character
-NO_CONTROL_OR_DEL = r"^[^\x00-\x1f\x7f]*$"  # a new transactionId: printable
-NO_NUL = r"^[^\x00]*$"  # any text that reaches PostgreSQL (text columns refuse U+0000)
 
 MAX_NAME = 255  # bytes of UTF-8; also checked by check_name (413 name_too_long)
 MAX_TXN_BYTES = 65_535  # a QPF1 frame stores the transactionId length in a u16
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 
-NAME_DOC = f"1-{MAX_NAME} bytes of UTF-8 (413 `name_too_long` above), no control characters"
+NAME_DOC = f"1-{MAX_NAME} bytes of UTF-8 (413 `name_too_long` above), {text.RULE}"
 # The byte limit is check_name's (413 name_too_long, as for names in paths and query strings); the
 # schema states it as maxLength (characters, which JSON Schema counts).
 Name = Annotated[
     str,
-    msgspec.Meta(min_length=1, pattern=NO_CONTROL, description=NAME_DOC, extra_json_schema={"maxLength": MAX_NAME}),
+    msgspec.Meta(min_length=1, pattern=text.PATTERN, description=NAME_DOC, extra_json_schema={"maxLength": MAX_NAME}),
 ]
-Text = Annotated[str, msgspec.Meta(pattern=NO_NUL, description="any text without U+0000")]
+# The text rules are queen_pg/text.py's (docs/wire.md#text): identifiers hold no control character,
+# free text no U+0000.
+Text = Annotated[str, msgspec.Meta(pattern=text.FREE_TEXT_PATTERN, description="free text without U+0000")]
+LeaseId = Annotated[str, msgspec.Meta(min_length=1, pattern=text.PATTERN, description=f"a lease id, {text.RULE}")]
 NewTxnId = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
         max_length=MAX_TXN_BYTES,
-        pattern=NO_CONTROL_OR_DEL,
-        description=f"1-{MAX_TXN_BYTES} bytes of UTF-8, no control characters; minted when absent",
+        pattern=text.PATTERN,
+        description=f"1-{MAX_TXN_BYTES} bytes of UTF-8, {text.RULE}; minted when absent",
     ),
 ]
-TxnId = Annotated[str, msgspec.Meta(min_length=1, pattern=NO_NUL, description="a transactionId as a pop delivered it")]
+TxnId = Annotated[
+    str, msgspec.Meta(min_length=1, pattern=text.PATTERN, description="a transactionId as a pop delivered it")
+]
+
+
+def identifier(max_bytes: int, description: str, *, pattern: str = text.PATTERN, also: str = "") -> msgspec.Meta:
+    """The constraints of a string field that holds an identifier of 1-``max_bytes`` bytes of UTF-8
+    (docs/wire.md#text), for ``Annotated[str, identifier(...)]``. Decoding checks ``pattern`` and at most
+    ``max_bytes`` characters (a string within the bytes is within as many characters); the byte limit is
+    the validator's that owns the field. ``also``: a stricter pattern that validator decides (with its own
+    answer): stated in the schema (``allOf``), not checked by the decoder."""
+    return msgspec.Meta(
+        min_length=1,
+        max_length=max_bytes,
+        pattern=pattern,
+        description=description,
+        extra_json_schema={"allOf": [{"pattern": also}]} if also else None,
+    )
+
+
 PartitionId = Annotated[
     Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]{0,17}$")] | Annotated[int, msgspec.Meta(ge=1, le=INT64)],
     msgspec.Meta(description="the partition's numeric id as a pop returned it (a string or an integer)"),
@@ -69,15 +87,19 @@ def decoder(t: Any, strict: bool = True) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(t, strict=strict)
 
 
-# The fast path. The character-class patterns above (no NUL, no control character, no DEL) cost a
-# Python regex per string: 3 of them per ack item are ~2.6 µs, more than the rest of its decoding.
-# They can only fail on a string holding such a character, and JSON can only carry one escaped
-# (msgspec refuses raw control bytes) or as a raw DEL byte. A body in which _MAYBE_CONTROL finds none
-# of those is decoded as a twin of its type without those patterns (every other constraint kept):
-# it cannot decide differently. Any other body, and any refusal, goes through the declared type, so
-# every answer, error text included, is the declared type's. The Structs keep documenting the rules.
-_SCANNED = frozenset({NO_NUL, NO_CONTROL, NO_CONTROL_OR_DEL})
-_MAYBE_CONTROL = re.compile(rb"\\(?:[bfnrt]|u00[01]|u007[fF])|\x7f")
+# The fast path. The text rules' patterns (no control character, no NUL) cost a Python regex per
+# string: 3 of them per ack item are ~2.6 µs, more than the rest of its decoding. They can only fail
+# on a string holding a control character, and JSON can only carry one escaped (msgspec refuses raw
+# C0 bytes), as a raw DEL byte or as a raw C1 character (UTF-8 0xC2 0x80-0x9F). A body in which
+# _clean finds none of those is decoded as a twin of its type without those patterns (every
+# other constraint kept): it cannot decide differently. Any other body, and any refusal, goes through
+# the declared type, so every answer, error text included, is the declared type's. The Structs keep
+# documenting the rules.
+_SCANNED = frozenset({text.PATTERN, text.FREE_TEXT_PATTERN})
+# Each regex starts with a literal byte, which `re` looks for at C speed; one regex of the three
+# alternatives would try every position (~1 µs per 100 bytes).
+_ESCAPED_CONTROL = re.compile(rb"\\(?:[bfnrt]|u00[0189]|u007[fF])")
+_RAW_C1 = re.compile(rb"\xc2[\x80-\x9f]")
 # Patterns the twin checks with a narrower type instead of a Python regex per string (``narrow``).
 _NARROWER: dict[str, Any] = {}
 
@@ -92,12 +114,13 @@ def narrow(pattern: str, narrower: Any) -> None:
 
 
 def _clean(raw: bytes) -> bool:
-    """No escaped control character and no DEL in ``raw`` (``_MAYBE_CONTROL`` finds none). Two memchr
-    scans first: a body without a backslash or a DEL byte (the usual one) needs no regex walk, which
-    costs ~1 µs per 100 bytes (100 µs for a 100-item ack batch)."""
-    if b"\\" not in raw and b"\x7f" not in raw:
-        return True
-    return _MAYBE_CONTROL.search(raw) is None
+    """No escaped control character, no raw DEL and no raw C1 in ``raw``. Three memchr scans first: a
+    body without a backslash, a DEL byte or a 0xC2 byte (the usual one) needs no regex at all."""
+    if b"\x7f" in raw:
+        return False
+    if b"\\" in raw and _ESCAPED_CONTROL.search(raw) is not None:
+        return False
+    return b"\xc2" not in raw or _RAW_C1.search(raw) is None
 
 
 _META_FIELDS = ("gt", "ge", "lt", "le", "multiple_of", "pattern", "max_length", "min_length", "tz", "title",
@@ -153,8 +176,8 @@ def _decode(raw: bytes, t: Any) -> Any:
     try:
         return decoder(t).decode(raw)
     except msgspec.ValidationError as err:
-        text = str(err)
-        if "Expected `int" not in text or "got `float`" not in text:
+        said = str(err)
+        if "Expected `int" not in said or "got `float`" not in said:
             raise
         return decoder(t, False).decode(raw)
 
@@ -162,12 +185,19 @@ def _decode(raw: bytes, t: Any) -> Any:
 def where(err: msgspec.ValidationError) -> tuple[str, str]:
     """(path, message) of a msgspec error: ``Expected `int` - at `$.items[0].n``` ->
     (``items[0].n``, ``Expected `int```); the path is ``body`` for the top level."""
-    text = str(err)
-    message, sep, at = text.rpartition(" - at `")
+    said = str(err)
+    message, sep, at = said.rpartition(" - at `")
     if not sep:
-        return "body", text
+        return "body", _WORDS.get(said, said)
     path = at.rstrip("`").removeprefix("$").lstrip(".")
-    return path or "body", message
+    return path or "body", _WORDS.get(message, message)
+
+
+# A text rule's refusal in its own words, not as msgspec's regex.
+_WORDS = {
+    f"Expected `str` matching regex {text.PATTERN!r}": text.MESSAGE,
+    f"Expected `str` matching regex {text.FREE_TEXT_PATTERN!r}": text.FREE_TEXT_MESSAGE,
+}
 
 
 # msgspec decodes nested arrays and objects by recursion: a body nesting deeper than the interpreter's

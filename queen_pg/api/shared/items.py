@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import orjson
 
-from queen_pg.api.shared.body import MAX_TXN_BYTES, NO_NUL, Name, NewTxnId, Text, TxnId, narrow, stored_json
+from queen_pg import text
+from queen_pg.api.shared.body import MAX_TXN_BYTES, LeaseId, Name, NewTxnId, Text, TxnId, narrow, stored_json
 from queen_pg.api.shared.common import (
     check_name,
 )
@@ -31,7 +32,7 @@ narrow(_STATUS_PATTERN, Literal.__getitem__(_STATUS_WORDS))
 # An ack names the partition as a pop returned it; anything else is that item's `success: false`
 # ("unknown partitionId"), never a refusal of the whole call.
 AckPartitionId = Annotated[
-    Annotated[str, msgspec.Meta(pattern=NO_NUL)] | int,
+    Annotated[str, msgspec.Meta(pattern=text.FREE_TEXT_PATTERN)] | int,
     msgspec.Meta(description="the partition's numeric id as a pop returned it; an unknown one fails the item only"),
 ]
 JSON_VALUE = "any JSON value; integers within 64 bits"
@@ -57,7 +58,7 @@ class AckItem(msgspec.Struct):
     status: AckStatus = "completed"
     error: Text | None = None
     group: Name | None = msgspec.field(default=None, name="consumerGroup")
-    lease_id: Text | None = msgspec.field(default=None, name="leaseId")
+    lease_id: LeaseId | None = msgspec.field(default=None, name="leaseId")
 
 
 def new_messages(items: list[PushItem], where: str, producer: str | None = None) -> list[push_engine.NewMessage]:

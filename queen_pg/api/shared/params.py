@@ -3,8 +3,9 @@
 A :class:`Param` is declared once, beside its route or here when shared; ``docs.params(p.doc(), ...)``
 documents it and ``p.read(request)`` parses it with the same limits. Rules common to every kind: an
 absent parameter is its default; a present but empty one is absent for names and free text, and a 400
-for numbers, booleans, choices and timestamps (the schema says so: ``minLength`` or a format). Text
-never reaches PostgreSQL with U+0000 in it.
+for numbers, booleans, choices and timestamps (the schema says so: ``minLength`` or a format). Names
+and ids follow the identifier rule of queen_pg/text.py (no control character), free text holds no
+U+0000 (docs/wire.md#text).
 
 Timestamps are RFC 3339 with a zone (``msgspec``'s parser, which is what ``format: date-time``
 means); an instant before 0001-01-01 or after 9999-12-31 UTC (``0001-01-01T00:00:00+05:00``) reads as
@@ -22,15 +23,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 from fastapi import Request
 
-from queen_pg.api.shared.body import INT64, MAX_NAME, NAME_DOC, NO_CONTROL, NO_NUL
+from queen_pg import text
+from queen_pg.api.shared.body import INT64, MAX_NAME, NAME_DOC
 from queen_pg.engine import admin
 from queen_pg.errors import NAME_TOO_LONG, QueenError, bad_request
 
-__all__ = ["INT64", "Param", "check_name", "page", "parse_timestamp", "utc"]
+__all__ = ["INT64", "Param", "check_id", "check_name", "page", "parse_timestamp", "utc"]
 
-Kind = Literal["name", "text", "int", "bool", "choice", "time"]
+Kind = Literal["name", "id", "text", "int", "bool", "choice", "time"]
 ISO = "RFC 3339 timestamp with a zone (e.g. 2026-01-01T00:00:00Z)"
-_CONTROL = re.compile(r"[\x00-\x1f]")  # checked per pushed item: a regex, not a per-character loop
 _Aware = Annotated[datetime, msgspec.Meta(tz=True)]
 _TIME = msgspec.json.Decoder(_Aware)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
@@ -38,15 +39,24 @@ LATEST = datetime.max.replace(tzinfo=UTC)
 
 
 def check_name(what: str, name: str) -> str:
-    """A name: 1-255 bytes of UTF-8 (413 ``name_too_long`` above), no control characters."""
+    """A name: 1-255 bytes of UTF-8 (413 ``name_too_long`` above), no control character (docs/wire.md#text)."""
     if not name:
         raise bad_request(f"{what} name must be a non-empty string")
     size = len(name.encode())
     if size > MAX_NAME:
         raise QueenError(NAME_TOO_LONG, what=what, size=size, limit=MAX_NAME)
-    if _CONTROL.search(name):
-        raise bad_request(f"{what} name must not contain control characters")
+    if text.has_control(name):
+        raise bad_request(f"{what} name {text.MESSAGE}")
     return name
+
+
+def check_id(what: str, value: str) -> str:
+    """An identifier that is not a name (a transactionId, a lease id): non-empty, no control character."""
+    if not value:
+        raise bad_request(f"{what} is required")
+    if text.has_control(value):
+        raise bad_request(f"{what} {text.MESSAGE}")
+    return value
 
 
 def utc(ts: datetime) -> datetime:
@@ -91,9 +101,11 @@ class Param:
     def doc(self) -> dict[str, Any]:
         schema: dict[str, Any]
         if self.kind == "name":
-            schema = {"type": "string", "maxLength": MAX_NAME, "pattern": NO_CONTROL}
+            schema = {"type": "string", "maxLength": MAX_NAME, "pattern": text.PATTERN}
+        elif self.kind == "id":
+            schema = {"type": "string", "pattern": text.PATTERN}
         elif self.kind == "text":
-            schema = {"type": "string", "pattern": NO_NUL}
+            schema = {"type": "string", "pattern": text.FREE_TEXT_PATTERN}
         elif self.kind == "int":
             schema = {"type": "integer"}
             if not self.clamp:
@@ -104,13 +116,15 @@ class Param:
             schema = {"type": "string", "enum": list(self.choices)}
         else:
             schema = time_schema(self.now_ok)
-        if self.required and self.kind in ("name", "text"):
+        if self.required and self.kind in ("name", "id", "text"):
             schema["minLength"] = 1
         if self.default is not None and self.kind != "time":
             schema["default"] = self.default
         description = self.description
         if self.kind == "name":
             description += f" ({NAME_DOC}; empty = absent)"
+        elif self.kind == "id":
+            description += f" ({text.RULE}; empty = absent)"
         return {
             "name": self.name,
             "in": "query",
@@ -121,15 +135,17 @@ class Param:
 
     def read(self, request: Request) -> Any:
         raw = request.query_params.get(self.name)
-        if raw is None or (raw == "" and self.kind in ("name", "text")):
+        if raw is None or (raw == "" and self.kind in ("name", "id", "text")):
             if self.required:
                 raise bad_request(f"query parameter {self.name} is required")
             return self.default
         if self.kind == "name":
             return check_name(self.name, raw)
+        if self.kind == "id":
+            return check_id(f"query parameter {self.name}", raw)
         if self.kind == "text":
             if "\x00" in raw:
-                raise bad_request(f"query parameter {self.name} must not contain U+0000")
+                raise bad_request(f"query parameter {self.name} {text.FREE_TEXT_MESSAGE}")
             return raw
         if self.kind == "int":
             return self._int(raw)
@@ -195,6 +211,4 @@ def partition_id_param(raw: str) -> int:
 
 
 def message_key(partition_id: str, transaction_id: str) -> tuple[int, str]:
-    if not transaction_id or "\x00" in transaction_id:
-        raise bad_request("transactionId is required and must not contain U+0000")
-    return partition_id_param(partition_id), transaction_id
+    return partition_id_param(partition_id), check_id("transactionId", transaction_id)

@@ -1,5 +1,7 @@
 """The body of POST /api/v1/timers (docs/wire.md#timers); its ops are also the `timers` rider of
-POST /api/v1/transaction."""
+POST /api/v1/transaction. Built from the rule's constants in ops.py, which decides: the Structs decode
+the shape and what msgspec can check of the rule, ops.py the rest (byte limits, payloads, one op per
+key)."""
 
 from __future__ import annotations
 
@@ -7,32 +9,17 @@ from typing import Annotated
 
 import msgspec
 
-from queen_pg.api.shared.body import Name
-from queen_pg.api.timers.ops import (
-    MAX_DELAY_MS,
-    MAX_OPS,
-    MAX_TIMER_KEY_BYTES,
-    MAX_TXN_BYTES,
-)
+from queen_pg import text
+from queen_pg.api.shared.body import MAX_TXN_BYTES, Name, identifier
+from queen_pg.api.timers.ops import MAX_DELAY_MS, MAX_OPS, MAX_TIMER_KEY_BYTES
 
 TimerQueue = Name  # the byte limit: check_queue_name (timers_bad_request too_long)
 TimerKey = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=MAX_TIMER_KEY_BYTES,
-        pattern=r"^[^\x00-\x1f\x7f-\x9f]+$",
-        description="1-1024 bytes of UTF-8, no control characters; '/' is fine",
-    ),
+    str, identifier(MAX_TIMER_KEY_BYTES, f"1-{MAX_TIMER_KEY_BYTES} bytes of UTF-8, {text.RULE}; '/' is fine")
 ]
 Txn = Annotated[
     str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=MAX_TXN_BYTES,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="the fired message's transactionId (1-65535 bytes, no control characters)",
-    ),
+    identifier(MAX_TXN_BYTES, f"the fired message's transactionId (1-{MAX_TXN_BYTES} bytes of UTF-8, {text.RULE})"),
 ]
 
 

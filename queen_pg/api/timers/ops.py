@@ -28,15 +28,15 @@ import msgspec
 import orjson
 import zstandard
 
+from queen_pg import text
 from queen_pg.api.shared import decoded
-from queen_pg.api.shared.body import has_nul
+from queen_pg.api.shared.body import MAX_TXN_BYTES, has_nul
 from queen_pg.api.shared.params import check_name
 from queen_pg.engine import codec
 from queen_pg.errors import TIMERS_BAD_REQUEST, QueenError
 
 MAX_OPS = 1000
 MAX_TIMER_KEY_BYTES = 1024
-MAX_TXN_BYTES = 65_535  # a QPF1 frame carries the transactionId length in a u16
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # decoded (and decompressed) JSON
 MAX_DELAY_MS = 100 * 366 * 24 * 3600 * 1000  # a century either way
 
@@ -92,7 +92,7 @@ def check_queue_name(value: str, where: str, what: str = "queue", index: int | N
 
 
 def check_timer_key(value: str, where: str, index: int | None = None) -> str:
-    """Non-empty, at most MAX_TIMER_KEY_BYTES of UTF-8, no control characters; ``/`` is fine."""
+    """Non-empty, at most MAX_TIMER_KEY_BYTES of UTF-8, no control character (docs/wire.md#text); ``/`` is fine."""
     if not value:
         raise refuse("missing_field", f"{where}: must be a non-empty string", index=index, field="timerKey")
     size = len(value.encode())
@@ -100,8 +100,8 @@ def check_timer_key(value: str, where: str, index: int | None = None) -> str:
         raise refuse(
             "too_long", f"{where}: is {size} bytes; the limit is {MAX_TIMER_KEY_BYTES}", index=index, field="timerKey"
         )
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
-        raise refuse("bad_field", f"{where}: must not contain control characters", index=index, field="timerKey")
+    if text.has_control(value):
+        raise refuse("bad_field", f"{where}: {text.MESSAGE}", index=index, field="timerKey")
     return value
 
 
@@ -145,6 +145,8 @@ class _Op:
         v = self.string("txn", required=required)
         if v is not None and len(v.encode()) > MAX_TXN_BYTES:
             raise self.fail("too_long", "txn", f"is {len(v.encode())} bytes; the limit is {MAX_TXN_BYTES}")
+        if v is not None and text.has_control(v):
+            raise self.fail("bad_field", "txn", text.MESSAGE)
         return v
 
     def delay_ms(self) -> int:

@@ -53,7 +53,7 @@ LIST_MAX = 1000
 
 AFTER = Param("after", "list: the page after this timerKey (exclusive)", "text")
 LIMIT = Param("limit", "list: rows per page, clamped to 1-1000", "int", LIST_DEFAULT, 1, LIST_MAX, clamp=True)
-TXN = Param("txn", "cancel only if the pending timer has this txn", "text")
+TXN = Param("txn", "cancel only if the pending timer has this txn", "id")
 
 
 async def _operations(request: Request) -> object:
