@@ -12,6 +12,8 @@ from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import DlqPage, RetryAnswer
 from queen_pg.engine import dlq as dlq_engine
 from queen_pg.errors import NOT_FOUND, RETRY, QueenError
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -32,6 +34,7 @@ PAGE = page(100, MAX_PAGE, 10**9)
     openapi_extra=params(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
     responses=answers({200: DlqPage}, 400, 413),
 )
+@level(Level.READ_ONLY)
 async def list_dlq(request: Request) -> Response:
     limit, offset = read_page(request, PAGE)
     query = dlq_engine.DlqQuery(
@@ -58,6 +61,7 @@ async def list_dlq(request: Request) -> Response:
     "gone and the payload not copied out yet.",
     responses=answers({200: RetryAnswer}, 400, 404),
 )
+@level(Level.ADMIN)
 async def retry_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, transaction_id = message_key(partition_id, transaction_id)
     st = state(request)

@@ -17,6 +17,8 @@ from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageDeleted, MessageDetail, MessagePage
 from queen_pg.engine import messages as message_engine
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -54,6 +56,7 @@ STATUS = Param(
     openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, STATUS, *page()),
     responses=answers({200: MessagePage}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def list_messages(request: Request) -> Response:
     queue = QUEUE.read(request)
     group = GROUP.read(request)
@@ -85,6 +88,7 @@ async def list_messages(request: Request) -> Response:
     summary="One message: decoded payload and its state in each consumer group",
     responses=answers({200: MessageDetail}, 400, 404),
 )
+@level(Level.READ_ONLY)
 async def get_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     st = state(request)
@@ -101,6 +105,7 @@ async def get_message(request: Request, partition_id: str, transaction_id: str) 
     "segment: a group created later from the first retained message, or a seek back, still reads it.",
     responses=answers({200: MessageDeleted}, 400, 404),
 )
+@level(Level.ADMIN)
 async def delete_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     st = state(request)

@@ -23,6 +23,8 @@ from queen_pg.engine import pop as pop_engine
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.waiters import TooManyWaiters
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -185,6 +187,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     openapi_extra=params(*POP_TAGGED_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
+@level(Level.READ_WRITE)
 async def pop_tagged(request: Request) -> Response:
     return await _pop(request, None, None)
 
@@ -196,6 +199,7 @@ async def pop_tagged(request: Request) -> Response:
     openapi_extra=params(*POP_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
+@level(Level.READ_WRITE)
 async def pop_queue(request: Request, queue: str) -> Response:
     return await _pop(request, queue, None)
 
@@ -207,5 +211,6 @@ async def pop_queue(request: Request, queue: str) -> Response:
     openapi_extra=params(*POP_PARAMS),
     responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
 )
+@level(Level.READ_WRITE)
 async def pop_partition(request: Request, queue: str, partition: str) -> Response:
     return await _pop(request, queue, partition)

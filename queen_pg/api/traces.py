@@ -21,6 +21,8 @@ from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageTraces, TraceNames, TraceRecorded, TracesByName
 from queen_pg.engine import traces as trace_engine
 from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1/traces")
 
@@ -56,6 +58,7 @@ UNTIL = Param("to", f"created before, {ISO}", "time")
     openapi_extra=body(TraceBody),
     responses=answers({201: TraceRecorded}, 400, 404, 413),
 )
+@level(Level.READ_WRITE)
 async def record(request: Request) -> Response:
     body = await read(request, TraceBody)
     pid = partition_id_param(str(body.partitionId))
@@ -80,6 +83,7 @@ async def record(request: Request) -> Response:
     openapi_extra=params(SEARCH, *page()),
     responses=answers({200: TraceNames}, 400),
 )
+@level(Level.READ_ONLY)
 async def names(request: Request) -> Response:
     search = SEARCH.read(request)
     page = page_params(request)
@@ -94,6 +98,7 @@ async def names(request: Request) -> Response:
     openapi_extra=params(SINCE, UNTIL, *page()),
     responses=answers({200: TracesByName}, 400, 413),
 )
+@level(Level.READ_ONLY)
 async def by_name(request: Request, name: str) -> Response:
     check_name("trace", name)
     since, until = SINCE.read(request), UNTIL.read(request)  # from >= to: an empty window, an empty page
@@ -110,6 +115,7 @@ async def by_name(request: Request, name: str) -> Response:
     openapi_extra=params(*page()),
     responses=answers({200: MessageTraces}, 400, 404),
 )
+@level(Level.READ_ONLY)
 async def for_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     page = page_params(request)

@@ -21,6 +21,8 @@ from queen_pg.api.shared.params import Param, page, parse_timestamp, read_page, 
 from queen_pg.api.shared.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
 from queen_pg.engine import groups as group_engine
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1/consumer-groups")
 
@@ -78,6 +80,7 @@ SEEK_DESCRIPTION = (
     openapi_extra=params(*PAGE),
     responses=answers({200: GroupList}, 400),
 )
+@level(Level.READ_ONLY)
 async def list_groups(request: Request) -> Response:
     limit, offset = read_page(request, PAGE)
     st = state(request)
@@ -89,6 +92,7 @@ async def list_groups(request: Request) -> Response:
     summary="A consumer group's cursors, lag and leases per queue and partition",
     responses=answers({200: GroupDetail}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def get_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     st = state(request)
@@ -102,6 +106,7 @@ async def get_group(request: Request, group: str) -> Response:
     openapi_extra=params(DELETE_METADATA),
     responses=answers({200: GroupDeleted}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
     check_name("consumer group", group)
     check_name("queue", queue)
@@ -115,6 +120,7 @@ async def delete_group_on_queue(request: Request, group: str, queue: str) -> Res
     openapi_extra=params(DELETE_METADATA),
     responses=answers({200: GroupDeleted}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def delete_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     return await _delete(request, group, None)
@@ -138,6 +144,7 @@ async def _delete(request: Request, group: str, queue: str | None) -> Response:
     openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
     responses=answers({200: SeekAnswer}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def seek_queue(request: Request, group: str, queue: str) -> Response:
     return await _seek(request, group, queue, None)
 
@@ -149,6 +156,7 @@ async def seek_queue(request: Request, group: str, queue: str) -> Response:
     openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
     responses=answers({200: SeekAnswer}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
     check_name("partition", partition)
     return await _seek(request, group, queue, partition)
@@ -185,6 +193,7 @@ async def _seek(request: Request, group: str, queue: str, partition: str | None)
     openapi_extra=body(SubscriptionBody),
     responses=answers({200: SubscriptionAnswer}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def set_subscription(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     body = await read(request, SubscriptionBody, empty_ok=True)

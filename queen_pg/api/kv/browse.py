@@ -16,6 +16,8 @@ from queen_pg.api.shared.common import answer_budget, json_response, permit, sta
 from queen_pg.api.shared.docs import answers, params
 from queen_pg.api.shared.schemas import Answer
 from queen_pg.engine import kv as kv_engine
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter()
 
@@ -39,6 +41,7 @@ class KvNamespaces(Answer):
     openapi_extra=params(AFTER_NS.doc(), LIMIT.doc()),
     responses=answers({200: KvNamespaces}, 400, 429),
 )
+@level(Level.READ_ONLY)
 async def namespaces(request: Request) -> Response:
     after = AFTER_NS.read(request)
     limit = LIMIT.read(request)
@@ -70,6 +73,7 @@ class KvKeys(Answer):
     openapi_extra=params(NS.doc(), PREFIX.doc(), AFTER_KEY.doc(), LIMIT.doc(), KEYS_ONLY.doc()),
     responses=answers({200: KvKeys}, 400, 429),
 )
+@level(Level.READ_ONLY)
 async def keys(request: Request) -> Response:
     ns = NS.read(request)
     prefix = PREFIX.read(request)

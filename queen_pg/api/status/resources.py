@@ -27,6 +27,8 @@ from queen_pg.api.status.schemas import (
     TaskList,
 )
 from queen_pg.engine import admin
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -44,6 +46,7 @@ MIN_LAG = Param("minLagSeconds", "age of the oldest pending message", "int", 60,
     summary="Counts over every queue: partitions, messages, backlog, DLQ, ...",
     responses=answers({200: Overview}),
 )
+@level(Level.READ_ONLY)
 async def overview(request: Request) -> Response:
     st = state(request)
     return json_response(await admin.overview(st.db, tenant(request)))
@@ -55,6 +58,7 @@ async def overview(request: Request) -> Response:
     openapi_extra=params(SEARCH, NAMESPACE, TASK, *PAGE),
     responses=answers({200: QueueList}, 400, 413),
 )
+@level(Level.READ_ONLY)
 async def list_queues(request: Request) -> Response:
     page = page_params(request)
     search = SEARCH.read(request)
@@ -71,6 +75,7 @@ async def list_queues(request: Request) -> Response:
     openapi_extra=params(*PAGE),
     responses=answers({200: QueueDetail}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def get_queue(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     page = page_params(request)
@@ -84,6 +89,7 @@ async def get_queue(request: Request, queue: str) -> Response:
     openapi_extra=params(GROUP, *DEPTH_PAGE),
     responses=answers({200: QueueDepth}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def queue_depth(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     group = GROUP.read(request)
@@ -98,6 +104,7 @@ async def queue_depth(request: Request, queue: str) -> Response:
     openapi_extra=params(QUEUE, *PAGE),
     responses=answers({200: PartitionList}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def list_partitions(request: Request) -> Response:
     queue = QUEUE.read(request)
     page = page_params(request)
@@ -111,6 +118,7 @@ async def list_partitions(request: Request) -> Response:
     openapi_extra=params(*PAGE),
     responses=answers({200: NamespaceList}, 400),
 )
+@level(Level.READ_ONLY)
 async def namespaces(request: Request) -> Response:
     page = page_params(request)
     st = state(request)
@@ -123,6 +131,7 @@ async def namespaces(request: Request) -> Response:
     openapi_extra=params(*PAGE),
     responses=answers({200: TaskList}, 400),
 )
+@level(Level.READ_ONLY)
 async def tasks(request: Request) -> Response:
     page = page_params(request)
     st = state(request)
@@ -135,6 +144,7 @@ async def tasks(request: Request) -> Response:
     openapi_extra=params(MIN_LAG, *PAGE),
     responses=answers({200: LaggingGroups}, 400),
 )
+@level(Level.READ_ONLY)
 async def lagging(request: Request) -> Response:
     min_lag: int = MIN_LAG.read(request)
     page = page_params(request)

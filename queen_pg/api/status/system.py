@@ -40,6 +40,8 @@ from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
 from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.mesh.node import Mesh
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 
 router = APIRouter(prefix="/api/v1")
@@ -90,6 +92,7 @@ async def _read(request: Request) -> Response:
     description="Read from PostgreSQL, not this process's cache.",
     responses=answers({200: MaintenanceAnswer}),
 )
+@level(Level.READ_ONLY)
 async def get_maintenance(request: Request) -> Response:
     return await _read(request)
 
@@ -101,6 +104,7 @@ async def get_maintenance(request: Request) -> Response:
     openapi_extra=body(SwitchBody),
     responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
 )
+@level(Level.ADMIN)
 async def set_maintenance(request: Request) -> Response:
     return await _flip(request, "push")
 
@@ -111,6 +115,7 @@ async def set_maintenance(request: Request) -> Response:
     description="Read from PostgreSQL, not this process's cache.",
     responses=answers({200: MaintenanceAnswer}),
 )
+@level(Level.READ_ONLY)
 async def get_pop_maintenance(request: Request) -> Response:
     return await _read(request)
 
@@ -122,6 +127,7 @@ async def get_pop_maintenance(request: Request) -> Response:
     openapi_extra=body(SwitchBody),
     responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
 )
+@level(Level.ADMIN)
 async def set_pop_maintenance(request: Request) -> Response:
     return await _flip(request, "pop")
 
@@ -134,6 +140,7 @@ async def set_pop_maintenance(request: Request) -> Response:
     "caller's tenant's at once, at the cost of one pass over that tenant's queues.",
     responses=answers({200: StatsRefreshAnswer}),
 )
+@level(Level.ADMIN)
 async def stats_refresh(request: Request) -> Response:
     st = state(request)
     return json_response(await admin.refresh_stats(st.db, tenant(request)))
@@ -164,6 +171,7 @@ def window_params(request: Request) -> admin.Window:
     summary="Broker status: overview counts, maintenance, recent throughput",
     responses=answers({200: StatusAnswer}),
 )
+@level(Level.READ_ONLY)
 async def status(request: Request) -> Response:
     st = state(request)
     body = await admin.status(st.db, tenant(request))
@@ -176,6 +184,7 @@ async def status(request: Request) -> Response:
     openapi_extra=params(*WINDOW, *PAGE),
     responses=answers({200: StatusQueues}, 400),
 )
+@level(Level.READ_ONLY)
 async def status_queues(request: Request) -> Response:
     window = window_params(request)
     page = page_params(request)
@@ -189,6 +198,7 @@ async def status_queues(request: Request) -> Response:
     openapi_extra=params(*WINDOW),
     responses=answers({200: StatusQueueDetail}, 400, 404),
 )
+@level(Level.READ_ONLY)
 async def status_queue(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     window = window_params(request)
@@ -204,6 +214,7 @@ async def status_queue(request: Request, queue: str) -> Response:
     openapi_extra=params(*QUEUE_WINDOW),
     responses=answers({200: Analytics}, 400, 404, 413),
 )
+@level(Level.READ_ONLY)
 async def analytics(request: Request) -> Response:
     queue = QUEUE_WINDOW[0].read(request)
     window = window_params(request)
@@ -270,6 +281,7 @@ PROCESS_NOTE = (
     description=PROCESS_NOTE,
     responses=answers({200: SystemMetrics}),
 )
+@level(Level.READ_ONLY)
 async def system_metrics(request: Request) -> Response:
     proc = _process(request)
     return json_response(
@@ -283,6 +295,7 @@ async def system_metrics(request: Request) -> Response:
     description=PROCESS_NOTE,
     responses=answers({200: WorkerMetrics}),
 )
+@level(Level.READ_ONLY)
 async def worker_metrics(request: Request) -> Response:
     return json_response(
         {"timestamp": datetime.now(UTC).isoformat(), "workers": [_process(request)], "note": PROCESS_NOTE}
