@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.shared.common import answer_budget, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.docs import answers
 from queen_pg.api.shared.params import Param, message_key, read_page
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import DlqPage, RetryAnswer
 from queen_pg.engine import dlq as dlq_engine
@@ -26,16 +29,17 @@ UNTIL = Param("to", f"failed before, {ISO}", "time")
 PAGE = page(100, MAX_PAGE, 10**9)
 
 
-@router.get(
+@read_route(
+    router,
     "/dlq",
+    DlqPage,
     summary="List dead letters, newest first, paged with limit/offset",
     description="A page stops early when its dead letters reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at "
     "least one): then it carries `truncated: true` and `nextOffset`, the offset of the next page.",
-    openapi_extra=params(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
-    responses=answers({200: DlqPage}, 400, 413),
+    query=(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
+    errors=(400, 413),
 )
-@level(Level.READ_ONLY)
-async def list_dlq(request: Request) -> Response:
+async def list_dlq(request: Request) -> Any:
     limit, offset = read_page(request, PAGE)
     query = dlq_engine.DlqQuery(
         queue=QUEUE.read(request),
@@ -47,8 +51,7 @@ async def list_dlq(request: Request) -> Response:
         offset=offset,
         max_bytes=answer_budget(request),
     )
-    st = state(request)
-    return json_response(await dlq_engine.list_dead(st.db, tenant(request), query))
+    return await dlq_engine.list_dead(*db_tenant(request), query)
 
 
 @router.post(

@@ -18,6 +18,7 @@ from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
 from queen_pg.api.shared.params import Param, page, parse_timestamp, read_page, time_schema
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
 from queen_pg.engine import groups as group_engine
 from queen_pg.errors import bad_request
@@ -74,29 +75,28 @@ SEEK_DESCRIPTION = (
 )
 
 
-@router.get(
+@read_route(
+    router,
     "",
+    GroupList,
     summary="List consumer groups per queue, with lag and leases (paginated)",
-    openapi_extra=params(*PAGE),
-    responses=answers({200: GroupList}, 400),
+    query=PAGE,
+    errors=(400,),
 )
-@level(Level.READ_ONLY)
-async def list_groups(request: Request) -> Response:
-    limit, offset = read_page(request, PAGE)
-    st = state(request)
-    return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
+async def list_groups(request: Request) -> Any:
+    return await group_engine.list_groups(*db_tenant(request), *read_page(request, PAGE))
 
 
-@router.get(
+@read_route(
+    router,
     "/{group}",
+    GroupDetail,
     summary="A consumer group's cursors, lag and leases per queue and partition",
-    responses=answers({200: GroupDetail}, 400, 404, 413),
+    errors=(400, 404, 413),
 )
-@level(Level.READ_ONLY)
-async def get_group(request: Request, group: str) -> Response:
+async def get_group(request: Request, group: str) -> Any:
     check_name("consumer group", group)
-    st = state(request)
-    return json_response(await group_engine.get_group(st.db, tenant(request), group))
+    return await group_engine.get_group(*db_tenant(request), group)
 
 
 @router.delete(
