@@ -8,7 +8,8 @@ Path names are URL-decoded by the router; a group or queue name containing ``/``
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -26,6 +27,7 @@ from queen_pg.security.access import level
 from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1/consumer-groups")
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Awaitable[Response]])
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -99,28 +101,41 @@ async def get_group(request: Request, group: str) -> Any:
     return await group_engine.get_group(*db_tenant(request), group)
 
 
-@router.delete(
-    "/{group}/queues/{queue}",
-    summary="Delete a consumer group's cursors on one queue",
-    description=DELETE_DESCRIPTION,
-    openapi_extra=params(DELETE_METADATA),
-    responses=answers({200: GroupDeleted}, 400, 404, 413),
-)
-@level(Level.ADMIN)
+def _admin_route(
+    method: str, path: str, summary: str, description: str, extra: dict[str, Any], answer: Any
+) -> Callable[[Endpoint], Endpoint]:
+    """A group-changing route (admin level) answering ``answer`` or 400/404/413."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        route = router.api_route(
+            path,
+            methods=[method],
+            summary=summary,
+            description=description,
+            openapi_extra=extra,
+            responses=answers({200: answer}, 400, 404, 413),
+        )
+        return route(level(Level.ADMIN)(endpoint))
+
+    return register
+
+
+def _delete_route(path: str, summary: str) -> Callable[[Endpoint], Endpoint]:
+    return _admin_route("DELETE", path, summary, DELETE_DESCRIPTION, params(DELETE_METADATA), GroupDeleted)
+
+
+def _seek_route(path: str, summary: str) -> Callable[[Endpoint], Endpoint]:
+    return _admin_route("POST", path, summary, SEEK_DESCRIPTION, body(SeekBody, schema_extra=_ONE_TARGET), SeekAnswer)
+
+
+@_delete_route("/{group}/queues/{queue}", "Delete a consumer group's cursors on one queue")
 async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
     check_name("consumer group", group)
     check_name("queue", queue)
     return await _delete(request, group, queue)
 
 
-@router.delete(
-    "/{group}",
-    summary="Delete a consumer group's cursors on every queue",
-    description=DELETE_DESCRIPTION,
-    openapi_extra=params(DELETE_METADATA),
-    responses=answers({200: GroupDeleted}, 400, 404, 413),
-)
-@level(Level.ADMIN)
+@_delete_route("/{group}", "Delete a consumer group's cursors on every queue")
 async def delete_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     return await _delete(request, group, None)
@@ -137,26 +152,14 @@ async def _delete(request: Request, group: str, queue: str | None) -> Response:
     return json_response(result)
 
 
-@router.post(
-    "/{group}/queues/{queue}/seek",
-    summary="Move a group's cursors on a queue: end, start or time",
-    description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
-    responses=answers({200: SeekAnswer}, 400, 404, 413),
-)
-@level(Level.ADMIN)
+@_seek_route("/{group}/queues/{queue}/seek", "Move a group's cursors on a queue: end, start or time")
 async def seek_queue(request: Request, group: str, queue: str) -> Response:
     return await _seek(request, group, queue, None)
 
 
-@router.post(
-    "/{group}/queues/{queue}/partitions/{partition}/seek",
-    summary="Move a group's cursor on one partition: end, start or time",
-    description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
-    responses=answers({200: SeekAnswer}, 400, 404, 413),
+@_seek_route(
+    "/{group}/queues/{queue}/partitions/{partition}/seek", "Move a group's cursor on one partition: end, start or time"
 )
-@level(Level.ADMIN)
 async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
     check_name("partition", partition)
     return await _seek(request, group, queue, partition)
