@@ -15,6 +15,4 @@ CONFIG = JobConfig(name="kv_sweep", interval=30.0, limit=1000)
 
 class KvSweep(Prune):
     sql = KV_SWEEP_SQL
-
-    def __init__(self, config: JobConfig = CONFIG) -> None:
-        super().__init__(config)
+    default = CONFIG

@@ -15,6 +15,4 @@ CONFIG = JobConfig(name="outcomes_prune", interval=30.0, limit=1000)
 
 class OutcomesPrune(Prune):
     sql = OUTCOMES_PRUNE_SQL
-
-    def __init__(self, config: JobConfig = CONFIG) -> None:
-        super().__init__(config)
+    default = CONFIG

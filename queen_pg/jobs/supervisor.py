@@ -80,7 +80,11 @@ class Prune(Job):
     job's lock), logged as ``event=job_done``."""
 
     sql: ClassVar[str]
+    default: ClassVar[JobConfig]
     unit: ClassVar[str] = "rows"
+
+    def __init__(self, config: JobConfig | None = None) -> None:
+        super().__init__(config or self.default)
 
     def args(self) -> tuple[object, ...]:
         return ()

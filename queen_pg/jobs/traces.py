@@ -14,6 +14,7 @@ CONFIG = JobConfig(name="trace_retention", interval=60.0, limit=1000)
 
 class TraceRetention(Prune):
     sql = TRACES_RETENTION_SQL
+    default = CONFIG
     unit = "traces"
 
     def __init__(self, keep_hours: int, config: JobConfig = CONFIG) -> None:
