@@ -51,7 +51,9 @@ from queen_pg.memtrim import run_trimmer
 from queen_pg.mesh.node import from_settings as mesh_from_settings
 from queen_pg.metrics import Metrics
 from queen_pg.security import crypto
+from queen_pg.security.access import declare_routes
 from queen_pg.security.access import install as install_security
+from queen_pg.security.roles import Level
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck, tune_gc
 from queen_pg.settings import MIB, Settings
@@ -77,6 +79,16 @@ _NO_TELEMETRY: dict[str, Any] = (
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
     else {}
 )
+
+
+# The routes FastAPI adds itself (/openapi.json) and the docs pages install_docs adds: levels of routes
+# that have no ``@level`` of their own. Pages with no data (the assets are public: roles.PUBLIC_PREFIXES).
+DOC_PAGES = {
+    ("GET", "/openapi.json"): Level.READ_ONLY,
+    ("GET", "/docs"): Level.READ_ONLY,
+    ("GET", "/redoc"): Level.READ_ONLY,
+    ("GET", "/docs/assets/{name}"): Level.READ_ONLY,
+}
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -224,6 +236,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(dashboard.router)  # / and /dashboard/<file>: the embedded UI (webapp/)
     install_docs(app)  # /openapi.json (the request bodies the routes parse themselves), /docs, /redoc
+    declare_routes(app, DOC_PAGES)  # every route's level (@level beside it) to the security middleware
     return app
 
 

@@ -16,7 +16,7 @@ that ``/metrics`` answers for all the workers whichever one is asked, and runs t
 below (uvicorn's worker processes, one socket each, restarted if one dies).
 
 Every worker runs the background jobs: each tick elects one leader through
-``pg_try_advisory_xact_lock`` (docs/locks.md), so N workers do the work once, as N replicas would.
+``pg_try_advisory_xact_lock`` (docs/architecture.md#advisory-keys), so N workers do the work once, as N replicas would.
 Each worker has its own pool of ``db_pool_size`` connections: N x that in total.
 
 The workers are peers of the wake mesh (``queen_pg/mesh/``): each listens on ``<pid>.sock`` in a

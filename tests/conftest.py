@@ -138,7 +138,7 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
 class Broker:
     """A real uvicorn server running create_app(settings) on a free port in this event loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, **server: Any) -> None:
         self.settings = settings
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -146,7 +146,7 @@ class Broker:
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn_config(self.app, settings, log_level="warning", lifespan="on")  # as `serve` runs it
+        config = uvicorn_config(self.app, settings, log_level="warning", lifespan="on", **server)  # as `serve` runs it
         self.server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 
@@ -176,8 +176,10 @@ def broker_settings(db_url: str, **overrides: Any) -> Settings:
 async def start_broker(db_url: str) -> AsyncIterator[Any]:
     started: list[Broker] = []
 
-    async def start(url: str | None = None, **overrides: Any) -> Broker:
-        b = Broker(broker_settings(url or db_url, **overrides))
+    async def start(url: str | None = None, server: dict[str, Any] | None = None, **overrides: Any) -> Broker:
+        """A broker on ``url`` (default: the test's database) with these settings (and uvicorn ``server``
+        options), stopped at the end of the test."""
+        b = Broker(broker_settings(url or db_url, **overrides), **(server or {}))
         await b.start()
         started.append(b)
         return b

@@ -27,6 +27,54 @@ async def pop(http: httpx.AsyncClient, queue: str, **params: Any) -> Any:
     return None if r.status_code == 204 else r.json()
 
 
+def assert_error(r: httpx.Response, status: int, code: str) -> None:
+    """An error answer: the status, the catalog's code and a message (docs/wire.md#errors)."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["code"] == code and isinstance(body["error"], str) and body["error"], body
+
+
+async def configure(http: httpx.AsyncClient, queue: str, **options: Any) -> None:
+    r = await http.post("/api/v1/configure", json={"queue": queue, "options": options})
+    assert r.status_code == 200, r.text
+
+
+async def ack_one(
+    http: httpx.AsyncClient, m: dict[str, Any], group: str | None = None, status: str = "completed"
+) -> dict[str, Any]:
+    """One ack of a popped message under its lease, with an error text (a dead letter keeps it)."""
+    body = {
+        "transactionId": m["transactionId"],
+        "partitionId": m["partitionId"],
+        "leaseId": m["leaseId"],
+        "status": status,
+        "error": "boom",
+        "consumerGroup": group,
+    }
+    r = await http.post("/api/v1/ack", json=body)
+    assert r.status_code == 200
+    item: dict[str, Any] = r.json()[0]
+    return item
+
+
+async def ack_batch(
+    http: httpx.AsyncClient, messages: list[dict[str, Any]], group: str | None = None, status: str = "completed"
+) -> Any:
+    """One ``/ack/batch`` of popped messages under their leases; every item must succeed."""
+    items = [
+        {
+            "transactionId": m["transactionId"],
+            "partitionId": m["partitionId"],
+            "leaseId": m["leaseId"],
+            "status": status,
+        }
+        for m in messages
+    ]
+    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": items, "consumerGroup": group})
+    assert r.status_code == 200 and all(i["success"] for i in r.json()), r.text
+    return r.json()
+
+
 async def counts(conn: asyncpg.Connection) -> dict[str, int]:
     out = {}
     for table in ("queues", "log_partitions", "log_segments", "log_txns", "log_consumers", "log_groups", "log_dlq"):
@@ -48,6 +96,24 @@ async def until(check: Callable[[], Awaitable[bool]], what: str = "condition", w
                 await asyncio.sleep(0.01)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def _running() -> None:
+    pass
+
+
+async def until_healthy(url: str, what: str, within: float, alive: Callable[[], None] = _running) -> None:
+    """Until ``GET {url}/health`` answers 200; ``alive`` asserts that the process behind it still runs."""
+
+    async def healthy() -> bool:
+        alive()
+        try:
+            async with httpx.AsyncClient(timeout=1) as c:
+                return (await c.get(f"{url}/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await until(healthy, what, within)
 
 
 async def eventually(predicate: Callable[[], bool], what: str = "condition", within: float = 10.0) -> None:

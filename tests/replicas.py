@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import free_port
-from tests.helpers import until
+from tests.helpers import until_healthy
 
 
 class Replica:
@@ -37,15 +37,10 @@ class Replica:
     async def start(self) -> None:
         self.launch()
 
-        async def healthy() -> bool:
+        def alive() -> None:
             assert self.proc is not None and self.proc.poll() is None, self.log()
-            try:
-                async with httpx.AsyncClient(timeout=1) as c:
-                    return (await c.get(f"{self.url}/health")).status_code == 200
-            except httpx.TransportError:
-                return False
 
-        await until(healthy, f"replica {self.name} to answer /health", within=30)
+        await until_healthy(self.url, f"replica {self.name} to answer /health", 30, alive)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

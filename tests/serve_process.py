@@ -10,10 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
 from tests.conftest import free_port
-from tests.helpers import until
+from tests.helpers import until_healthy
 
 
 class ServeProcess:
@@ -57,16 +55,11 @@ class ServeProcess:
 
     async def start(self) -> None:
         proc = await asyncio.to_thread(self.spawn)
-        async with httpx.AsyncClient(timeout=1) as http:
 
-            async def healthy() -> bool:
-                assert proc.poll() is None, f"the broker exited: {self.log()}"
-                try:
-                    return (await http.get(f"{self.url}/health")).status_code == 200
-                except httpx.TransportError:
-                    return False
+        def alive() -> None:
+            assert proc.poll() is None, f"the broker exited: {self.log()}"
 
-            await until(healthy, "the broker to answer /health", within=60)
+        await until_healthy(self.url, "the broker to answer /health", 60, alive)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -195,27 +195,21 @@ async def test_unresolvable_in_another_partition(http: httpx.AsyncClient, conn: 
 # --- the same rules inside /transaction ----------------------------------------------------------
 
 
+async def ack_and_push(client: Queen, m: dict[str, Any]) -> Any:
+    """One transaction: ack ``m`` for group g and push a message naming its offset to tc-out."""
+    tx = client.transaction().ack(m, "completed", {"consumer_group": "g"})
+    return await tx.queue("tc-out").push([{"data": {"from": m["data"]["i"]}}]).commit()
+
+
 async def test_transaction_ack_commits_through_n(broker: Broker, conn: asyncpg.Connection) -> None:
     async with Queen(broker.url) as client:
         await fill(client, "tc", 4)
         msgs = await take(client, "tc", 4)
-        res = await (
-            client.transaction()
-            .ack(msgs[2], "completed", {"consumer_group": "g"})
-            .queue("tc-out")
-            .push([{"data": {"from": 2}}])
-            .commit()
-        )
+        res = await ack_and_push(client, msgs[2])
         assert res and res["results"][0]["noop"] is False
         assert await cursor(conn) == (3, True)
         # the silently committed offset 1, under its own live lease: a noop, and the step commits
-        res = await (
-            client.transaction()
-            .ack(msgs[1], "completed", {"consumer_group": "g"})
-            .queue("tc-out")
-            .push([{"data": {"from": 1}}])
-            .commit()
-        )
+        res = await ack_and_push(client, msgs[1])
         assert res and res["results"][0]["noop"] is True
         assert (
             await conn.fetchval(

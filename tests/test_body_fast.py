@@ -129,7 +129,9 @@ def test_the_memchr_shortcuts_agree_with_one_scan() -> None:
         assert body._clean(raw) is (_ANY_CONTROL.search(raw) is None), raw
 
 
-def test_usual_status_spellings_take_the_twin_and_others_the_declared_type(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The types ``body.decoder`` is asked for, in order (a spy around the real one)."""
     asked: list[Any] = []
     real = body.decoder
 
@@ -138,6 +140,10 @@ def test_usual_status_spellings_take_the_twin_and_others_the_declared_type(monke
         return real(t, strict)
 
     monkeypatch.setattr(body, "decoder", spy)
+    return asked
+
+
+def test_usual_status_spellings_take_the_twin_and_others_the_declared_type(asked: list[Any]) -> None:
     for word in ("completed", "success", "failed", "retry", "dlq"):
         asked.clear()
         item = body.decode(b'{"transactionId":"t","partitionId":"1","status":"%s"}' % word.encode(), AckItem)
@@ -160,15 +166,7 @@ async def test_hostile_names_and_ids_are_still_refused_over_http(http: httpx.Asy
     assert r.status_code == 201
 
 
-def test_a_clean_body_takes_the_fast_path_and_a_suspicious_one_the_declared(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked: list[Any] = []
-    real = body.decoder
-
-    def spy(t: Any, strict: bool = True) -> Any:
-        asked.append(t)
-        return real(t, strict)
-
-    monkeypatch.setattr(body, "decoder", spy)
+def test_a_clean_body_takes_the_fast_path_and_a_suspicious_one_the_declared(asked: list[Any]) -> None:
     body.decode(BODIES[10][1], AckBatchBody)
     assert asked == [body._twin(AckBatchBody)]
     asked.clear()

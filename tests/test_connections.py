@@ -8,35 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import uvicorn
 
-from queen_pg.server import uvicorn_config
-from tests.conftest import Broker, broker_settings
+from tests.conftest import Broker
 from tests.helpers import eventually
 
 PROTOCOLS = ["queen_pg.server:QueenHttpToolsProtocol", "queen_pg.server:QueenH11Protocol"]
 
 
 @pytest.fixture(params=PROTOCOLS, ids=["httptools", "h11"])
-async def guarded(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Broker] = []
-
+def guarded(request: pytest.FixtureRequest, start_broker: Callable[..., Any]) -> Callable[..., Any]:
     async def start(**overrides: Any) -> Broker:
-        settings = broker_settings(db_url, jobs_enabled=False, **overrides)
-        b = Broker(settings)
-        config = uvicorn_config(b.app, settings, log_level="warning", lifespan="on", http=request.param)
-        b.server = uvicorn.Server(config)
-        await b.start()
-        started.append(b)
+        b: Broker = await start_broker(server={"http": request.param}, jobs_enabled=False, **overrides)
         return b
 
-    yield start
-    for b in started:
-        await b.stop()
+    return start
 
 
 async def read_all(reader: asyncio.StreamReader) -> bytes:

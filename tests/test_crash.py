@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 from queen import Queen
 
 from queen_pg.db.pool import Database
 from queen_pg.jobs.timers import TimersJob
 from tests.conftest import free_port
-from tests.helpers import eventually, until
+from tests.helpers import eventually, until_healthy
 
 INPUTS = 1000
 PARTITIONS = 10
@@ -57,16 +56,11 @@ class BrokerProcess:
         await asyncio.to_thread(self.spawn)
         self.starts += 1
         proc = self.proc
-        async with httpx.AsyncClient(timeout=1) as http:
 
-            async def healthy() -> bool:
-                assert proc is not None and proc.poll() is None, self.log.read_text()[-2000:]
-                try:
-                    return (await http.get(f"{self.url}/health")).status_code == 200
-                except httpx.TransportError:
-                    return False
+        def alive() -> None:
+            assert proc is not None and proc.poll() is None, self.log.read_text()[-2000:]
 
-            await until(healthy, "the restarted broker's /health", within=30)
+        await until_healthy(self.url, "the restarted broker's /health", 30, alive)
 
     def kill(self) -> None:
         assert self.proc is not None

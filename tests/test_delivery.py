@@ -10,29 +10,9 @@ import httpx
 import pytest
 
 from queen_pg.engine.codec import txn_hash
-from tests.helpers import pop, pop_at, push, push_at
+from tests.helpers import ack_one, configure, pop, pop_at, push, push_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-async def configure(http: httpx.AsyncClient, queue: str, **options: object) -> None:
-    r = await http.post("/api/v1/configure", json={"queue": queue, "options": options})
-    assert r.status_code == 200, r.text
-
-
-async def fail(http: httpx.AsyncClient, m: dict, group: str | None = None, status: str = "failed") -> dict:  # type: ignore[type-arg]
-    body = {
-        "transactionId": m["transactionId"],
-        "partitionId": m["partitionId"],
-        "leaseId": m["leaseId"],
-        "status": status,
-        "error": "boom",
-        "consumerGroup": group,
-    }
-    r = await http.post("/api/v1/ack", json=body)
-    assert r.status_code == 200
-    item: dict = r.json()[0]  # type: ignore[type-arg]
-    return item
 
 
 # --- retries and dead letters ------------------------------------------------------------------
@@ -44,7 +24,7 @@ async def test_retry_limit_not_yet_then_reached(http: httpx.AsyncClient, conn: a
     for attempt in (1, 2, 3):
         ans = await pop(http, "r", batch=10)
         assert [m["deliveryAttempt"] for m in ans["messages"]] == [attempt, attempt]
-        item = await fail(http, ans["messages"][0])
+        item = await ack_one(http, ans["messages"][0], status="failed")
         assert item["success"] is True and item["leaseReleased"] is True
         assert item["dlq"] is (attempt == 3), attempt  # retryLimit 2: the third failure dead-letters
     assert await conn.fetchval("SELECT count(*) FROM queen.log_dlq") == 1
@@ -83,14 +63,14 @@ async def test_retry_status_redelivers_without_charging(http: httpx.AsyncClient,
     await push(http, "rt", [{"payload": 1, "transactionId": "x"}])
     for _ in range(3):
         (m,) = (await pop(http, "rt"))["messages"]
-        assert (await fail(http, m, status="retry"))["dlq"] is False
+        assert (await ack_one(http, m, status="retry"))["dlq"] is False
     assert await conn.fetchval("SELECT count(*) FROM queen.log_dlq") == 0
 
 
 async def test_dlq_status_dead_letters_at_once_per_group(http: httpx.AsyncClient) -> None:
     await push(http, "d", [{"payload": "p", "transactionId": "x"}])
     (m,) = (await pop(http, "d", consumerGroup="g1"))["messages"]
-    assert (await fail(http, m, group="g1", status="dlq"))["dlq"] is True
+    assert (await ack_one(http, m, group="g1", status="dlq"))["dlq"] is True
     (m2,) = (await pop(http, "d", consumerGroup="g2"))["messages"]  # other groups are untouched
     assert m2["transactionId"] == "x"
     g1 = (await http.get("/api/v1/dlq", params={"queue": "d", "consumerGroup": "g1"})).json()
@@ -103,7 +83,7 @@ async def test_dlq_paging_and_bad_params(http: httpx.AsyncClient) -> None:
     await push(http, "pg", [{"payload": i, "transactionId": f"t{i}"} for i in range(5)])
     for _ in range(5):
         (m,) = (await pop(http, "pg"))["messages"]
-        await fail(http, m)
+        await ack_one(http, m, status="failed")
     page1 = (await http.get("/api/v1/dlq", params={"queue": "pg", "limit": 2})).json()
     page3 = (await http.get("/api/v1/dlq", params={"queue": "pg", "limit": 2, "offset": 4})).json()
     beyond = (await http.get("/api/v1/dlq", params={"queue": "pg", "limit": 2, "offset": 10})).json()
@@ -122,7 +102,7 @@ async def test_requeue_unknown_and_bad(http: httpx.AsyncClient) -> None:
     assert r.status_code == 400
     await push(http, "nr", [{"payload": 1, "transactionId": "x"}])
     (m,) = (await pop(http, "nr"))["messages"]
-    await fail(http, m, status="dlq")
+    await ack_one(http, m, status="dlq")
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")  # payload not copied out yet: fine
     assert r.status_code == 200 and r.json()["status"] == "requeued"
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")  # once only
@@ -132,7 +112,7 @@ async def test_requeue_unknown_and_bad(http: httpx.AsyncClient) -> None:
 async def test_requeue_puts_the_dead_letter_back(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     await push(http, "rq", [{"payload": {"k": [1, 2]}, "transactionId": "x/y"}])
     (m,) = (await pop(http, "rq"))["messages"]
-    await fail(http, m, status="dlq")
+    await ack_one(http, m, status="dlq")
     await conn.execute("UPDATE queen.log_dlq SET payload = '{\"k\": [1, 2]}'")  # what the dlq_fill job does
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/y/retry")
     assert r.status_code == 200 and r.json()["status"] == "requeued" and r.json()["offset"] == 1
@@ -254,7 +234,7 @@ async def test_requeue_does_not_strand_another_group(http: httpx.AsyncClient, co
     not consumed the original yet must still be able to ack it (and later the copy)."""
     await push(http, "two", [{"payload": "d0", "transactionId": "d0"}, {"payload": "d1", "transactionId": "d1"}])
     (m,) = (await pop(http, "two", consumerGroup="g1"))["messages"]
-    await fail(http, m, group="g1", status="dlq")
+    await ack_one(http, m, group="g1", status="dlq")
     await conn.execute("UPDATE queen.log_dlq SET payload = '\"d0\"'")  # what the dlq_fill job does
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/d0/retry")
     assert r.status_code == 200 and r.json()["offset"] == 2

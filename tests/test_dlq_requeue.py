@@ -12,7 +12,7 @@ from queen import Queen
 
 from queen_pg.jobs.dlq_fill import DlqFill
 from tests.conftest import Broker
-from tests.helpers import pop, push
+from tests.helpers import ack_one, pop, push
 
 
 @pytest.fixture
@@ -27,21 +27,6 @@ async def broker(start_broker: Any) -> Broker:
 @pytest.fixture(autouse=True)
 def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
-
-
-async def ack(http: httpx.AsyncClient, m: dict[str, Any], group: str, status: str = "completed") -> dict[str, Any]:
-    body = {
-        "transactionId": m["transactionId"],
-        "partitionId": m["partitionId"],
-        "leaseId": m["leaseId"],
-        "status": status,
-        "error": "boom",
-        "consumerGroup": group,
-    }
-    r = await http.post("/api/v1/ack", json=body)
-    assert r.status_code == 200
-    item: dict[str, Any] = r.json()[0]
-    return item
 
 
 async def test_requeue_right_after_the_retry_limit_is_consumed(broker: Broker, conn: asyncpg.Connection) -> None:
@@ -77,7 +62,7 @@ async def test_requeue_right_after_the_retry_limit_is_consumed(broker: Broker, c
 async def test_requeue_after_the_fill_job_still_works(http: httpx.AsyncClient, broker: Broker) -> None:
     await push(http, "fj", [{"payload": {"k": 1}, "transactionId": "a"}])
     (m,) = (await pop(http, "fj", consumerGroup="g"))["messages"]
-    assert (await ack(http, m, "g", "dlq"))["dlq"] is True
+    assert (await ack_one(http, m, "g", "dlq"))["dlq"] is True
     await DlqFill().tick(broker.app.state.queen.db)  # copies out (first call hands out, second writes)
     await DlqFill().tick(broker.app.state.queen.db)
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/a/retry")
@@ -96,9 +81,9 @@ async def test_requeue_goes_only_to_the_group_that_dead_lettered_it(
     await push(http, "og", [{"payload": i, "transactionId": f"m{i}"} for i in range(2)])
     # `done` completes both; `bad` dead-letters m0; `late` has not read anything yet
     for m in (await pop(http, "og", consumerGroup="done", batch=2))["messages"]:
-        assert (await ack(http, m, "done"))["success"] is True
+        assert (await ack_one(http, m, "done"))["success"] is True
     (m0,) = (await pop(http, "og", consumerGroup="bad", batch=1))["messages"]
-    assert (await ack(http, m0, "bad", "dlq"))["dlq"] is True
+    assert (await ack_one(http, m0, "bad", "dlq"))["dlq"] is True
     r = await http.post(f"/api/v1/messages/{m0['partitionId']}/m0/retry")
     assert r.status_code == 200 and r.json()["consumerGroups"] == ["bad"]
     # `done` has nothing more to read, and its cursor passed the copy
@@ -110,7 +95,7 @@ async def test_requeue_goes_only_to_the_group_that_dead_lettered_it(
     # `late` reads m0 and m1 once, not the copy, and its last ack (m1) releases the lease
     got = (await pop(http, "og", consumerGroup="late", batch=10))["messages"]
     assert [(x["offset"], x["transactionId"]) for x in got] == [(0, "m0"), (1, "m1")]
-    item = await ack(http, got[1], "late")
+    item = await ack_one(http, got[1], "late")
     assert item["success"] is True and item["leaseReleased"] is True
     assert await conn.fetchval("SELECT cursor_offset FROM queen.log_consumers WHERE consumer_group = 'late'") == 3
     assert await pop(http, "og", consumerGroup="late", batch=10) is None
@@ -121,12 +106,12 @@ async def test_requeue_for_two_groups_that_both_dead_lettered_it(http: httpx.Asy
     await push(http, "tg", [{"payload": 1, "transactionId": "x"}])
     for g in ("a", "b"):
         (m,) = (await pop(http, "tg", consumerGroup=g))["messages"]
-        assert (await ack(http, m, g, "dlq"))["dlq"] is True
+        assert (await ack_one(http, m, g, "dlq"))["dlq"] is True
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")
     assert r.status_code == 200 and r.json()["consumerGroups"] == ["a", "b"]
     for g in ("a", "b"):
         (again,) = (await pop(http, "tg", consumerGroup=g))["messages"]
-        assert again["offset"] == 1 and (await ack(http, again, g))["success"] is True
+        assert again["offset"] == 1 and (await ack_one(http, again, g))["success"] is True
 
 
 async def test_a_late_ack_from_another_group_never_lands_on_the_requeued_copy(
@@ -137,9 +122,9 @@ async def test_a_late_ack_from_another_group_never_lands_on_the_requeued_copy(
     cursor past messages it had not read."""
     await push(http, "la", [{"payload": 0, "transactionId": "x"}])
     (m,) = (await pop(http, "la", consumerGroup="other"))["messages"]
-    assert (await ack(http, m, "other"))["success"] is True  # `other` is done with x (cursor 1)
+    assert (await ack_one(http, m, "other"))["success"] is True  # `other` is done with x (cursor 1)
     (m,) = (await pop(http, "la", consumerGroup="bad"))["messages"]
-    assert (await ack(http, m, "bad", "dlq"))["dlq"] is True
+    assert (await ack_one(http, m, "bad", "dlq"))["dlq"] is True
     await push(http, "la", [{"payload": i, "transactionId": f"m{i}"} for i in (1, 2, 3)])
     r = await http.post(f"/api/v1/messages/{m['partitionId']}/x/retry")
     assert r.status_code == 200 and r.json()["offset"] == 4 and r.json()["consumerGroups"] == ["bad"]

@@ -12,7 +12,7 @@ import pytest
 from queen import Queen
 
 from tests.conftest import Broker
-from tests.helpers import pop, push
+from tests.helpers import assert_error, pop, push
 
 GROUPS = "/api/v1/consumer-groups"
 
@@ -36,12 +36,6 @@ async def cursors(conn: asyncpg.Connection, group: str) -> dict[str, int]:
         group,
     )
     return {r["name"]: r["cursor_offset"] for r in rows}
-
-
-def assert_error(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["code"] == code and isinstance(body["error"], str) and body["error"], body
 
 
 async def test_list_and_get_groups(http: httpx.AsyncClient) -> None:

@@ -25,7 +25,7 @@ from queen_pg.jobs.lease_expiry import LeaseExpiry
 from queen_pg.jobs.retention import Retention
 from queen_pg.jobs.supervisor import Job, JobConfig, Supervisor
 from tests.conftest import Broker
-from tests.helpers import pop, push, until
+from tests.helpers import ack_batch, configure, pop, push, until
 
 DAY = timedelta(days=1)
 
@@ -37,33 +37,12 @@ async def broker(start_broker: Any) -> Broker:
     return b
 
 
-async def configure(http: httpx.AsyncClient, queue: str, **options: Any) -> None:
-    r = await http.post("/api/v1/configure", json={"queue": queue, "options": options})
-    assert r.status_code == 200, r.text
-
-
-async def ack(
-    http: httpx.AsyncClient, messages: list[dict[str, Any]], status: str = "completed", group: str | None = None
-) -> None:
-    items = [
-        {
-            "transactionId": m["transactionId"],
-            "partitionId": m["partitionId"],
-            "leaseId": m["leaseId"],
-            "status": status,
-        }
-        for m in messages
-    ]
-    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": items, "consumerGroup": group})
-    assert r.status_code == 200 and all(i["success"] for i in r.json()), r.text
-
-
 async def consume(http: httpx.AsyncClient, queue: str, batch: int = 100, group: str | None = None) -> list[Any]:
     """Pop up to ``batch`` messages and ack them completed; the messages."""
     params: dict[str, Any] = {"batch": batch} | ({"consumerGroup": group} if group else {})
     answer = await pop(http, queue, **params)
     assert answer is not None
-    await ack(http, answer["messages"], group=group)
+    await ack_batch(http, answer["messages"], group=group)
     return list(answer["messages"])
 
 
@@ -161,7 +140,7 @@ async def test_completed_retention_needs_a_consumer_past_the_segment(
     assert await job.run_once(db, later) == 0  # no consumer group yet: nothing was completed
     answer = await pop(http, "c")
     assert await job.run_once(db, later) == 0  # leased, not completed
-    await ack(http, answer["messages"])
+    await ack_batch(http, answer["messages"])
     assert await job.run_once(db, seg["created_at"] + timedelta(seconds=30)) == 0  # not yet past the window
     assert await job.run_once(db, later) == 1
     assert await segments(conn, "c") == [] and await hashed_offsets(conn, "c") == []
@@ -173,7 +152,7 @@ async def test_retention_keeps_a_segment_until_its_dead_letters_are_filled(
     await configure(http, "d", retentionSeconds=60)
     await push(http, "d", [{"payload": {"n": 0}, "transactionId": "d0"}, {"payload": {"n": 1}, "transactionId": "d1"}])
     ms = (await pop(http, "d", batch=10))["messages"]
-    await ack(http, ms[:1])
+    await ack_batch(http, ms[:1])
     await dead_letter(conn, ms[1:])
     (seg,) = await segments(conn, "d")
     far = seg["created_at"] + DAY
@@ -270,7 +249,7 @@ async def test_leases_by_id_rows_live_as_long_as_their_lease(
     assert two["partitionsClaimed"] == 2
     lease = uuid.UUID(two["leaseId"])
     assert sorted(r["lease_id"] for r in await conn.fetch(rows)) == sorted([uuid.UUID(done["leaseId"]), lease, lease])
-    await ack(http, done["messages"])
+    await ack_batch(http, done["messages"])
     r = await http.post(f"/api/v1/lease/{lease}/extend")
     assert r.status_code == 200 and r.json()["renewed"] == 2
     job = LeaseExpiry(lambda tenant, queue: None)

@@ -1,4 +1,4 @@
-"""Lock order and time (docs/locks.md): lease renew takes cursor rows in the order the
+"""Lock order and time (docs/architecture.md#lock-order): lease renew takes cursor rows in the order the
 ack takes them; the ack's dead letters take no lock on a partition; the clock is read after the last
 lock wait (transaction, pop). Deterministic checks with a second connection holding a lock, plus
 concurrent callers in a loop over HTTP (zero deadlocks, zero 503s)."""

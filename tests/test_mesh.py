@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from queen_pg.metrics import Metrics
 from queen_pg.setting_values import parse_peers
 from queen_pg.settings import Settings
 from tests.conftest import free_port
-from tests.helpers import eventually, until
+from tests.helpers import eventually, until, until_healthy
 from tests.replicas import Replica
 
 SECRET = b"s3cret"
@@ -254,27 +255,37 @@ async def test_pending_dials_push_out_the_oldest_and_authenticated_peers_are_cap
         await _stop(tasks)
 
 
-async def test_a_frame_for_an_idle_peer_is_written_at_once_and_queued_only_behind_others() -> None:
+@pytest.fixture
+async def dialled() -> AsyncIterator[tuple[Mesh, Mesh, Heard, int]]:
+    """Mesh a, connected to mesh b (on port pb, heard by hb): (a, b, hb, pb)."""
     pa, pb = free_port(), free_port()
     ha, hb = Heard(), Heard()
     a, b = ha.mesh(pa, [pb]), hb.mesh(pb, [])
     tasks = await _running(a, b)
     try:
         await eventually(lambda: a.connected == 1, "a dialled b")
-        peer = a.peers[f"127.0.0.1:{pb}"]
-        sent = a.frames_sent
-        peer.offer(frames.encode(frames.WAKE, [["t", "q1"]], SECRET))
-        # written in the offering call: no outbox, no writer task between the publisher and the socket
-        assert a.frames_sent == sent + 1 and peer.outbox.qsize() == 0
-        await eventually(lambda: hb.wakes == [("t", "q1")], "b heard it")
-        # a frame offered while another waits in the outbox queues behind it: order is kept
-        peer.outbox.put_nowait(frames.encode(frames.WAKE, [["t", "q2"]], SECRET))
-        peer.offer(frames.encode(frames.WAKE, [["t", "q3"]], SECRET))
-        await eventually(lambda: len(hb.wakes) == 3, "b heard both")
-        assert hb.wakes == [("t", "q1"), ("t", "q2"), ("t", "q3")]
-        assert a.dropped == {}
+        yield a, b, hb, pb
     finally:
         await _stop(tasks)
+
+
+async def test_a_frame_for_an_idle_peer_is_written_at_once_and_queued_only_behind_others(
+    dialled: tuple[Mesh, Mesh, Heard, int],
+) -> None:
+    a, _, hb, pb = dialled
+    peer = a.peers[f"127.0.0.1:{pb}"]
+
+    sent = a.frames_sent
+    peer.offer(frames.encode(frames.WAKE, [["t", "q1"]], SECRET))
+    # written in the offering call: no outbox, no writer task between the publisher and the socket
+    assert a.frames_sent == sent + 1 and peer.outbox.qsize() == 0
+    await eventually(lambda: hb.wakes == [("t", "q1")], "b heard it")
+    # a frame offered while another waits in the outbox queues behind it: order is kept
+    peer.outbox.put_nowait(frames.encode(frames.WAKE, [["t", "q2"]], SECRET))
+    peer.offer(frames.encode(frames.WAKE, [["t", "q3"]], SECRET))
+    await eventually(lambda: len(hb.wakes) == 3, "b heard both")
+    assert hb.wakes == [("t", "q1"), ("t", "q2"), ("t", "q3")]
+    assert a.dropped == {}
 
 
 async def test_publishing_never_waits_for_a_slow_or_absent_peer() -> None:
@@ -323,26 +334,21 @@ async def test_workers_of_one_host_find_each_other_and_relay(tmp_path: Path) -> 
 # ---- coalescing and interest between sibling workers ---------------------------------------------
 
 
-async def test_a_lone_wake_leaves_in_the_next_tick_and_a_burst_of_one_tick_is_one_frame() -> None:
-    pa, pb = free_port(), free_port()
-    ha, hb = Heard(), Heard()
-    a, b = ha.mesh(pa, [pb]), hb.mesh(pb, [])
-    tasks = await _running(a, b)
-    try:
-        await eventually(lambda: a.connected == 1, "a dialled b")
-        a.publish_wake("t", "lone")
-        assert a.frames_sent == 0  # not written inside the push's own call...
-        await asyncio.sleep(0)  # ...but in the very next loop iteration: no timer, no task hop
-        assert a.frames_sent == 1
-        await eventually(lambda: hb.wakes == [("t", "lone")], "the lone wake")
-        keys = [("t", f"q{i}") for i in range(50)]
-        for k in keys + keys:  # 100 publishes in one tick, 50 distinct keys
-            a.publish_wake(*k)
-        await eventually(lambda: len(hb.wakes) == 51, "the burst")
-        assert sorted(hb.wakes[1:]) == sorted(keys)  # each key once
-        assert a.frames_sent == 2 and b.frames_received == 2  # one frame for the whole burst
-    finally:
-        await _stop(tasks)
+async def test_a_lone_wake_leaves_in_the_next_tick_and_a_burst_of_one_tick_is_one_frame(
+    dialled: tuple[Mesh, Mesh, Heard, int],
+) -> None:
+    a, b, hb, _ = dialled
+    a.publish_wake("t", "lone")
+    assert a.frames_sent == 0  # not written inside the push's own call...
+    await asyncio.sleep(0)  # ...but in the very next loop iteration: no timer, no task hop
+    assert a.frames_sent == 1
+    await eventually(lambda: hb.wakes == [("t", "lone")], "the lone wake")
+    keys = [("t", f"q{i}") for i in range(50)]
+    for k in keys + keys:  # 100 publishes in one tick, 50 distinct keys
+        a.publish_wake(*k)
+    await eventually(lambda: len(hb.wakes) == 51, "the burst")
+    assert sorted(hb.wakes[1:]) == sorted(keys)  # each key once
+    assert a.frames_sent == 2 and b.frames_received == 2  # one frame for the whole burst
 
 
 class Sibling:
@@ -599,15 +605,10 @@ async def test_workers_of_one_serve_wake_each_other(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
 
-        async def healthy() -> bool:
+        def alive() -> None:
             assert proc.poll() is None, log_path.read_text()
-            try:
-                async with httpx.AsyncClient(timeout=1) as c:
-                    return (await c.get(f"{base}/health")).status_code == 200
-            except httpx.TransportError:
-                return False
 
-        await until(healthy, "the workers", within=60)
+        await until_healthy(base, "the workers", 60, alive)
 
         async def scrape(name: str) -> float:
             async with httpx.AsyncClient() as c:

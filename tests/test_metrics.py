@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queen_pg.jobs.supervisor import Job, JobConfig, Supervisor
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics
 from tests.conftest import Broker, PgServer, fresh_database
-from tests.helpers import eventually, push
+from tests.helpers import ack_batch, eventually, push
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -41,22 +41,6 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return found[0] if found else None
 
 
-async def ack(http: httpx.AsyncClient, msgs: list[dict[str, Any]], group: str | None, status: str = "completed") -> Any:
-    items = [
-        {
-            "transactionId": m["transactionId"],
-            "partitionId": m["partitionId"],
-            "leaseId": m["leaseId"],
-            "status": status,
-        }
-        for m in msgs
-    ]
-    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": items, "consumerGroup": group})
-    assert r.status_code == 200, r.text
-    assert all(x["success"] for x in r.json()), r.text
-    return r.json()
-
-
 async def test_push_pop_ack_then_scrape(broker: Broker, http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     broker.app.state.metrics.snapshot_max_age = 0.0  # every scrape reads the snapshot table again
     await push(http, "orders", [{"payload": i} for i in range(3)], partition="p1")
@@ -68,10 +52,10 @@ async def test_push_pop_ack_then_scrape(broker: Broker, http: httpx.AsyncClient,
     r = await http.get("/api/v1/pop/queue/orders/partition/p1", params={"consumerGroup": "billing", "batch": 10})
     popped = r.json()["messages"]
     assert len(popped) == 3
-    await ack(http, popped[:2], "billing")
+    await ack_batch(http, popped[:2], "billing")
     r = await http.get("/api/v1/pop/queue/orders", params={"batch": 10})  # queue mode
     qm = r.json()["messages"]
-    await ack(http, qm[:1], None, status="failed")
+    await ack_batch(http, qm[:1], None, status="failed")
     assert (await http.get("/nowhere")).status_code == 404
 
     m = await scrape(http)
@@ -140,7 +124,7 @@ async def test_dead_letters_and_parked_waiters_show(broker: Broker, http: httpx.
     await http.post("/api/v1/configure", json={"queue": "dl", "options": {"retryLimit": 0}})
     await push(http, "dl", [{"payload": 1}])
     msg = (await http.get("/api/v1/pop/queue/dl", params={"consumerGroup": "g"})).json()["messages"][0]
-    await ack(http, [msg], "g", status="dlq")
+    await ack_batch(http, [msg], "g", status="dlq")
     parked = asyncio.create_task(http.get("/api/v1/pop/queue/idle", params={"wait": "true", "timeout": 5000}))
     waiters = broker.app.state.queen.waiters
     await eventually(lambda: waiters.parked == 1, "a parked pop")
@@ -178,7 +162,7 @@ async def test_ack_on_another_broker_counts_for_the_tenant(start_broker: Any, ht
     await push(http, "split", [{"payload": i} for i in range(3)])
     msgs = (await http.get("/api/v1/pop/queue/split", params={"batch": 3})).json()["messages"]
     async with httpx.AsyncClient(base_url=other.url) as b:
-        await ack(b, msgs, None)
+        await ack_batch(b, msgs, None)
         m = await scrape(b)
         assert value(m, "queen_messages_acked_total", tenant="default", status="completed") == 3
         assert value(m, "queen_messages_pushed_total", tenant="default") is None  # pushed through the first

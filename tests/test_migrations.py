@@ -29,6 +29,14 @@ IGNORED_RELATIONS = ("alembic_version",)
 
 Snapshot = dict[str, dict[str, str]]
 
+# the FROM and WHERE of the two index queries below
+_INDEXES = """
+          FROM pg_index x
+          JOIN pg_class i ON i.oid = x.indexrelid
+          JOIN pg_class c ON c.oid = x.indrelid
+          JOIN pg_namespace n ON n.oid = i.relnamespace
+         WHERE n.nspname = %(schema)s AND c.relname <> ALL (%(ignored)s)
+"""
 # Each query returns (key, description) rows; %(schema)s and %(ignored)s are bound by psycopg.
 CATALOG_QUERIES: dict[str, str] = {
     "relation": """
@@ -66,22 +74,8 @@ CATALOG_QUERIES: dict[str, str] = {
           LEFT JOIN pg_type t ON t.oid = k.contypid
          WHERE n.nspname = %(schema)s AND coalesce(c.relname, '') <> ALL (%(ignored)s)
     """,
-    "index": """
-        SELECT format('%%s.%%s', c.relname, i.relname), pg_get_indexdef(i.oid)
-          FROM pg_index x
-          JOIN pg_class i ON i.oid = x.indexrelid
-          JOIN pg_class c ON c.oid = x.indrelid
-          JOIN pg_namespace n ON n.oid = i.relnamespace
-         WHERE n.nspname = %(schema)s AND c.relname <> ALL (%(ignored)s)
-    """,
-    "index options": """
-        SELECT format('%%s.%%s', c.relname, i.relname), coalesce(i.reloptions::text, '-')
-          FROM pg_index x
-          JOIN pg_class i ON i.oid = x.indexrelid
-          JOIN pg_class c ON c.oid = x.indrelid
-          JOIN pg_namespace n ON n.oid = i.relnamespace
-         WHERE n.nspname = %(schema)s AND c.relname <> ALL (%(ignored)s)
-    """,
+    "index": "SELECT format('%%s.%%s', c.relname, i.relname), pg_get_indexdef(i.oid)" + _INDEXES,
+    "index options": "SELECT format('%%s.%%s', c.relname, i.relname), coalesce(i.reloptions::text, '-')" + _INDEXES,
     "sequence": """
         SELECT c.relname,
                format('type=%%s start=%%s increment=%%s min=%%s max=%%s cache=%%s cycle=%%s',
@@ -281,7 +275,7 @@ async def test_a_0001_database_reaches_the_same_catalog(pg_server: PgServer, way
     assert_same_catalog(catalog(fresh), catalog(old), "apply_sql (new database)", f"0001 shape + {way}")
 
 
-def run_alembic(*args: str) -> subprocess.CompletedProcess[str]:
+def run_alembic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "alembic", *args],
         cwd=ROOT,
@@ -290,6 +284,7 @@ def run_alembic(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         stdin=subprocess.DEVNULL,
         check=False,
+        env=env,
     )
 
 
@@ -307,16 +302,7 @@ def test_alembic_command_line_upgrade_head(pg_server: PgServer) -> None:
 
 
 def test_alembic_command_line_without_url_fails_cleanly() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "alembic", "upgrade", "head"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-    )
+    result = run_alembic("upgrade", "head", env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"})
     assert result.returncode != 0
     assert "no database URL" in result.stderr
     assert "Traceback" not in result.stderr

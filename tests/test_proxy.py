@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import until
+from tests.helpers import until, until_healthy
 from tests.replicas import Replica
 
 SAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "haproxy.cfg"
@@ -55,11 +55,15 @@ def render(port: int, backends: list[int]) -> str:
     return text.rstrip("\n") + "\n" + servers
 
 
-def start_haproxy(exe: str, cfg: Path, log_path: Path) -> subprocess.Popen[bytes]:
+def start_haproxy(exe: str, tmp_path: Path, replicas: list[Replica]) -> tuple[subprocess.Popen[bytes], str]:
+    """HAProxy with the sample config in front of ``replicas``, and its URL, once it routes /health."""
+    port = free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(render(port, [r.port for r in replicas]))
     check = subprocess.run([exe, "-c", "-f", str(cfg)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr  # the sample config is valid HAProxy
-    with open(log_path, "wb") as log:
-        return subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=log)
+    with open(tmp_path / "haproxy.log", "wb") as log:
+        return subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=log), f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
@@ -86,21 +90,12 @@ async def cluster(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, list[
     proxy: subprocess.Popen[bytes] | None = None
     try:
         await asyncio.gather(*(r.start() for r in replicas))
-        port = free_port()
-        cfg = tmp_path / "haproxy.cfg"
-        cfg.write_text(render(port, [r.port for r in replicas]))
-        proxy = start_haproxy(exe, cfg, tmp_path / "haproxy.log")
-        url = f"http://127.0.0.1:{port}"
+        proxy, url = start_haproxy(exe, tmp_path, replicas)
 
-        async def up() -> bool:
+        def alive() -> None:
             assert proxy is not None and proxy.poll() is None, (tmp_path / "haproxy.log").read_text()
-            try:
-                async with httpx.AsyncClient(timeout=1) as c:
-                    return (await c.get(f"{url}/health")).status_code == 200
-            except httpx.TransportError:
-                return False
 
-        await until(up, "HAProxy to route /health", within=20)
+        await until_healthy(url, "HAProxy to route /health", 20, alive)
         yield url, replicas
     finally:
         if proxy is not None:

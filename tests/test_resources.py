@@ -12,15 +12,9 @@ import pytest
 from queen import Queen
 
 from tests.conftest import Broker
-from tests.helpers import pop, push, push_at
+from tests.helpers import assert_error, pop, push, push_at
 
 R = "/api/v1/resources"
-
-
-def assert_error(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["code"] == code and isinstance(body["error"], str) and body["error"], body
 
 
 async def _world(http: httpx.AsyncClient) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Web and host hygiene, and the route -> level table: 415 on non-JSON writes, QUEEN_ALLOWED_HOSTS,
-optional CORS, and every route of the app has a level."""
+"""Web and host hygiene: 415 on non-JSON writes, QUEEN_ALLOWED_HOSTS, optional CORS, cross-site
+requests, framing (the route -> level table: tests/test_security_roles.py)."""
 
 from __future__ import annotations
 
@@ -8,47 +8,16 @@ import logging
 import socket
 from typing import Any
 
-import fastapi.routing
 import httpx
 import pytest
 
 from queen_pg.api.hot import HotRoutes
 from queen_pg.app import create_app
 from queen_pg.security.middleware import Security
-from queen_pg.security.roles import ROUTES, Level, RouteTable
-from queen_pg.security.web import WRITE_GETS
+from queen_pg.security.roles import DECLARED
 from queen_pg.settings import Settings
 from tests.conftest import Broker
 from tests.helpers import pop, push
-
-
-def app_routes() -> set[tuple[str, str]]:
-    app = create_app(Settings(database_url="postgresql://unused/x"))
-    iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
-    if iter_contexts is None:
-        pairs = [(r.path, r.methods) for r in app.routes]  # with :path converters
-    else:
-        pairs = [(c.path, c.methods) for c in iter_contexts(app.routes)]
-    return {(m, path) for path, methods in pairs for m in (methods or ()) if m != "HEAD"}
-
-
-def test_every_route_has_a_level_and_the_table_names_no_ghosts() -> None:
-    routes = app_routes()
-    assert len(routes) > 50
-    missing = sorted(routes - ROUTES.keys())
-    assert missing == [], f"routes without an access level in queen_pg/security/roles.py: {missing}"
-    ghosts = sorted(ROUTES.keys() - routes)
-    assert ghosts == [], f"levels for routes the app does not have: {ghosts}"
-
-
-def test_route_table_matching() -> None:
-    t = RouteTable()
-    assert t.level("GET", "/api/v1/consumer-groups/lagging") == Level.READ_ONLY
-    assert t.level("DELETE", "/api/v1/consumer-groups/g") == Level.ADMIN
-    assert t.level("HEAD", "/api/v1/resources/queues") == Level.READ_ONLY
-    assert t.level("POST", "/api/v1/consumer-groups/g/queues/q/partitions/p/seek") == Level.ADMIN
-    assert t.level("GET", "/api/v1/pop/queue/a%2Fb") == Level.READ_WRITE
-    assert t.level("POST", "/api/v1/resources/queues") is None  # no such route: any valid token, then 405
 
 
 @pytest.mark.parametrize(
@@ -126,7 +95,7 @@ def test_the_hot_routes_are_inside_the_security_middleware() -> None:
     app = create_app(Settings(database_url="postgresql://unused/x"))
     order = [m.cls for m in app.user_middleware]  # outermost first
     assert order.index(Security) < order.index(HotRoutes)
-    assert "/api/v1/pop" in WRITE_GETS and "/api/v1/pop/queue/" in WRITE_GETS  # the GETs that lease or ack
+    assert DECLARED.write_gets == ("/api/v1/pop", "/api/v1/pop/queue/")  # the GETs that lease or ack
 
 
 @pytest.mark.parametrize("auto_ack", [True, False])

@@ -220,8 +220,8 @@ async def hold_key(conn: asyncpg.Connection, queue: str, key: str, *, shared: bo
     tx = conn.transaction()
     await tx.start()
     fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    await conn.execute(
-        f"SELECT {fn}($1, hashtext('default' || E'\\x1f' || $2 || E'\\x1f' || $3))",  # docs/locks.md 0b
+    await conn.execute(  # the timer key's lock: docs/architecture.md#row-lock-order 0b
+        f"SELECT {fn}($1, hashtext('default' || E'\\x1f' || $2 || E'\\x1f' || $3))",
         locks.TIMER_KEY_CLASS,
         queue,
         key,

@@ -14,15 +14,9 @@ from queen import Queen
 
 from queen_pg.db.locks import TRACES_RETENTION_LOCK
 from tests.conftest import Broker
-from tests.helpers import push
+from tests.helpers import assert_error, push
 
 T = "/api/v1/traces"
-
-
-def assert_error(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["code"] == code and isinstance(body["error"], str) and body["error"], body
 
 
 async def trace(http: httpx.AsyncClient, **body: Any) -> Any:

@@ -11,7 +11,7 @@ Create Date: 2026-12-02
   them pending: they are delivered again (at-least-once), which is what the new rule would do too.
 * ``log_dlq`` loses its foreign key to ``log_partitions``: the ack inserts dead letters while it holds
   cursor rows, and the FK's KEY SHARE on the partition row went against the lock order
-  (docs/locks.md); ``queen.delete_queue_v1`` deletes a queue's dead letters itself.
+  (docs/architecture.md#lock-order); ``queen.delete_queue_v1`` deletes a queue's dead letters itself.
 
 Idempotent (see 0001_baseline.py): it may run after boot already made these changes, or before.
 """

@@ -22,6 +22,8 @@ from queen_pg.api.shared.params import check_id
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY, AckResult, LeaseAnswer
 from queen_pg.engine import ack as ack_engine
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -73,6 +75,7 @@ async def _settle(request: Request, items: list[ack_engine.AckLike], route: str)
     openapi_extra=body(AckItem, parameters=REQUEST_KEY),
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
+@level(Level.READ_WRITE)
 async def ack(request: Request) -> Response:
     it = await read(request, AckItem)
     item = _ack_item(it, None)
@@ -86,6 +89,7 @@ async def ack(request: Request) -> Response:
     openapi_extra=body(AckBatchBody, parameters=REQUEST_KEY),
     responses=answers({200: list[AckResult]}, 400, 413, 422, 429),
 )
+@level(Level.READ_WRITE)
 async def ack_batch(request: Request) -> Response:
     body = await read(request, AckBatchBody)
     if body.consumerGroup is not None:
@@ -103,6 +107,7 @@ async def ack_batch(request: Request) -> Response:
     "leaseTime. A lease that is gone or unknown is a 200 `{success: false, renewed: 0, error}`.",
     responses=answers({200: LeaseAnswer}, 400, 429),
 )
+@level(Level.READ_WRITE)
 async def extend(request: Request, lease_id: str) -> Response:
     check_id("lease id", lease_id)
     st = state(request)

@@ -15,6 +15,8 @@ from fastapi.responses import FileResponse, Response
 
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.resources import data_dir
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 from queen_pg.security.web import FRAME_DENY
 
 router = APIRouter(include_in_schema=False)
@@ -50,10 +52,12 @@ def _file(root: Path, name: str) -> Response:
 
 
 @router.api_route("/", methods=["GET", "HEAD"])
+@level(Level.READ_ONLY)
 async def index() -> Response:
     return _file(webapp_dir().resolve(), "index.html")
 
 
 @router.api_route("/dashboard/{name:path}", methods=["GET", "HEAD"])
+@level(Level.READ_ONLY)
 async def asset(name: str) -> Response:
     return _file(webapp_dir().resolve(), name)

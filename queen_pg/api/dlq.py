@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.shared.common import answer_budget, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.docs import answers
 from queen_pg.api.shared.params import Param, message_key, read_page
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import DlqPage, RetryAnswer
 from queen_pg.engine import dlq as dlq_engine
 from queen_pg.errors import NOT_FOUND, RETRY, QueenError
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -24,15 +29,17 @@ UNTIL = Param("to", f"failed before, {ISO}", "time")
 PAGE = page(100, MAX_PAGE, 10**9)
 
 
-@router.get(
+@read_route(
+    router,
     "/dlq",
+    DlqPage,
     summary="List dead letters, newest first, paged with limit/offset",
     description="A page stops early when its dead letters reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at "
     "least one): then it carries `truncated: true` and `nextOffset`, the offset of the next page.",
-    openapi_extra=params(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
-    responses=answers({200: DlqPage}, 400, 413),
+    query=(QUEUE, GROUP, PARTITION, SINCE, UNTIL, *PAGE),
+    errors=(400, 413),
 )
-async def list_dlq(request: Request) -> Response:
+async def list_dlq(request: Request) -> Any:
     limit, offset = read_page(request, PAGE)
     query = dlq_engine.DlqQuery(
         queue=QUEUE.read(request),
@@ -44,8 +51,7 @@ async def list_dlq(request: Request) -> Response:
         offset=offset,
         max_bytes=answer_budget(request),
     )
-    st = state(request)
-    return json_response(await dlq_engine.list_dead(st.db, tenant(request), query))
+    return await dlq_engine.list_dead(*db_tenant(request), query)
 
 
 @router.post(
@@ -58,6 +64,7 @@ async def list_dlq(request: Request) -> Response:
     "gone and the payload not copied out yet.",
     responses=answers({200: RetryAnswer}, 400, 404),
 )
+@level(Level.ADMIN)
 async def retry_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, transaction_id = message_key(partition_id, transaction_id)
     st = state(request)

@@ -7,16 +7,21 @@ Transaction ids may contain ``/`` (the client does not quote them in paths).
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg.api.shared.common import answer_budget, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.docs import answers
 from queen_pg.api.shared.params import Param, message_key, page_params
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageDeleted, MessageDetail, MessagePage
 from queen_pg.engine import messages as message_engine
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -42,8 +47,10 @@ STATUS = Param(
 )
 
 
-@router.get(
+@read_route(
+    router,
     "/messages",
+    MessagePage,
     summary="Browse a queue's messages (decoded) by partition, offset range and time, paged",
     description="queue (required), partition, fromOffset/toOffset (log offsets, half-open), from/to (ISO "
     "times of the write), order asc|desc (default desc: newest first), consumerGroup (adds each message's "
@@ -51,10 +58,10 @@ STATUS = Param(
     "for consumerGroup, which it requires; total and paging count those), limit (1-1000, default 100), offset. "
     "A page stops early when its messages reach the answer budget (QUEEN_MAX_ANSWER_BYTES; at least one "
     "message): then it carries `truncated: true` and `nextOffset`, the offset of the next page.",
-    openapi_extra=params(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, STATUS, *page()),
-    responses=answers({200: MessagePage}, 400, 404, 413),
+    query=(QUEUE, PARTITION, FROM_OFFSET, TO_OFFSET, SINCE, UNTIL, ORDER, GROUP, STATUS, *page()),
+    errors=(400, 404, 413),
 )
-async def list_messages(request: Request) -> Response:
+async def list_messages(request: Request) -> Any:
     queue = QUEUE.read(request)
     group = GROUP.read(request)
     status = STATUS.read(request)
@@ -76,19 +83,18 @@ async def list_messages(request: Request) -> Response:
         status=status,
         max_bytes=answer_budget(request),
     )
-    st = state(request)
-    return json_response(await message_engine.list_messages(st.db, tenant(request), query))
+    return await message_engine.list_messages(*db_tenant(request), query)
 
 
-@router.get(
+@read_route(
+    router,
     "/messages/{partition_id}/{transaction_id:path}",
+    MessageDetail,
     summary="One message: decoded payload and its state in each consumer group",
-    responses=answers({200: MessageDetail}, 400, 404),
+    errors=(400, 404),
 )
-async def get_message(request: Request, partition_id: str, transaction_id: str) -> Response:
-    pid, txn = message_key(partition_id, transaction_id)
-    st = state(request)
-    return json_response(await message_engine.get_message(st.db, tenant(request), pid, txn))
+async def get_message(request: Request, partition_id: str, transaction_id: str) -> Any:
+    return await message_engine.get_message(*db_tenant(request), *message_key(partition_id, transaction_id))
 
 
 @router.delete(
@@ -101,6 +107,7 @@ async def get_message(request: Request, partition_id: str, transaction_id: str) 
     "segment: a group created later from the first retained message, or a seek back, still reads it.",
     responses=answers({200: MessageDeleted}, 400, 404),
 )
+@level(Level.ADMIN)
 async def delete_message(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     st = state(request)

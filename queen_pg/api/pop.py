@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -23,6 +25,8 @@ from queen_pg.engine import pop as pop_engine
 from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.waiters import TooManyWaiters
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -178,34 +182,32 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     return Response(answer.body, media_type="application/json")
 
 
-@router.get(
-    "/pop",
-    summary="Pop across the queues tagged with namespace/task (docs/wire.md#pop)",
-    description=POP_DESCRIPTION,
-    openapi_extra=params(*POP_TAGGED_PARAMS),
-    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
-)
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Awaitable[Response]])
+
+
+def _pop_route(path: str, summary: str, query: tuple[dict[str, Any], ...]) -> Callable[[Endpoint], Endpoint]:
+    """A pop: read-write (it leases, or acks under autoAck), answering messages or 204 (docs/wire.md#pop)."""
+    answered = binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429))
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        route = router.get(
+            path, summary=summary, description=POP_DESCRIPTION, openapi_extra=params(*query), responses=answered
+        )
+        return route(level(Level.READ_WRITE)(endpoint))
+
+    return register
+
+
+@_pop_route("/pop", "Pop across the queues tagged with namespace/task (docs/wire.md#pop)", POP_TAGGED_PARAMS)
 async def pop_tagged(request: Request) -> Response:
     return await _pop(request, None, None)
 
 
-@router.get(
-    "/pop/queue/{queue}",
-    summary="Pop from a queue (docs/wire.md#pop)",
-    description=POP_DESCRIPTION,
-    openapi_extra=params(*POP_PARAMS),
-    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
-)
+@_pop_route("/pop/queue/{queue}", "Pop from a queue (docs/wire.md#pop)", POP_PARAMS)
 async def pop_queue(request: Request, queue: str) -> Response:
     return await _pop(request, queue, None)
 
 
-@router.get(
-    "/pop/queue/{queue}/partition/{partition}",
-    summary="Pop from one partition (docs/wire.md#pop)",
-    description=POP_DESCRIPTION,
-    openapi_extra=params(*POP_PARAMS),
-    responses=binary.framed_answer(answers({200: PopAnswer, 204: None}, 400, 413, 429)),
-)
+@_pop_route("/pop/queue/{queue}/partition/{partition}", "Pop from one partition (docs/wire.md#pop)", POP_PARAMS)
 async def pop_partition(request: Request, queue: str, partition: str) -> Response:
     return await _pop(request, queue, partition)

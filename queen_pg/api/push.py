@@ -23,6 +23,8 @@ from queen_pg.api.shared.gates import refuse_push_in_maintenance
 from queen_pg.api.shared.items import PushItem, new_messages
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY, PushResult
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -41,6 +43,7 @@ class PushBody(msgspec.Struct):
     openapi_extra=binary.documented(body(PushBody, parameters=REQUEST_KEY)),
     responses=answers({201: list[PushResult]}, 400, 413, 422, 429, 507),
 )
+@level(Level.READ_WRITE)
 async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
     if binary.is_binary(request):

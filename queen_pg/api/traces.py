@@ -15,12 +15,15 @@ from fastapi.responses import Response
 
 from queen_pg.api.shared.body import Name, PartitionId, TxnId, read, stored_json
 from queen_pg.api.shared.common import answer_budget, check_name, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, body, params
+from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.params import Param, message_key, page_params, partition_id_param
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import ISO, page
 from queen_pg.api.shared.schemas_browse import MessageTraces, TraceNames, TraceRecorded, TracesByName
 from queen_pg.engine import traces as trace_engine
 from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1/traces")
 
@@ -56,6 +59,7 @@ UNTIL = Param("to", f"created before, {ISO}", "time")
     openapi_extra=body(TraceBody),
     responses=answers({201: TraceRecorded}, 400, 404, 413),
 )
+@level(Level.READ_WRITE)
 async def record(request: Request) -> Response:
     body = await read(request, TraceBody)
     pid = partition_id_param(str(body.partitionId))
@@ -74,45 +78,44 @@ async def record(request: Request) -> Response:
     return json_response({"success": True, "id": result["id"], "createdAt": result["createdAt"]}, 201)
 
 
-@router.get(
+@read_route(
+    router,
     "/names",
+    TraceNames,
     summary="Trace names in use, with counts (search, limit, offset)",
-    openapi_extra=params(SEARCH, *page()),
-    responses=answers({200: TraceNames}, 400),
+    query=(SEARCH, *page()),
+    errors=(400,),
 )
-async def names(request: Request) -> Response:
-    search = SEARCH.read(request)
-    page = page_params(request)
-    st = state(request)
-    return json_response(await trace_engine.names(st.db, tenant(request), search, page))
+async def names(request: Request) -> Any:
+    return await trace_engine.names(*db_tenant(request), SEARCH.read(request), page_params(request))
 
 
-@router.get(
+@read_route(
+    router,
     "/by-name/{name}",
+    TracesByName,
     summary="Traces carrying a name, newest first (from, to, limit, offset)",
     description=CUT,
-    openapi_extra=params(SINCE, UNTIL, *page()),
-    responses=answers({200: TracesByName}, 400, 413),
+    query=(SINCE, UNTIL, *page()),
+    errors=(400, 413),
 )
-async def by_name(request: Request, name: str) -> Response:
+async def by_name(request: Request, name: str) -> Any:
     check_name("trace", name)
     since, until = SINCE.read(request), UNTIL.read(request)  # from >= to: an empty window, an empty page
-    page = page_params(request)
-    st = state(request)
-    budget = answer_budget(request)
-    return json_response(await trace_engine.by_name(st.db, tenant(request), name, since, until, page, budget))
+    page, budget = page_params(request), answer_budget(request)
+    return await trace_engine.by_name(*db_tenant(request), name, since, until, page, budget)
 
 
-@router.get(
+@read_route(
+    router,
     "/{partition_id}/{transaction_id:path}",
+    MessageTraces,
     summary="A message's trace timeline, oldest first",
     description="A message with no trace is an empty timeline; an unknown partition is 404. " + CUT,
-    openapi_extra=params(*page()),
-    responses=answers({200: MessageTraces}, 400, 404),
+    query=page(),
+    errors=(400, 404),
 )
-async def for_message(request: Request, partition_id: str, transaction_id: str) -> Response:
+async def for_message(request: Request, partition_id: str, transaction_id: str) -> Any:
     pid, txn = message_key(partition_id, transaction_id)
-    page = page_params(request)
-    st = state(request)
-    budget = answer_budget(request)
-    return json_response(await trace_engine.for_message(st.db, tenant(request), pid, txn, page, budget))
+    page, budget = page_params(request), answer_budget(request)
+    return await trace_engine.for_message(*db_tenant(request), pid, txn, page, budget)

@@ -35,6 +35,8 @@ from queen_pg.api.timers.ops import decode_payloads, prepare_timer_ops
 from queen_pg.api.timers.schemas import TimerResult
 from queen_pg.engine import transaction as tx_engine
 from queen_pg.errors import Verdict, bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -139,6 +141,7 @@ class TransactionVerdict(Answer):
     openapi_extra=binary.documented(body(TransactionRequest, parameters=REQUEST_KEY)),
     responses=answers({200: TransactionDone | TransactionVerdict}, 400, 413, 422, 429, 507),
 )
+@level(Level.READ_WRITE)
 async def transaction(request: Request) -> Response:
     # what the body decodes to (zstd groups, timer payloads) is held in the admission budget until answered
     async with decoded.expansion(request, "transaction") as exp:

@@ -1,4 +1,4 @@
-"""Advisory-lock keys, mirrored from docs/locks.md (one named constant per key)."""
+"""Advisory-lock keys, mirrored from docs/architecture.md#advisory-keys (one named constant per key)."""
 
 APPLY_LOCK = 7_781_200_001
 
@@ -14,7 +14,7 @@ KV_SWEEP_LOCK = 7_781_200_180  # queen.kv_sweep_v1 (job kv_sweep): one replica p
 
 # Timer keys: two-int advisory locks (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)), one per key,
 # ascending hash order (queen._timer_lock, sql/procedures/086_timers.sql); level 0b of the lock order.
-# Writers take them exclusive; the firing job takes them shared (try), see docs/locks.md.
+# Writers take them exclusive; the firing job takes them shared (try), see docs/architecture.md#advisory-keys.
 TIMER_KEY_CLASS = 77_813
 TIMERS_FIRE_LOCK = 7_781_200_186  # queen.timers_fire_v1 (job timers): one replica per tick
 

@@ -1,6 +1,6 @@
 """Timers: schedule/cancel/read through the ``queen.timer*_v1`` procedures, and fire due timers.
 
-Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, docs/locks.md 0b).
+Every write holds the timer key's advisory lock (sql/procedures/086_timers.sql, docs/architecture.md#row-lock-order 0b).
 The firing job pushes each due timer as a message with ``transactionId == txn``, ``id == messageId``
 and ``data ==`` the payload, exactly once, and deletes it in the same transaction (docs/wire.md#timers-no-tombstone: no
 tombstone; after the fire a peek is ``found: false`` and a cancel ``absent``).

@@ -7,8 +7,8 @@ Invariants:
   stored-procedure call (``sql/procedures/060_jobs.sql``) and returns how much it did; the loop
   repeats it at once while a batch came back full, else sleeps its interval with jitter.
 - Leadership per tick: each procedure starts with ``pg_try_advisory_xact_lock`` on its own key
-  (docs/locks.md, ``queen_pg/db/locks.py``); a replica that does not get it does nothing, so running
-  jobs on every replica is safe and the work is done once.
+  (docs/architecture.md#advisory-keys, ``queen_pg/db/locks.py``); a replica that does not get it does
+  nothing, so running jobs on every replica is safe and the work is done once.
 - Jobs decide nothing the hot paths rely on for correctness: pops claim expired leases without
   lease_expiry, and a lost wake-up costs latency, never a message. Retention never deletes a segment
   a cursor of any group still needs, nor one whose dead letters await their payload.

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import ClassVar
 
 from queen_pg.db.pool import Database
 
@@ -71,6 +72,28 @@ class Job(ABC):
             total += done
             if not self.more(done):
                 return total
+
+
+class Prune(Job):
+    """A job that deletes what nothing reads any more: one call of ``sql`` with (``limit``, the
+    :meth:`args` between, ``now``) returns how many ``unit`` it deleted (0 when another replica holds the
+    job's lock), logged as ``event=job_done``."""
+
+    sql: ClassVar[str]
+    default: ClassVar[JobConfig]
+    unit: ClassVar[str] = "rows"
+
+    def __init__(self, config: JobConfig | None = None) -> None:
+        super().__init__(config or self.default)
+
+    def args(self) -> tuple[object, ...]:
+        return ()
+
+    async def run_once(self, db: Database, now: datetime | None = None) -> int:
+        deleted = int(await db.fetchval(self.sql, self.config.limit, *self.args(), now) or 0)
+        if deleted:
+            log.info("event=job_done job=%s %s=%d", self.name, self.unit, deleted)
+        return deleted
 
 
 def _jittered(delay: float, rng: random.Random) -> float:

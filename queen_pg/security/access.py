@@ -4,14 +4,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
 from fastapi import FastAPI, Request
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute, Route
 
 from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.security.middleware import STATE_KEY, Principal, Security
-from queen_pg.security.roles import Level
+from queen_pg.security.roles import Level, RouteLevels, declare
 from queen_pg.security.web import split_list
 from queen_pg.settings import Settings
+
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+LEVEL_ATTR = "queen_level"
 
 CORS_HEADERS = ["Authorization", "Content-Type", "x-queen-tenant", "Idempotency-Key", "X-Request-Id"]
 
@@ -41,3 +48,42 @@ def need(request: Request, level: Level) -> None:
     p = principal(request)
     if p is not None and p.level < level:
         raise QueenError(FORBIDDEN, detail=f"this operation needs the {level.label} level")
+
+
+def level(least: Level) -> Callable[[Endpoint], Endpoint]:
+    """Declares a route's level beside the route: under ``@router.get(...)``, ``@level(Level.READ_ONLY)``
+    marks the endpoint with the least level that may call it (docs/architecture.md#security)."""
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        endpoint.__dict__[LEVEL_ATTR] = least
+        return endpoint
+
+    return mark
+
+
+def route_levels(routes: Iterable[BaseRoute], extra: RouteLevels) -> dict[tuple[str, str], Level]:
+    """The (method, path template) -> level table of ``routes`` (their endpoints' ``@level``, else
+    ``extra``: the routes the app gets from FastAPI itself). A route with neither is a ValueError: a
+    route cannot ship without a level."""
+    table: dict[tuple[str, str], Level] = {}
+    missing: list[tuple[str, str]] = []
+    for route in routes:
+        if not isinstance(route, Route):
+            continue
+        for method in sorted(route.methods or ()):
+            if method == "HEAD":
+                continue  # HEAD is GET (RouteTable.level)
+            key = (method, route.path)
+            found: Level | None = route.endpoint.__dict__.get(LEVEL_ATTR, extra.get(key))
+            if found is None:
+                missing.append(key)
+            else:
+                table[key] = found
+    if missing:
+        raise ValueError(f"routes without an access level (@queen_pg.security.access.level): {missing}")
+    return table
+
+
+def declare_routes(app: FastAPI, extra: RouteLevels) -> None:
+    """Hands the app's route levels to the security middleware (called once the routes are in)."""
+    declare(route_levels(app.routes, extra))

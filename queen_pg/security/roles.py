@@ -1,8 +1,9 @@
-"""The one route -> access level table, and the levels a token's roles grant.
+"""Access levels: the levels, the route -> level matcher, and the levels a token's roles grant.
 
-Every route of the app is in ``ROUTES`` (tests/test_security_roles.py enumerates ``app.routes`` and
-fails on a route missing here, so a new route cannot ship without a level). A request to a path no
-entry matches needs a valid token (any level) and then gets the router's 404/405.
+Each route's level is declared beside the route, in its feature's module (``@access.level(...)`` on
+the endpoint); the app collects them when it is built and hands the table over (``declare``), so
+security imports no route. A route with no level fails the build (tests/test_security_roles.py). A
+request to a path no entry matches needs a valid token (any level) and then gets the router's 404/405.
 
 Levels: read-only < read-write < admin. Read-only: reads (status, resources, messages, DLQ list,
 traces, consumer-group listings, KV get). Read-write: push, pop, ack, lease, transaction, KV writes,
@@ -13,7 +14,8 @@ the subscription reset and the stats refresh.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -36,89 +38,50 @@ class Level(IntEnum):
 
 R, W, A = Level.READ_ONLY, Level.READ_WRITE, Level.ADMIN
 
-# (method, path template) -> the least level that may call it. HEAD is GET.
-ROUTES: dict[tuple[str, str], Level] = {
-    # data plane
-    ("POST", "/api/v1/push"): W,
-    ("GET", "/api/v1/pop"): W,
-    ("GET", "/api/v1/pop/queue/{queue}"): W,
-    ("GET", "/api/v1/pop/queue/{queue}/partition/{partition}"): W,
-    ("POST", "/api/v1/ack"): W,
-    ("POST", "/api/v1/ack/batch"): W,
-    ("POST", "/api/v1/lease/{lease_id}/extend"): W,
-    ("POST", "/api/v1/transaction"): W,
-    ("POST", "/api/v1/configure"): W,
-    # KV reads are read-only; a body holding a write op needs read-write (the route asks need())
-    ("POST", "/api/v1/kv"): R,
-    ("POST", "/api/v1/locks"): W,
-    ("POST", "/api/v1/timers"): W,
-    ("DELETE", "/api/v1/timers/{target:path}"): W,
-    ("GET", "/api/v1/timers/{target:path}"): R,
-    ("POST", "/api/v1/traces"): W,
-    # reads
-    ("GET", "/api/v1/resources/overview"): R,
-    ("GET", "/api/v1/resources/queues"): R,
-    ("GET", "/api/v1/resources/queues/{queue}"): R,
-    ("GET", "/api/v1/resources/queues/{queue}/depth"): R,
-    ("GET", "/api/v1/resources/partitions"): R,
-    ("GET", "/api/v1/resources/namespaces"): R,
-    ("GET", "/api/v1/resources/tasks"): R,
-    ("GET", "/api/v1/consumer-groups"): R,
-    ("GET", "/api/v1/consumer-groups/lagging"): R,
-    ("GET", "/api/v1/consumer-groups/{group}"): R,
-    ("GET", "/api/v1/messages"): R,
-    ("GET", "/api/v1/messages/{partition_id}/{transaction_id:path}"): R,
-    ("GET", "/api/v1/dlq"): R,
-    ("GET", "/api/v1/traces/names"): R,
-    ("GET", "/api/v1/traces/by-name/{name}"): R,
-    ("GET", "/api/v1/traces/{partition_id}/{transaction_id:path}"): R,
-    ("GET", "/api/v1/system/maintenance"): R,
-    ("GET", "/api/v1/system/maintenance/pop"): R,
-    ("GET", "/api/v1/status"): R,
-    ("GET", "/api/v1/status/queues"): R,
-    ("GET", "/api/v1/status/queues/{queue}"): R,
-    ("GET", "/api/v1/status/analytics"): R,
-    ("GET", "/api/v1/analytics/system-metrics"): R,
-    ("GET", "/api/v1/analytics/worker-metrics"): R,
-    ("GET", "/health"): R,
-    ("GET", "/metrics"): R,
-    ("GET", "/metrics/queues"): R,
-    ("GET", "/api/v1/kv/namespaces"): R,
-    ("GET", "/api/v1/kv/keys"): R,
-    # static files (the dashboard's code, Swagger UI): no data, served without a token (PUBLIC_PREFIXES)
-    ("GET", "/"): R,
-    ("GET", "/dashboard/{name:path}"): R,
-    ("GET", "/docs/assets/{name}"): R,
-    ("GET", "/openapi.json"): R,
-    ("GET", "/docs"): R,
-    ("GET", "/redoc"): R,
-    # admin
-    ("DELETE", "/api/v1/resources/queues/{queue}"): A,
-    ("DELETE", "/api/v1/queues/{queue}/clear"): A,
-    ("DELETE", "/api/v1/messages/{partition_id}/{transaction_id:path}"): A,
-    ("POST", "/api/v1/messages/{partition_id}/{transaction_id:path}/retry"): A,
-    ("POST", "/api/v1/messages/{partition_id}/{transaction_id:path}/dlq"): A,
-    ("DELETE", "/api/v1/consumer-groups/{group}"): A,
-    ("DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}"): A,
-    ("POST", "/api/v1/consumer-groups/{group}/queues/{queue}/seek"): A,
-    ("POST", "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek"): A,
-    ("POST", "/api/v1/consumer-groups/{group}/subscription"): A,
-    ("POST", "/api/v1/system/maintenance"): A,
-    ("POST", "/api/v1/system/maintenance/pop"): A,
-    ("POST", "/api/v1/stats/refresh"): A,
-}
+RouteLevels = Mapping[tuple[str, str], Level]
+"""(method, path template) -> the least level that may call it. HEAD is GET."""
+
+
+@dataclass(slots=True)
+class Declared:
+    """The app's route levels, handed over when the app is built (``security.access.declare``): each
+    level is declared beside its route in the feature's module, and security imports no route. Every
+    app of a process has the same routes, so one table serves them all."""
+
+    routes: dict[tuple[str, str], Level] = field(default_factory=dict)
+    # GET routes that change state (a pop leases, or acks with autoAck): the path prefixes of those that
+    # need read-write (security/web.py refuses them cross-site)
+    write_gets: tuple[str, ...] = ()
+
+
+DECLARED = Declared()
+
+
+def declare(routes: RouteLevels) -> None:
+    DECLARED.routes = dict(routes)
+    DECLARED.write_gets = tuple(
+        sorted({path.split("{", 1)[0] for (method, path), level in routes.items() if method == "GET" and level >= W})
+    )
+
+
+def declared() -> dict[tuple[str, str], Level]:
+    if not DECLARED.routes:
+        raise RuntimeError("no route levels declared: create_app hands them over (queen_pg/security/access.py)")
+    return DECLARED.routes
 
 
 # Paths under these prefixes are static files shipped in the package (the dashboard's modules, the
 # Swagger UI bundle): they hold no data, so a browser may load them before it has a token. The data
-# they show comes from the API routes above, each behind its level.
+# they show comes from the API routes, each behind its level.
 PUBLIC_PREFIXES = ("/dashboard/", "/docs/assets/")
 
 
 class RouteTable:
-    """``ROUTES`` compiled for matching raw request paths (Starlette's own path compiler)."""
+    """The route levels (by default the declared ones) compiled for matching raw request paths
+    (Starlette's own path compiler)."""
 
-    def __init__(self, routes: dict[tuple[str, str], Level] = ROUTES) -> None:
+    def __init__(self, routes: RouteLevels | None = None) -> None:
+        routes = declared() if routes is None else routes
         by_method: dict[str, list[tuple[re.Pattern[str], Level]]] = {}
         # literal segments before parameters: /consumer-groups/lagging beats /consumer-groups/{group}
         for (method, path), level in sorted(routes.items(), key=lambda kv: kv[0][1].count("{")):

@@ -32,7 +32,7 @@ import logging
 import socket
 from ipaddress import ip_address
 
-from queen_pg.security.roles import ROUTES, Level
+from queen_pg.security.roles import DECLARED
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
@@ -41,16 +41,6 @@ log = logging.getLogger("queen_pg.security")
 FRAME_DENY = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# GET routes that change state (a pop leases, or acks with autoAck): those that need read-write
-WRITE_GETS = tuple(
-    sorted(
-        {
-            path.split("{", 1)[0]
-            for (method, path), level in ROUTES.items()
-            if method == "GET" and level >= Level.READ_WRITE
-        }
-    )
-)
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", "[::]", ""})
 _CACHE_MAX = 1024  # distinct Host values remembered (a flood of made-up names is decided, not stored)
 
@@ -175,7 +165,7 @@ def cross_site(
 
     ``site``, ``origin`` and ``host`` are the request's ``Sec-Fetch-Site``, ``Origin`` and ``Host``;
     ``trusted`` the QUEEN_CORS_ORIGINS entries."""
-    if method in SAFE_METHODS and not path.startswith(WRITE_GETS):
+    if method in SAFE_METHODS and not path.startswith(DECLARED.write_gets):
         return None
     if site is None:
         if origin is None or same_origin(origin, host):

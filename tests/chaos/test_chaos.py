@@ -24,9 +24,9 @@ import asyncpg
 import httpx
 
 from tests.conftest import PgServer, free_port, fresh_database
-from tests.helpers import until
+from tests.helpers import until, until_healthy
 from tests.replicas import Replica
-from tests.test_proxy import haproxy, render, start_haproxy
+from tests.test_proxy import haproxy, start_haproxy
 
 N = int(os.environ.get("QUEEN_CHAOS_MESSAGES", "50000"))
 PARTITIONS = 8
@@ -52,20 +52,8 @@ async def test_chaos(pg_server: PgServer, tmp_path: Path) -> None:
     t0 = time.monotonic()
     try:
         await asyncio.gather(*(r.start() for r in replicas))
-        port = free_port()
-        cfg = tmp_path / "haproxy.cfg"
-        cfg.write_text(render(port, [r.port for r in replicas]))
-        proxy = start_haproxy(exe, cfg, tmp_path / "haproxy.log")
-        url = f"http://127.0.0.1:{port}"
-
-        async def routed() -> bool:
-            try:
-                async with httpx.AsyncClient(timeout=1) as c:
-                    return (await c.get(f"{url}/health")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await until(routed, "HAProxy", within=20)
+        proxy, url = start_haproxy(exe, tmp_path, replicas)
+        await until_healthy(url, "HAProxy", 20)
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             opts = {"leaseTime": 5, "retryLimit": 1000}
             for q in ("chaos-in", *(f"chaos-out-{g}" for g in GROUPS)):

@@ -8,7 +8,8 @@ Path names are URL-decoded by the router; a group or queue name containing ``/``
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -18,11 +19,15 @@ from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
 from queen_pg.api.shared.params import Param, page, parse_timestamp, read_page, time_schema
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas_browse import GroupDeleted, GroupDetail, GroupList, SeekAnswer, SubscriptionAnswer
 from queen_pg.engine import groups as group_engine
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1/consumer-groups")
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Awaitable[Response]])
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -72,49 +77,65 @@ SEEK_DESCRIPTION = (
 )
 
 
-@router.get(
+@read_route(
+    router,
     "",
+    GroupList,
     summary="List consumer groups per queue, with lag and leases (paginated)",
-    openapi_extra=params(*PAGE),
-    responses=answers({200: GroupList}, 400),
+    query=PAGE,
+    errors=(400,),
 )
-async def list_groups(request: Request) -> Response:
-    limit, offset = read_page(request, PAGE)
-    st = state(request)
-    return json_response(await group_engine.list_groups(st.db, tenant(request), limit, offset))
+async def list_groups(request: Request) -> Any:
+    return await group_engine.list_groups(*db_tenant(request), *read_page(request, PAGE))
 
 
-@router.get(
+@read_route(
+    router,
     "/{group}",
+    GroupDetail,
     summary="A consumer group's cursors, lag and leases per queue and partition",
-    responses=answers({200: GroupDetail}, 400, 404, 413),
+    errors=(400, 404, 413),
 )
-async def get_group(request: Request, group: str) -> Response:
+async def get_group(request: Request, group: str) -> Any:
     check_name("consumer group", group)
-    st = state(request)
-    return json_response(await group_engine.get_group(st.db, tenant(request), group))
+    return await group_engine.get_group(*db_tenant(request), group)
 
 
-@router.delete(
-    "/{group}/queues/{queue}",
-    summary="Delete a consumer group's cursors on one queue",
-    description=DELETE_DESCRIPTION,
-    openapi_extra=params(DELETE_METADATA),
-    responses=answers({200: GroupDeleted}, 400, 404, 413),
-)
+def _admin_route(
+    method: str, path: str, summary: str, description: str, extra: dict[str, Any], answer: Any
+) -> Callable[[Endpoint], Endpoint]:
+    """A group-changing route (admin level) answering ``answer`` or 400/404/413."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        route = router.api_route(
+            path,
+            methods=[method],
+            summary=summary,
+            description=description,
+            openapi_extra=extra,
+            responses=answers({200: answer}, 400, 404, 413),
+        )
+        return route(level(Level.ADMIN)(endpoint))
+
+    return register
+
+
+def _delete_route(path: str, summary: str) -> Callable[[Endpoint], Endpoint]:
+    return _admin_route("DELETE", path, summary, DELETE_DESCRIPTION, params(DELETE_METADATA), GroupDeleted)
+
+
+def _seek_route(path: str, summary: str) -> Callable[[Endpoint], Endpoint]:
+    return _admin_route("POST", path, summary, SEEK_DESCRIPTION, body(SeekBody, schema_extra=_ONE_TARGET), SeekAnswer)
+
+
+@_delete_route("/{group}/queues/{queue}", "Delete a consumer group's cursors on one queue")
 async def delete_group_on_queue(request: Request, group: str, queue: str) -> Response:
     check_name("consumer group", group)
     check_name("queue", queue)
     return await _delete(request, group, queue)
 
 
-@router.delete(
-    "/{group}",
-    summary="Delete a consumer group's cursors on every queue",
-    description=DELETE_DESCRIPTION,
-    openapi_extra=params(DELETE_METADATA),
-    responses=answers({200: GroupDeleted}, 400, 404, 413),
-)
+@_delete_route("/{group}", "Delete a consumer group's cursors on every queue")
 async def delete_group(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     return await _delete(request, group, None)
@@ -131,23 +152,13 @@ async def _delete(request: Request, group: str, queue: str | None) -> Response:
     return json_response(result)
 
 
-@router.post(
-    "/{group}/queues/{queue}/seek",
-    summary="Move a group's cursors on a queue: end, start or time",
-    description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
-    responses=answers({200: SeekAnswer}, 400, 404, 413),
-)
+@_seek_route("/{group}/queues/{queue}/seek", "Move a group's cursors on a queue: end, start or time")
 async def seek_queue(request: Request, group: str, queue: str) -> Response:
     return await _seek(request, group, queue, None)
 
 
-@router.post(
-    "/{group}/queues/{queue}/partitions/{partition}/seek",
-    summary="Move a group's cursor on one partition: end, start or time",
-    description=SEEK_DESCRIPTION,
-    openapi_extra=body(SeekBody, schema_extra=_ONE_TARGET),
-    responses=answers({200: SeekAnswer}, 400, 404, 413),
+@_seek_route(
+    "/{group}/queues/{queue}/partitions/{partition}/seek", "Move a group's cursor on one partition: end, start or time"
 )
 async def seek_partition(request: Request, group: str, queue: str, partition: str) -> Response:
     check_name("partition", partition)
@@ -185,6 +196,7 @@ async def _seek(request: Request, group: str, queue: str, partition: str | None)
     openapi_extra=body(SubscriptionBody),
     responses=answers({200: SubscriptionAnswer}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def set_subscription(request: Request, group: str) -> Response:
     check_name("consumer group", group)
     body = await read(request, SubscriptionBody, empty_ok=True)

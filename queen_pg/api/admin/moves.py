@@ -28,6 +28,8 @@ from queen_pg.api.shared.params import message_key
 from queen_pg.api.shared.schemas import Answer
 from queen_pg.engine import admin_moves
 from queen_pg.errors import bad_request
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -87,6 +89,7 @@ class QueueCleared(Answer):
     openapi_extra=body(MoveToDlqBody, required=False, parameters=(GROUP.doc(),)),
     responses=answers({200: MovedToDlq}, 400, 404, 409, 413),
 )
+@level(Level.ADMIN)
 async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) -> Response:
     pid, txn = message_key(partition_id, transaction_id)
     doc = await read(request, MoveToDlqBody, empty_ok=True)
@@ -107,6 +110,7 @@ async def move_to_dlq(request: Request, partition_id: str, transaction_id: str) 
     openapi_extra={"parameters": [PARTITION.doc()]},
     responses=answers({200: QueueCleared}, 400, 404, 413),
 )
+@level(Level.ADMIN)
 async def clear_queue(request: Request, queue: str) -> Response:
     P.check_name("queue", queue)
     partition = PARTITION.read(request)

@@ -17,6 +17,8 @@ from queen_pg.engine import queues as queue_engine
 from queen_pg.engine import sealing
 from queen_pg.errors import DRAINING, QueenError, bad_request
 from queen_pg.security import crypto
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter()
 
@@ -100,6 +102,7 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
     openapi_extra=body(ConfigureBody),
     responses=answers({200: ConfigureAnswer}, 400, 413),
 )
+@level(Level.READ_WRITE)
 async def configure(request: Request) -> Response:
     raw = await request.body()
     if not raw.strip():
@@ -126,6 +129,7 @@ async def configure(request: Request) -> Response:
     description="An unknown queue is 200 with `deleted: false`.",
     responses=answers({200: DeleteQueueAnswer}, 400, 413),
 )
+@level(Level.ADMIN)
 async def delete_queue(request: Request, queue: str) -> Response:
     check_name("queue", queue)
     st = state(request)
@@ -140,6 +144,7 @@ async def delete_queue(request: Request, queue: str) -> Response:
     "(the drain delay) it is `status: draining`, `code: draining`.",
     responses=answers({200: HealthAnswer}),
 )
+@level(Level.READ_ONLY)
 async def health(request: Request) -> Response:
     st = state(request)
     if st.transport is not None and st.transport.draining:  # the proxy takes this replica out now

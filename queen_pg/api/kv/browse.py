@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 from pydantic import Field
 
 from queen_pg.api.shared import params as P
-from queen_pg.api.shared.common import answer_budget, json_response, permit, state, tenant
-from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.common import answer_budget, permit
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import Answer
 from queen_pg.engine import kv as kv_engine
 
@@ -33,18 +34,18 @@ class KvNamespaces(Answer):
     nextAfter: str | None = Field(description="pass as `after` for the next page; null on the last one")
 
 
-@router.get(
+@read_route(
+    router,
     "/api/v1/kv/namespaces",
+    KvNamespaces,
     summary="KV namespaces, ascending, a keyset page (after, limit)",
-    openapi_extra=params(AFTER_NS.doc(), LIMIT.doc()),
-    responses=answers({200: KvNamespaces}, 400, 429),
+    query=(AFTER_NS, LIMIT),
+    errors=(400, 429),
 )
-async def namespaces(request: Request) -> Response:
-    after = AFTER_NS.read(request)
-    limit = LIMIT.read(request)
+async def namespaces(request: Request) -> Any:
+    after, limit = AFTER_NS.read(request), LIMIT.read(request)
     async with permit(request, "kv"):
-        page = await kv_engine.namespaces(state(request).db, tenant(request), after, limit)
-    return json_response(page)
+        return await kv_engine.namespaces(*db_tenant(request), after, limit)
 
 
 class KvKeyRow(Answer):
@@ -62,22 +63,20 @@ class KvKeys(Answer):
     nextAfter: str | None = Field(description="pass as `after` for the next page; null on the last one")
 
 
-@router.get(
+@read_route(
+    router,
     "/api/v1/kv/keys",
+    KvKeys,
     summary="A namespace's live keys by prefix (empty = all), byte order, a keyset page",
     description="The page stops early (`truncated`, `nextAfter`) when its rows reach the answer budget "
     "(QUEEN_MAX_ANSWER_BYTES); it always holds at least one row.",
-    openapi_extra=params(NS.doc(), PREFIX.doc(), AFTER_KEY.doc(), LIMIT.doc(), KEYS_ONLY.doc()),
-    responses=answers({200: KvKeys}, 400, 429),
+    query=(NS, PREFIX, AFTER_KEY, LIMIT, KEYS_ONLY),
+    errors=(400, 429),
 )
-async def keys(request: Request) -> Response:
-    ns = NS.read(request)
-    prefix = PREFIX.read(request)
-    after = AFTER_KEY.read(request)
-    limit = LIMIT.read(request)
-    keys_only = KEYS_ONLY.read(request)
+async def keys(request: Request) -> Any:
+    ns, prefix, after = NS.read(request), PREFIX.read(request), AFTER_KEY.read(request)
+    limit, keys_only = LIMIT.read(request), KEYS_ONLY.read(request)
     async with permit(request, "kv"):
-        page = await kv_engine.keys(
-            state(request).db, tenant(request), ns, prefix, after, limit, keys_only, max_bytes=answer_budget(request)
+        return await kv_engine.keys(
+            *db_tenant(request), ns, prefix, after, limit, keys_only, max_bytes=answer_budget(request)
         )
-    return json_response(page)

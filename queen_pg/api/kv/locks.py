@@ -17,6 +17,8 @@ from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY
 from queen_pg.engine import locks as locks_engine
 from queen_pg.errors import LOCKS_BAD_REQUEST, QueenError
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter()
 
@@ -30,6 +32,7 @@ router = APIRouter()
     openapi_extra=body(LocksRequest, parameters=REQUEST_KEY),
     responses=answers({200: LocksAnswer}, 400, 413, 422, 429),
 )
+@level(Level.READ_WRITE)
 async def locks(request: Request) -> Response:
     try:
         raw = await request.body()

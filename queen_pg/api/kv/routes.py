@@ -23,7 +23,7 @@ from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.api.shared.schemas import REQUEST_KEY
 from queen_pg.engine import kv as kv_engine
 from queen_pg.errors import KV_BAD_REQUEST, QueenError, Verdict
-from queen_pg.security.access import need
+from queen_pg.security.access import level, need
 from queen_pg.security.roles import Level
 
 router = APIRouter()
@@ -41,6 +41,7 @@ router = APIRouter()
     openapi_extra=body(KvRequest, parameters=REQUEST_KEY),
     responses=answers({200: KvAnswer | KvVerdict}, 400, 413, 422, 429),
 )
+@level(Level.READ_ONLY)
 async def kv(request: Request) -> Response:
     try:
         raw = await request.body()

@@ -27,6 +27,8 @@ from queen_pg.api.shared.params import page, read_page
 from queen_pg.engine import metrics as metrics_engine
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
 from queen_pg.security import tenancy
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter()
 
@@ -65,6 +67,7 @@ class HttpMetrics:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"}},
 )
+@level(Level.READ_ONLY)
 async def metrics(request: Request) -> Response:
     m: Metrics = request.app.state.metrics
     st = getattr(request.app.state, "queen", None)
@@ -101,6 +104,7 @@ QUEUES_PAGE = page(1000, 10_000)
         200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"},
     },
 )
+@level(Level.READ_ONLY)
 async def metrics_queues(request: Request) -> Response:
     limit, offset = read_page(request, QUEUES_PAGE)
     st = state(request)

@@ -10,12 +10,13 @@ messages), ``inFlight`` messages under a live lease not yet acked, ``dlq`` dead 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from typing import Any, Literal
 
-from queen_pg.api.shared.common import check_name, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, params
+from fastapi import APIRouter, Request
+
+from queen_pg.api.shared.common import check_name
 from queen_pg.api.shared.params import MAX_OFFSET, MAX_PAGE, PAGE, Param, page, page_params
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.status.schemas import (
     LaggingGroups,
     NamespaceList,
@@ -39,104 +40,89 @@ QUEUE = Param("queue", "only this queue's partitions")
 MIN_LAG = Param("minLagSeconds", "age of the oldest pending message", "int", 60, 0, 10 * 365 * 86400)
 
 
-@router.get(
-    "/resources/overview",
-    summary="Counts over every queue: partitions, messages, backlog, DLQ, ...",
-    responses=answers({200: Overview}),
+@read_route(
+    router, "/resources/overview", Overview, summary="Counts over every queue: partitions, messages, backlog, DLQ, ..."
 )
-async def overview(request: Request) -> Response:
-    st = state(request)
-    return json_response(await admin.overview(st.db, tenant(request)))
+async def overview(request: Request) -> Any:
+    return await admin.overview(*db_tenant(request))
 
 
-@router.get(
+@read_route(
+    router,
     "/resources/queues",
+    QueueList,
     summary="Queues with partitions, backlog, in flight, DLQ and per-group lag",
-    openapi_extra=params(SEARCH, NAMESPACE, TASK, *PAGE),
-    responses=answers({200: QueueList}, 400, 413),
+    query=(SEARCH, NAMESPACE, TASK, *PAGE),
+    errors=(400, 413),
 )
-async def list_queues(request: Request) -> Response:
-    page = page_params(request)
-    search = SEARCH.read(request)
-    namespace = NAMESPACE.read(request)
-    task = TASK.read(request)
-    st = state(request)
-    return json_response(await admin.list_queues(st.db, tenant(request), page, search, namespace, task))
+async def list_queues(request: Request) -> Any:
+    search, namespace, task = SEARCH.read(request), NAMESPACE.read(request), TASK.read(request)
+    return await admin.list_queues(*db_tenant(request), page_params(request), search, namespace, task)
 
 
-@router.get(
+@read_route(
+    router,
     "/resources/queues/{queue}",
+    QueueDetail,
     summary="One queue: summary, config, groups, a page of partitions",
     description="`limit`/`offset` page the partitions (by name); `partitionsTotal` counts them all.",
-    openapi_extra=params(*PAGE),
-    responses=answers({200: QueueDetail}, 400, 404, 413),
+    query=PAGE,
+    errors=(400, 404, 413),
 )
-async def get_queue(request: Request, queue: str) -> Response:
+async def get_queue(request: Request, queue: str) -> Any:
     check_name("queue", queue)
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.get_queue(st.db, tenant(request), queue, page))
+    return await admin.get_queue(*db_tenant(request), queue, page_params(request))
 
 
-@router.get(
+@read_route(
+    router,
     "/resources/queues/{queue}/depth",
+    QueueDepth,
     summary="Pending messages per partition (a group's, or the worst)",
-    openapi_extra=params(GROUP, *DEPTH_PAGE),
-    responses=answers({200: QueueDepth}, 400, 404, 413),
+    query=(GROUP, *DEPTH_PAGE),
+    errors=(400, 404, 413),
 )
-async def queue_depth(request: Request, queue: str) -> Response:
+async def queue_depth(request: Request, queue: str) -> Any:
     check_name("queue", queue)
     group = GROUP.read(request)
-    page = page_params(request, DEPTH_PAGE)
-    st = state(request)
-    return json_response(await admin.queue_depth(st.db, tenant(request), queue, group, page))
+    return await admin.queue_depth(*db_tenant(request), queue, group, page_params(request, DEPTH_PAGE))
 
 
-@router.get(
+@read_route(
+    router,
     "/resources/partitions",
+    PartitionList,
     summary="Partitions (of one queue, or all) with backlog and in flight",
-    openapi_extra=params(QUEUE, *PAGE),
-    responses=answers({200: PartitionList}, 400, 404, 413),
+    query=(QUEUE, *PAGE),
+    errors=(400, 404, 413),
 )
-async def list_partitions(request: Request) -> Response:
+async def list_partitions(request: Request) -> Any:
     queue = QUEUE.read(request)
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.list_partitions(st.db, tenant(request), queue, page))
+    return await admin.list_partitions(*db_tenant(request), queue, page_params(request))
 
 
-@router.get(
-    "/resources/namespaces",
-    summary="Namespaces with their queues, messages and backlog",
-    openapi_extra=params(*PAGE),
-    responses=answers({200: NamespaceList}, 400),
-)
-async def namespaces(request: Request) -> Response:
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.list_tags(st.db, tenant(request), "namespace", page))
+def _tags(kind: Literal["namespace", "task"], answer: Any, summary: str) -> None:
+    """``/resources/namespaces`` and ``/resources/tasks``: the queues' tags of one kind, paged."""
+
+    async def tags(request: Request) -> Any:
+        return await admin.list_tags(*db_tenant(request), kind, page_params(request))
+
+    tags.__name__ = f"{kind}s"
+    read_route(router, f"/resources/{kind}s", answer, summary=summary, query=PAGE, errors=(400,))(tags)
 
 
-@router.get(
-    "/resources/tasks",
-    summary="Tasks with their queues, messages and backlog",
-    openapi_extra=params(*PAGE),
-    responses=answers({200: TaskList}, 400),
-)
-async def tasks(request: Request) -> Response:
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.list_tags(st.db, tenant(request), "task", page))
+_tags("namespace", NamespaceList, "Namespaces with their queues, messages and backlog")
+_tags("task", TaskList, "Tasks with their queues, messages and backlog")
 
 
-@router.get(
+@read_route(
+    router,
     "/consumer-groups/lagging",
+    LaggingGroups,
     summary="Consumer groups whose oldest pending message is older than minLagSeconds (default 60)",
-    openapi_extra=params(MIN_LAG, *PAGE),
-    responses=answers({200: LaggingGroups}, 400),
+    query=(MIN_LAG, *PAGE),
+    errors=(400,),
 )
-async def lagging(request: Request) -> Response:
+async def lagging(request: Request) -> Any:
     min_lag: int = MIN_LAG.read(request)
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.lagging_groups(st.db, tenant(request), min_lag, page))
+    return await admin.lagging_groups(*db_tenant(request), min_lag, page_params(request))

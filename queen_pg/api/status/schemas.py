@@ -119,8 +119,8 @@ class QueuePartition(Answer):
     groups: list[PartitionGroup]
 
 
-class QueueDetail(Totals):
-    """``groups`` carry subscription, leases and lag age; ``partitions`` is one page of ``partitionsTotal``."""
+class QueueHead(Totals):
+    """What the two one-queue answers (resources and status) open with."""
 
     name: str
     namespace: str | None
@@ -130,6 +130,11 @@ class QueueDetail(Totals):
     config: QueueConfig
     groups: list[QueueGroup]
     partitionsTotal: int
+
+
+class QueueDetail(QueueHead):
+    """``groups`` carry subscription, leases and lag age; ``partitions`` is one page of ``partitionsTotal``."""
+
     limit: int
     offset: int
     partitions: list[QueuePartition]
@@ -268,15 +273,7 @@ class Analytics(Answer):
     totals: Counts
 
 
-class StatusQueueDetail(Totals):
-    name: str
-    namespace: str | None
-    task: str | None
-    createdAt: str
-    updatedAt: str
-    config: QueueConfig
-    groups: list[QueueGroup]
-    partitionsTotal: int
+class StatusQueueDetail(QueueHead):
     lagSeconds: float | None
     from_: str = Field(alias="from")
     to: str

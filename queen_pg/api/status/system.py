@@ -23,8 +23,9 @@ from fastapi.responses import Response
 from queen_pg import __version__
 from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
-from queen_pg.api.shared.docs import answers, body, params
+from queen_pg.api.shared.docs import answers, body
 from queen_pg.api.shared.params import PAGE, page_params
+from queen_pg.api.shared.reads import db_tenant, read_route
 from queen_pg.api.shared.schemas import window
 from queen_pg.api.status.schemas import (
     Analytics,
@@ -40,6 +41,8 @@ from queen_pg.engine import admin
 from queen_pg.engine import maintenance as maintenance_engine
 from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.mesh.node import Mesh
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 
 router = APIRouter(prefix="/api/v1")
@@ -78,52 +81,42 @@ async def _flip(request: Request, switch: maintenance_engine.Switch) -> Response
     return json_response({"success": True, **st.maintenance.answer()})
 
 
-async def _read(request: Request) -> Response:
-    st = state(request)
-    await maintenance_engine.refresh(st.db, st.maintenance)  # answer what is stored, not the cache
-    return json_response(st.maintenance.answer())
+def _switch(switch: maintenance_engine.Switch, path: str, mode: str, effect: str, while_on: str) -> None:
+    """GET and POST of one maintenance switch (``maintenanceMode`` is push maintenance)."""
+    prefix = "" if switch == "push" else f"{switch}_"
+
+    async def get(request: Request) -> Any:
+        st = state(request)
+        await maintenance_engine.refresh(st.db, st.maintenance)  # answer what is stored, not the cache
+        return st.maintenance.answer()
+
+    async def flip(request: Request) -> Response:
+        return await _flip(request, switch)
+
+    get.__name__, flip.__name__ = f"get_{prefix}maintenance", f"set_{prefix}maintenance"
+    summary = f"The maintenance switches ({mode} = {switch} maintenance)"
+    read_route(
+        router, path, MaintenanceAnswer, summary=summary, description="Read from PostgreSQL, not this process's cache."
+    )(get)
+    router.post(
+        path,
+        summary=f'{switch.capitalize()} maintenance on/off: {{"enabled": bool}}; {effect}',
+        description=f"{SWITCH_DESCRIPTION} While on, {while_on}.",
+        openapi_extra=body(SwitchBody),
+        responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
+    )(level(Level.ADMIN)(flip))
 
 
-@router.get(
+_switch(
+    "push",
     "/system/maintenance",
-    summary="The maintenance switches (maintenanceMode = push maintenance)",
-    description="Read from PostgreSQL, not this process's cache.",
-    responses=answers({200: MaintenanceAnswer}),
+    "maintenanceMode",
+    "pushes get 503",
+    "pushes (and transactions that push) get 503 `maintenance`",
 )
-async def get_maintenance(request: Request) -> Response:
-    return await _read(request)
-
-
-@router.post(
-    "/system/maintenance",
-    summary='Push maintenance on/off: {"enabled": bool}; pushes get 503',
-    description=SWITCH_DESCRIPTION + " While on, pushes (and transactions that push) get 503 `maintenance`.",
-    openapi_extra=body(SwitchBody),
-    responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
+_switch(
+    "pop", "/system/maintenance/pop", "popMaintenanceMode", "pops answer 204", "pops answer 204 (no messages) at once"
 )
-async def set_maintenance(request: Request) -> Response:
-    return await _flip(request, "push")
-
-
-@router.get(
-    "/system/maintenance/pop",
-    summary="The maintenance switches (popMaintenanceMode = pop maintenance)",
-    description="Read from PostgreSQL, not this process's cache.",
-    responses=answers({200: MaintenanceAnswer}),
-)
-async def get_pop_maintenance(request: Request) -> Response:
-    return await _read(request)
-
-
-@router.post(
-    "/system/maintenance/pop",
-    summary='Pop maintenance on/off: {"enabled": bool}; pops answer 204',
-    description=SWITCH_DESCRIPTION + " While on, pops answer 204 (no messages) at once.",
-    openapi_extra=body(SwitchBody),
-    responses=answers({200: MaintenanceAnswer}, 400, 403, 413),
-)
-async def set_pop_maintenance(request: Request) -> Response:
-    return await _flip(request, "pop")
 
 
 @router.post(
@@ -134,6 +127,7 @@ async def set_pop_maintenance(request: Request) -> Response:
     "caller's tenant's at once, at the cost of one pass over that tenant's queues.",
     responses=answers({200: StatsRefreshAnswer}),
 )
+@level(Level.ADMIN)
 async def stats_refresh(request: Request) -> Response:
     st = state(request)
     return json_response(await admin.refresh_stats(st.db, tenant(request)))
@@ -159,57 +153,52 @@ def window_params(request: Request) -> admin.Window:
     return admin.Window(min(since, until), until, bucket)
 
 
-@router.get(
-    "/status",
-    summary="Broker status: overview counts, maintenance, recent throughput",
-    responses=answers({200: StatusAnswer}),
-)
-async def status(request: Request) -> Response:
-    st = state(request)
-    body = await admin.status(st.db, tenant(request))
-    return json_response({"status": "ok", "version": __version__, "database": "up", **body})
+@read_route(router, "/status", StatusAnswer, summary="Broker status: overview counts, maintenance, recent throughput")
+async def status(request: Request) -> Any:
+    body = await admin.status(*db_tenant(request))
+    return {"status": "ok", "version": __version__, "database": "up", **body}
 
 
-@router.get(
+@read_route(
+    router,
     "/status/queues",
+    StatusQueues,
     summary="Per-queue status with throughput over from..to (default: last hour)",
-    openapi_extra=params(*WINDOW, *PAGE),
-    responses=answers({200: StatusQueues}, 400),
+    query=(*WINDOW, *PAGE),
+    errors=(400,),
 )
-async def status_queues(request: Request) -> Response:
+async def status_queues(request: Request) -> Any:
     window = window_params(request)
-    page = page_params(request)
-    st = state(request)
-    return json_response(await admin.status_queues(st.db, tenant(request), window, page))
+    return await admin.status_queues(*db_tenant(request), window, page_params(request))
 
 
-@router.get(
+@read_route(
+    router,
     "/status/queues/{queue}",
+    StatusQueueDetail,
     summary="One queue's status: groups, lag, throughput series",
-    openapi_extra=params(*WINDOW),
-    responses=answers({200: StatusQueueDetail}, 400, 404),
+    query=WINDOW,
+    errors=(400, 404),
 )
-async def status_queue(request: Request, queue: str) -> Response:
+async def status_queue(request: Request, queue: str) -> Any:
     check_name("queue", queue)
-    window = window_params(request)
-    st = state(request)
-    return json_response(await admin.status_queue(st.db, tenant(request), queue, window))
+    return await admin.status_queue(*db_tenant(request), queue, window_params(request))
 
 
-@router.get(
+@read_route(
+    router,
     "/status/analytics",
+    Analytics,
     summary="Time series per minute/hour/day: pushed, acked, backlog, lag (queue, from, to, interval)",
     description="Buckets come from the per-minute samples of the stats job, so they trail live counters by a "
     "few seconds; a bucket with no sample reads pushed 0, acked 0, backlog and lagSeconds null.",
-    openapi_extra=params(*QUEUE_WINDOW),
-    responses=answers({200: Analytics}, 400, 404, 413),
+    query=QUEUE_WINDOW,
+    errors=(400, 404, 413),
 )
-async def analytics(request: Request) -> Response:
+async def analytics(request: Request) -> Any:
     queue = QUEUE_WINDOW[0].read(request)
-    window = window_params(request)
-    st = state(request)
-    body = await admin.analytics(st.db, tenant(request), queue, window)
-    return json_response({**body, "interval": WINDOW[2].read(request)})
+    body = await admin.analytics(*db_tenant(request), queue, window_params(request))
+    return {**body, "interval": WINDOW[2].read(request)}
 
 
 def _process(request: Request) -> dict[str, Any]:
@@ -264,26 +253,24 @@ PROCESS_NOTE = (
 )
 
 
-@router.get(
+@read_route(
+    router,
     "/analytics/system-metrics",
+    SystemMetrics,
     summary="This process: CPU, memory, pool, long-poll waiters",
     description=PROCESS_NOTE,
-    responses=answers({200: SystemMetrics}),
 )
-async def system_metrics(request: Request) -> Response:
-    proc = _process(request)
-    return json_response(
-        {"timestamp": datetime.now(UTC).isoformat(), "version": __version__, **proc, "note": PROCESS_NOTE}
-    )
+async def system_metrics(request: Request) -> Any:
+    now = datetime.now(UTC).isoformat()
+    return {"timestamp": now, "version": __version__, **_process(request), "note": PROCESS_NOTE}
 
 
-@router.get(
+@read_route(
+    router,
     "/analytics/worker-metrics",
+    WorkerMetrics,
     summary="The worker answering (this process), as a one-entry list",
     description=PROCESS_NOTE,
-    responses=answers({200: WorkerMetrics}),
 )
-async def worker_metrics(request: Request) -> Response:
-    return json_response(
-        {"timestamp": datetime.now(UTC).isoformat(), "workers": [_process(request)], "note": PROCESS_NOTE}
-    )
+async def worker_metrics(request: Request) -> Any:
+    return {"timestamp": datetime.now(UTC).isoformat(), "workers": [_process(request)], "note": PROCESS_NOTE}

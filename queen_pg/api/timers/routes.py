@@ -41,6 +41,8 @@ from queen_pg.api.timers.ops import (
 from queen_pg.api.timers.schemas import TimerPage, TimerPeek, TimerResult, TimersAnswer
 from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import NOT_FOUND, TIMERS_BAD_REQUEST, QueenError
+from queen_pg.security.access import level
+from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
 
@@ -97,6 +99,7 @@ def _target(request: Request) -> tuple[str, str | None]:
     openapi_extra=body(TimersRequest),
     responses=answers({200: TimersAnswer}, 400, 413, 429),
 )
+@level(Level.READ_WRITE)
 async def schedule(request: Request) -> Response:
     try:
         prepared = prepare_timer_ops(await _operations(request), in_transaction=False)
@@ -126,6 +129,7 @@ async def schedule(request: Request) -> Response:
     openapi_extra=params(TXN),
     responses=answers({200: TimerResult}, 400, 404, 429),
 )
+@level(Level.READ_WRITE)
 async def cancel(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
@@ -149,6 +153,7 @@ async def cancel(request: Request, target: str) -> Response:
     openapi_extra=params(AFTER, LIMIT),
     responses=answers({200: TimerPeek | TimerPage}, 400, 429),
 )
+@level(Level.READ_ONLY)
 async def read(request: Request, target: str) -> Response:
     try:
         queue, key = _target(request)
