@@ -100,6 +100,8 @@ def _on_fresh_queue(ctx: Context, name: str, spec: dict[str, Any], fill: int = 0
         prefill = None
         if fill:
             prefill = ctx.setup(base | {"action": "fill", "total": fill, "per_req": 100, "concurrency": 10}, LOADGEN)
+            if prefill["count"] != fill:
+                raise BenchError(f"pgmq pre-fill of {name}: {prefill['count']} of {fill} messages sent")
             spec = spec | {"expect": prefill["count"]}
         r = ctx.measure(base | spec, f"-{name}", LOADGEN)
         return r | {"prefill": prefill} if prefill else r

@@ -133,7 +133,8 @@ async def run_fill(spec: dict[str, Any]) -> dict[str, Any]:
             n = sizes.pop()
             try:
                 async with pool.acquire() as conn:
-                    sent += len(await conn.fetch(SEND_BATCH, spec["queue"], [payload] * n))
+                    ids = await conn.fetch(SEND_BATCH, spec["queue"], [payload] * n)
+                sent += len(ids)  # not `sent += len(await ...)`: that reads `sent` before the await
             except (asyncpg.PostgresError, OSError) as exc:
                 errors.append(str(exc)[:300])
                 return
