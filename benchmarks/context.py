@@ -5,7 +5,8 @@ Pre-fill sizing: a pop scenario must never run out of messages inside its measur
 measures a drain (fewer busy consumers, a shorter window) instead of full load. The first time a
 scenario needs a pre-fill it calibrates: it fills ``pop_prefill`` messages, consumes them with the
 scenario's own consumers, and takes the rate; every run then gets ``rate × (warm-up + window) ×
-PREFILL_MARGIN`` messages (at least ``pop_prefill``). A run that still drains its queue inside the
+PREFILL_MARGIN`` messages (at least ``pop_prefill``), raised for the next runs when a run's own rate
+needs more (a calibration on a busy machine underestimates). A run that still drains its queue inside the
 window (``ran_dry`` from the load generator) is run again once with twice the messages, and the
 scenario fails if that one drains too: a dry window is never quoted.
 """
@@ -119,13 +120,16 @@ PopRun = Callable[[int, str, dict[str, Any]], dict[str, Any]]
 CALIBRATION_WARMUP = 0.3  # s: the calibration drains pop_prefill; a short warm-up leaves most of it to measure
 
 
+def _need(ctx: Context, msg_s: float) -> int:
+    return math.ceil(msg_s * (ctx.warmup + ctx.duration) * PREFILL_MARGIN / 10_000) * 10_000
+
+
 def prefill_size(ctx: Context, key: str, pop_run: PopRun) -> int:
     """Messages one measured pop run of ``key`` needs (calibrated on the first call, see the module)."""
     if key not in ctx.prefill:
         probe = pop_run(ctx.pop_prefill, "cal", {"warmup": min(ctx.warmup, CALIBRATION_WARMUP)})
         r = probe.get("rate") or 0.0
-        need = math.ceil(r * (ctx.warmup + ctx.duration) * PREFILL_MARGIN / 10_000) * 10_000
-        size = min(PREFILL_MAX, max(ctx.pop_prefill, need))
+        size = min(PREFILL_MAX, max(ctx.pop_prefill, _need(ctx, r)))
         ctx.prefill[key] = {"calibration": {k: probe.get(k) for k in ("rate", "count", "elapsed_s", "per_group",
                                                                       "ran_dry", "prefill")},
                             "messages": size}  # fmt: skip
@@ -149,4 +153,6 @@ def full_window(ctx: Context, key: str, run: int, pop_run: PopRun) -> dict[str, 
         if r.get("ran_dry"):
             raise BenchError(f"{key}: the queue ran dry inside the measured window twice (last {size:,} messages, "
                              f"{r['elapsed_s']} s of {ctx.duration} s)")  # fmt: skip
+    # a calibration on a busy machine underestimates: the next runs get what this run's rate needs, if more
+    ctx.prefill[key]["messages"] = min(PREFILL_MAX, max(ctx.prefill[key]["messages"], _need(ctx, rate(r))))
     return r
