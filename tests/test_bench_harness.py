@@ -15,6 +15,8 @@ import pytest
 
 from benchmarks import pair
 from benchmarks import run as bench
+from benchmarks.broker import BenchError
+from benchmarks.context import full_window
 from benchmarks.machine import RESULTS, git_state, result_path
 from benchmarks.peers import pgmq
 from benchmarks.profiling import summarize
@@ -159,6 +161,25 @@ def test_targets_are_judged_in_their_direction() -> None:
     assert at_most["met"] is False and at_most["of_target"] == 1.5
     assert bench.judge(Metric("p99_ms", "ms", 5.0, "<="), 4.0)["met"] is True
     assert bench.judge(Metric("single_msg_s", "msg/s"), 10.0)["met"] is None  # informational, no target
+
+
+def test_a_dry_pop_run_is_redone_with_twice_the_messages_and_never_quoted_twice() -> None:
+    ctx = Context(url="", root_pid=None, duration=5, warmup=1, tag="t", pop_prefill=10_000)
+    calls: list[tuple[int, str]] = []
+    dry_until = [2]  # the calibration and the first run drain; the redone run does not
+
+    def pop_run(messages: int, label: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        calls.append((messages, label))
+        dry = len(calls) <= dry_until[0]
+        return {"rate": 10_000.0, "count": messages, "elapsed_s": 1.0 if dry else 5.0, "ran_dry": dry}
+
+    r = full_window(ctx, "k", 0, pop_run)
+    # calibration: 10k msg/s x 6 s x 1.6 = 96k -> 100k; the dry run 0 is redone as "0b" with 200k
+    assert calls == [(10_000, "cal"), (100_000, "0"), (200_000, "0b")]
+    assert r["ran_dry"] is False and r["dry_attempt"]["count"] == 100_000
+    dry_until[0] = 99  # every run drains: the scenario fails instead of quoting a drain
+    with pytest.raises(BenchError, match="ran dry inside the measured window twice"):
+        full_window(ctx, "k", 1, pop_run)
 
 
 def test_ratios_to_the_peer_are_judged_and_tabled() -> None:
