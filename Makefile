@@ -38,8 +38,9 @@ lint: $(TSTAMP) ## ruff, mypy and the import layers (lint-imports: [tool.importl
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-bench: $(TSTAMP) ## run the benchmarks (own broker, ~4 min) and write benchmarks/results/<date>-<commit>.json; BENCH_ARGS="--help"
-	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+# make bench: the broker as make run starts it (--workers $(WORKERS); a --workers in BENCH_ARGS wins), pgmq beside it
+bench: $(TSTAMP) ## run the benchmarks and pgmq on the same shapes (own broker, ~10 min): benchmarks/results/<date>-<commit>.json; BENCH_ARGS="--help"
+	$(BIN)/python -m benchmarks.run --workers $(WORKERS) $(BENCH_ARGS)
 
 fresh: ## the CI fresh-machine check: wheel -> empty venv -> serve outside the tree -> queen-mq push/pop (~1 min)
 	bash .ci/fresh_machine.sh

@@ -110,6 +110,12 @@ class BrokerProcess:
 
         return EmbeddedPostgres(data_dir=self.data_dir, port=self.pg_port).dsn()
 
+    def pg_admin_dsn(self) -> str:
+        """Its bootstrap superuser (creating and dropping the peers' throwaway database)."""
+        from queen_pg.embedded_pg import EmbeddedPostgres
+
+        return EmbeddedPostgres(data_dir=self.data_dir, port=self.pg_port).admin_dsn("postgres")
+
     def start(self, timeout: float = 120.0) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="queen-bench-"))
         self.tmp.chmod(0o711)  # searchable by the postgres account, not listable

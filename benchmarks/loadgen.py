@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -230,6 +231,8 @@ async def measured(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drained.wait(), spec["duration"])
     c1, r1, t1 = meter.count, meter.reqs, time.monotonic()
+    # the window ended because every message was consumed, before its time: it measured a drain
+    ran_dry = drained is not None and drained.is_set()
     meter.measuring = False
     usage = cpu.end()
     meter.stop = True
@@ -246,7 +249,17 @@ async def measured(
         "rejected": meter.rejected,
         "first_error": meter.first_error,
         "cpu_cores": usage,
+        "ran_dry": ran_dry,
     }
+
+
+def latency_summary(lat_ns: list[int]) -> dict[str, float] | None:
+    """p50, p99 and max in ms of request latencies in ns (None without any)."""
+    if not lat_ns:
+        return None
+    lat = sorted(lat_ns)
+    n = len(lat)
+    return {"p50": lat[n // 2] / 1e6, "p99": lat[min(n - 1, (n * 99) // 100)] / 1e6, "max": lat[-1] / 1e6, "samples": n}
 
 
 async def run_push(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]:
@@ -257,14 +270,7 @@ async def run_push(spec: dict[str, Any], host: str, port: int) -> dict[str, Any]
     tasks = [asyncio.create_task(push_client(c, spec, i, meter, deadline)) for i, c in enumerate(conns)]
     out = await measured(spec, meter, tasks, None)
     if meter.latencies:
-        lat = sorted(meter.latencies)
-        n = len(lat)
-        out["latency_ms"] = {
-            "p50": lat[n // 2] / 1e6,
-            "p99": lat[min(n - 1, (n * 99) // 100)] / 1e6,
-            "max": lat[-1] / 1e6,
-            "samples": n,
-        }
+        out["latency_ms"] = latency_summary(meter.latencies)
     for c in conns:
         c.close()
     return out
@@ -284,6 +290,7 @@ async def run_consume(spec: dict[str, Any], host: str, port: int) -> dict[str, A
     ]
     out = await measured(spec, meter, tasks, drained if spec.get("expect") else None)
     out["per_group"] = [g.done for g in groups]
+    out["left_per_group"] = [max(0, g.expect - g.done) for g in groups]  # at the end of the run (after the window)
     for c in conns:
         c.close()
     return out
@@ -362,11 +369,8 @@ async def run_pop_latency(spec: dict[str, Any], host: str, port: int) -> dict[st
     (conn,) = await connect_all(host, port, 1)
     deadline = time.monotonic() + spec["warmup"] + spec["duration"]
     out = await measured(spec, meter, [asyncio.create_task(pop_latency_client(conn, spec, meter, deadline))], None)
-    lat = sorted(meter.latencies)
-    if lat:
-        n = len(lat)
-        out["latency_ms"] = {"p50": lat[n // 2] / 1e6, "p99": lat[min(n - 1, (n * 99) // 100)] / 1e6,
-                             "max": lat[-1] / 1e6, "samples": n}  # fmt: skip
+    if meter.latencies:
+        out["latency_ms"] = latency_summary(meter.latencies)
     conn.close()
     return out
 
@@ -388,16 +392,21 @@ async def main_async(spec: dict[str, Any]) -> dict[str, Any]:
     raise SystemExit(f"unknown action {action!r}")
 
 
-def main(argv: list[str]) -> int:
+def run_spec(argv: list[str], entry: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
+    """Run ``entry`` on the JSON spec in ``argv[1]`` (on uvloop when installed) and print its result."""
     spec = orjson.loads(argv[1])
     try:
         import uvloop
     except ImportError:
-        result = asyncio.run(main_async(spec))
+        result = asyncio.run(entry(spec))
     else:
-        result = uvloop.run(main_async(spec))
+        result = uvloop.run(entry(spec))
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_spec(argv, main_async)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ Shapes (the targets name the counts; the rest is chosen here and recorded in the
 - binary push / framed pop + ack: the same shapes as push 100 and pop + ack, on the binary wire (docs/wire.md)
   as the official client's binary_push + push_compression / framed_pop send and read it; the load
   generator frames, mints ids and compresses every request, and decompresses every answer, as that client.
-- pop + ack: 10 partitions pre-filled with 100 messages per push (100k in all, not timed); 10 queue-mode
-  consumers loop pop ``batch=100`` (no wait) + one ``/ack/batch``; rate = acknowledged messages per s.
+- pop + ack: 10 partitions pre-filled with 100 messages per push (not timed), enough for the whole
+  window at the calibrated rate (``benchmarks/context.py``: a run that drains is redone, never quoted);
+  10 queue-mode consumers loop pop ``batch=100`` + one ``/ack/batch``; rate = acknowledged messages per s.
 - latency: one client, one item per push, sequential, each push waits for the previous answer.
-- fan-out: one queue of 10 partitions pre-filled with 100k; a single group of 10 consumers, then 10
+- fan-out: one queue of 10 partitions pre-filled as a pop run is (sized for the single group, which reads
+  fastest); a single group of 10 consumers, then 10
   groups of 10 consumers each (fresh group names each run, so each reads from the start); the metric is
   total deliveries per second of the 10 groups over the single group's.
 - 10,000 partitions: 32 clients push one item per request round-robin over 10,000 existing partitions
@@ -27,99 +29,31 @@ Shapes (the targets name the counts; the rest is chosen here and recorded in the
   1,000-item pushes, with progress lines.
 - floor (no target): a bare FastAPI route on the same stack, without and with one asyncpg ``SELECT 1``,
   driven like the single-push scenario: the CPU one request costs on this machine before queen-pg's work.
+- peers: pgmq 1.5.1 on the push 100, push 1, pop + ack and latency shapes, in a throwaway database of the
+  same PostgreSQL (``benchmarks/peers/pgmq.py``); the scenarios above that name it quote ours / pgmq.
 - memory: VmRSS of each broker worker after all other scenarios (from /proc/<pid>/status).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from benchmarks.broker import BenchError, delete_queue, free_port, http, wait_healthy
+from benchmarks.broker import BenchError, free_port, http, wait_healthy
+from benchmarks.context import Context, Details, Metric, PeerLink, Values, full_window, prefill_size
+from benchmarks.context import rate as _rate
 from benchmarks.machine import ROOT
+from benchmarks.peers.pgmq import METRICS as PEER_METRICS
+from benchmarks.peers.pgmq import peers, peers_setup, peers_teardown
 from benchmarks.procstat import broker_processes, workers
-from benchmarks.profiling import Profiler
 
-PAYLOAD_BYTES = 128
-Values = dict[str, float]
-Details = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    target: float | None = None  # None: reported, not judged
-    op: str = ">="
-
-    def met(self, value: float | None) -> bool | None:
-        if self.target is None or value is None:
-            return None
-        return value >= self.target if self.op == ">=" else value <= self.target
-
-
-@dataclass
-class Context:
-    url: str
-    root_pid: int | None
-    duration: float
-    warmup: float
-    tag: str
-    pop_prefill: int
-    pg_dsn: str | None = None  # the started broker's PostgreSQL (floor scenario)
-    consume_wait_ms: int = 2_000  # consumers long-poll this long (wait=true); 0 = wait=false + 2 ms sleep
-    profiler: Profiler | None = None
-    profiling: str | None = None  # the scenario key whose measured calls are being profiled
-    shared: dict[str, Any] = field(default_factory=dict)  # set-up results kept across a scenario's runs
-
-    def queue(self, name: str, run: int | str = "") -> str:
-        return f"bench-{self.tag}-{name}{run}"
-
-    def _loadgen(self, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-        full = {"url": self.url, "tag": self.tag, "payload_bytes": PAYLOAD_BYTES} | spec
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "benchmarks.loadgen", json.dumps(full)]
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"the load generator ({spec['action']}) ran past {timeout:.0f} s") from None
-        if p.returncode != 0 or not p.stdout.strip():
-            raise BenchError(f"the load generator ({spec['action']}) failed (rc={p.returncode}): {p.stderr[-2000:]}")
-        result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
-        if result.get("errors") and not result.get("count"):
-            raise BenchError(f"{spec['action']}: every request failed; first error: {result.get('first_error')}")
-        return result
-
-    def setup(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Untimed work (pre-filling); fails the scenario if anything in it failed."""
-        r = self._loadgen(spec, timeout=600)
-        if r.get("errors"):
-            raise BenchError(f"set-up {spec['action']} failed: {r.get('first_error')}")
-        return r
-
-    def measure(self, spec: dict[str, Any], label: str = "") -> dict[str, Any]:
-        timed = {"warmup": self.warmup, "duration": self.duration, "root_pid": self.root_pid,
-                 "poll_ms": self.consume_wait_ms} | spec  # fmt: skip
-        prof = self.profiler
-        rec = prof.record(f"{self.profiling}{label}") if prof is not None and self.profiling else nullcontext()
-        with rec:
-            return self._loadgen(timed, timeout=self.warmup + self.duration + 120)
-
-    def delete(self, queue: str) -> None:
-        delete_queue(self.url, queue)
-
-
-def _rate(r: dict[str, Any]) -> float:
-    return float(r["rate"])
+__all__ = ["BY_KEY", "SCENARIOS", "Context", "Metric", "PeerLink", "Scenario"]
 
 
 def push_batch(ctx: Context, run: int) -> tuple[Values, Details]:
@@ -150,23 +84,29 @@ def _fill(ctx: Context, queue: str, partitions: int, total: int, per_req: int = 
     return ctx.setup(spec)
 
 
+def _pop_ack(ctx: Context, key: str, run: int, frames: bool) -> tuple[Values, Details]:
+    """10 queue-mode consumers on 10 partitions filled for a full window (``full_window``)."""
+
+    def pop_run(messages: int, label: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        q = ctx.queue(f"{key}-", label)
+        try:
+            fill = _fill(ctx, q, 10, messages)
+            spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100,
+                    "expect": fill["count"], "frames": frames} | overrides  # fmt: skip
+            return ctx.measure(spec) | {"prefill": fill}
+        finally:
+            ctx.delete(q)
+
+    r = full_window(ctx, key, run, pop_run)
+    return {"msg_s": _rate(r)}, r
+
+
 def pop_ack(ctx: Context, run: int) -> tuple[Values, Details]:
-    q = ctx.queue("pop-", run)
-    fill = _fill(ctx, q, 10, ctx.pop_prefill)
-    spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100, "expect": fill["count"]}
-    r = ctx.measure(spec)
-    ctx.delete(q)
-    return {"msg_s": _rate(r)}, r | {"prefill": fill}
+    return _pop_ack(ctx, "pop_ack", run, frames=False)
 
 
 def pop_ack_binary(ctx: Context, run: int) -> tuple[Values, Details]:
-    q = ctx.queue("popb-", run)
-    fill = _fill(ctx, q, 10, ctx.pop_prefill)
-    spec = {"action": "consume", "queue": q, "groups": [None], "consumers": 10, "batch": 100, "expect": fill["count"],
-            "frames": True}  # fmt: skip
-    r = ctx.measure(spec)
-    ctx.delete(q)
-    return {"msg_s": _rate(r)}, r | {"prefill": fill}
+    return _pop_ack(ctx, "pop_ack_binary", run, frames=True)
 
 
 def latency(ctx: Context, run: int) -> tuple[Values, Details]:
@@ -178,8 +118,21 @@ def latency(ctx: Context, run: int) -> tuple[Values, Details]:
 
 
 def fanout_setup(ctx: Context) -> None:
+    """One queue for every run (each run's groups read it from the start), sized as a pop run's for the
+    single group, which reads fastest (``prefill_size``)."""
+
+    def single_group(messages: int, label: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        q = ctx.queue("fanout-", label)
+        try:
+            fill = _fill(ctx, q, 10, messages)
+            spec = {"action": "consume", "queue": q, "consumers": 10, "batch": 100, "expect": fill["count"],
+                    "groups": [f"g{ctx.tag}-cal"]} | overrides  # fmt: skip
+            return ctx.measure(spec) | {"prefill": fill}
+        finally:
+            ctx.delete(q)
+
     q = ctx.shared["queue"] = ctx.queue("fanout")
-    ctx.shared["fill"] = _fill(ctx, q, 10, ctx.pop_prefill)
+    ctx.shared["fill"] = _fill(ctx, q, 10, prefill_size(ctx, "fanout", single_group))
 
 
 def _pop_cache_lookups(ctx: Context) -> dict[str, float]:
@@ -203,6 +156,9 @@ def fanout(ctx: Context, run: int) -> tuple[Values, Details]:
     before = _pop_cache_lookups(ctx)
     ten = ctx.measure(base | {"groups": [f"g{ctx.tag}-fan-{run}-{g}" for g in range(10)]}, "-fanout")
     after = _pop_cache_lookups(ctx)
+    if one["ran_dry"] or ten["ran_dry"]:  # set-up sized the queue for the single group: report, never quote
+        raise BenchError(f"fanout: the queue of {total:,} messages ran dry inside the window (single group "
+                         f"{one['elapsed_s']} s, ten groups {ten['elapsed_s']} s)")  # fmt: skip
     hits, misses = (after.get(k, 0.0) - before.get(k, 0.0) for k in ("hit", "miss"))
     values = {"ratio": _rate(ten) / max(_rate(one), 1e-9), "single_msg_s": _rate(one), "fanout_msg_s": _rate(ten),
               "cache_hit_pct": 100 * hits / (hits + misses) if hits + misses else float("nan")}  # fmt: skip
@@ -383,23 +339,29 @@ class Scenario:
     setup: Callable[[Context], None] | None = None
     teardown: Callable[[Context], None] | None = None
     single_reading: bool = False  # one reading, not repeated runs (memory)
+    peers: tuple[PeerLink, ...] = ()  # ratios to the ``peers`` scenario's figures, judged where targeted
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("push_batch100", "push, 100 items/request, 32 clients", "≥ 84,000 msg/s",
-             (Metric("msg_s", "msg/s", 84_000),), push_batch),
-    Scenario("push_single", "push, 1 item/request, 128 clients", "≥ 11,000 msg/s",
-             (Metric("msg_s", "msg/s", 11_000),), push_single),
-    Scenario("pop_ack", "pop 100 + batch ack, 10 consumers, 10 partitions pre-filled with 100k", "≥ 45,000 msg/s",
-             (Metric("msg_s", "msg/s", 45_000),), pop_ack),
+    Scenario("push_batch100", "push, 100 items/request, 32 clients", "≥ 0.45× pgmq",
+             (Metric("msg_s", "msg/s"),), push_batch, peers=(PeerLink("msg_s", "push_batch100_msg_s", 0.45),)),
+    Scenario("push_single", "push, 1 item/request, 128 clients", "≥ 0.72× pgmq",
+             (Metric("msg_s", "msg/s"),), push_single, peers=(PeerLink("msg_s", "push_single_msg_s", 0.72),)),
+    Scenario("pop_ack", "pop 100 + batch ack, 10 consumers, 10 partitions pre-filled for the window", "≥ 0.75× pgmq",
+             (Metric("msg_s", "msg/s"),), pop_ack, peers=(PeerLink("msg_s", "pop_ack_msg_s", 0.75),)),
     Scenario("push_batch100_binary", "binary push (QPB1 flag 8, zstd), 100 items/request, 32 clients",
-             "≥ 200,000 msg/s", (Metric("msg_s", "msg/s", 200_000),), push_batch_binary),
-    Scenario("pop_ack_binary", "framed pop (QPF1) 100 + batch ack, 10 consumers, 10 partitions pre-filled with 100k",
-             "≥ 100,000 msg/s", (Metric("msg_s", "msg/s", 100_000),), pop_ack_binary),
-    Scenario("latency", "single push, 1 client, sequential", "p50 ≤ 0.6 ms, p99 ≤ 2 ms",
-             (Metric("p50_ms", "ms", 0.6, "<="), Metric("p99_ms", "ms", 2.0, "<=")), latency),
-    Scenario("fanout", "fan-out: 10 consumer groups reading one queue", "≥ 3× the single-group rate",
-             (Metric("ratio", "×", 3.0), Metric("single_msg_s", "msg/s"), Metric("fanout_msg_s", "msg/s"),
+             "≥ 0.55× pgmq", (Metric("msg_s", "msg/s"),), push_batch_binary,
+             peers=(PeerLink("msg_s", "push_batch100_msg_s", 0.55),)),
+    Scenario("pop_ack_binary", "framed pop (QPF1) 100 + batch ack, 10 consumers, 10 partitions pre-filled for the "
+             "window", "≥ 1.0× pgmq", (Metric("msg_s", "msg/s"),), pop_ack_binary,
+             peers=(PeerLink("msg_s", "pop_ack_msg_s", 1.0),)),
+    Scenario("latency", "single push, 1 client, sequential", "p50 ≤ 0.8 ms, p99 ≤ 2 ms",
+             (Metric("p50_ms", "ms", 0.8, "<=", "p50"), Metric("p99_ms", "ms", 2.0, "<=", "p99")), latency,
+             peers=(PeerLink("p50_ms", "latency_p50_ms"), PeerLink("p99_ms", "latency_p99_ms"))),
+    Scenario("peers", "pgmq 1.5.1 on the same shapes (asyncpg, throwaway database)", "none (the ratios' peer)",
+             PEER_METRICS, peers, peers_setup, peers_teardown),
+    Scenario("fanout", "fan-out: 10 consumer groups reading one queue", "≥ 2× the single-group rate",
+             (Metric("ratio", "×", 2.0), Metric("single_msg_s", "msg/s"), Metric("fanout_msg_s", "msg/s"),
               Metric("cache_hit_pct", "%")),
              fanout, fanout_setup, _teardown_shared),
     Scenario("partitions_10k", "10,000 partitions, 1 item per push", "≥ 70 % of the 10-partition rate",
@@ -407,7 +369,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              partitions, partitions_setup, _teardown_shared),
     Scenario("partition_scale", "pop naming no partition at 1/1k/10k/100k pending partitions; push b=1 at 10k vs 1",
              "pop p50 ≤ 3 ms at 100k; push at 10k ≥ 90 % of 1",
-             (Metric("pop_p50_ms_100000", "ms", 3.0, "<="), Metric("push_pct_10k_of_1", "%", 90.0),
+             (Metric("pop_p50_ms_100000", "ms", 3.0, "<=", "pop p50 at 100k"),
+              Metric("push_pct_10k_of_1", "%", 90.0, label="push at 10k vs 1"),
               Metric("pop_p50_ms_1", "ms"), Metric("pop_p50_ms_1000", "ms"), Metric("pop_p50_ms_10000", "ms"),
               Metric("pop_sql_p50_ms_1", "ms"), Metric("pop_sql_p50_ms_1000", "ms"),
               Metric("pop_sql_p50_ms_10000", "ms"), Metric("pop_sql_p50_ms_100000", "ms"),
