@@ -24,6 +24,11 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
   requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.
 
+- the data plane from the protocol (``QUEEN_HOT_PROTOCOL=1``, httptools): a request for a hot route
+  (push, pop, ack, lease extend, transaction) runs ``Transport.hot``'s handler in place of the app, in
+  the same uvicorn request cycle (keep-alive, pipelining order, flow control and framing unchanged); the
+  handler applies the middleware chain's rules itself, as shared functions (queen_pg/api/hot.py).
+
 The protocol finds its :class:`Transport` in the lifespan state (``queen_pg.app`` yields it under
 ``STATE_KEY``), so every worker process configures its own from its own settings.
 """
