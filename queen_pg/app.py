@@ -22,7 +22,7 @@ from queen_pg.api import ack, dashboard, dlq, messages, pop, push, traces, trans
 from queen_pg.api.admin import groups as admin_groups
 from queen_pg.api.admin import moves as admin_moves
 from queen_pg.api.admin import routes as admin_routes
-from queen_pg.api.hot import HotRoutes, hot_routes
+from queen_pg.api.hot import HotPath, HotRoutes, hot_routes
 from queen_pg.api.kv import browse as kv_browse
 from queen_pg.api.kv import locks as kv_locks
 from queen_pg.api.kv import routes as kv_routes
@@ -55,6 +55,7 @@ from queen_pg.security.access import declare_routes
 from queen_pg.security.access import install as install_security
 from queen_pg.security.roles import Level
 from queen_pg.security.tenancy import enabled as tenancy_enabled
+from queen_pg.security.web import split_list
 from queen_pg.server import STATE_KEY, Transport, fit_connections, install_lame_duck, tune_gc
 from queen_pg.settings import MIB, Settings
 
@@ -160,6 +161,9 @@ def create_app(settings: Settings) -> FastAPI:
             drain_delay_s=settings.drain_delay_ms / 1000,
             body_idle_timeout_s=settings.body_idle_timeout_s,
         )
+        if settings.hot_protocol:  # the data plane answered from the protocol, same rules (api/hot.py)
+            cors = bool(split_list(settings.cors_origins))
+            transport.hot = HotPath(app, checks, metrics, settings.max_body_bytes, settings.trusted_proxies, cors)
         app.state.queen.transport = transport
         install_lame_duck(transport)  # SIGTERM: /health 503 and a delay before the listener closes
         log.info("event=broker_ready version=%s pool=%d", __version__, settings.db_pool_size)
@@ -188,7 +192,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(HotRoutes, routes=hot_routes())  # innermost: the data routes without FastAPI's per-request work
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
+    checks = install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
     app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # sees every answer, 413s included

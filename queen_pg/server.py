@@ -24,6 +24,11 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   SIGTERM, SIGINT, a worker restart) wakes every parked long-poll pop, which answers 204 at once;
   requests in flight finish (up to ``shutdown_grace_s``), new connections are no longer accepted.
 
+- the data plane from the protocol (``QUEEN_HOT_PROTOCOL=1``, httptools): a request for a hot route
+  (push, pop, ack, lease extend, transaction) runs ``Transport.hot``'s handler in place of the app, in
+  the same uvicorn request cycle (keep-alive, pipelining order, flow control and framing unchanged); the
+  handler applies the middleware chain's rules itself, as shared functions (queen_pg/api/hot.py).
+
 The protocol finds its :class:`Transport` in the lifespan state (``queen_pg.app`` yields it under
 ``STATE_KEY``), so every worker process configures its own from its own settings.
 """
@@ -39,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import uvicorn
@@ -59,6 +64,13 @@ STATE_KEY = "queen_transport"
 FD_HEADROOM = 256  # file descriptors kept for the pool, logs, the embedded PostgreSQL's pipes
 
 
+class HotEntry(Protocol):
+    """The data plane answered from the protocol (queen_pg/api/hot.py: ``HotPath``)."""
+
+    def app_for(self, scope: Any) -> Any | None:
+        """The ASGI callable that answers this request in place of the app; None: the app does."""
+
+
 @dataclass(slots=True)
 class Transport:
     """What the protocol needs from the app; one per app (worker process)."""
@@ -75,6 +87,7 @@ class Transport:
     head_timeouts: int = 0
     body_idle_timeout_s: float = 30.0
     body_timeouts: int = 0
+    hot: HotEntry | None = None  # QUEEN_HOT_PROTOCOL=1: the data plane past the ASGI middleware chain
     # uvicorn's server-wide sets (its ServerState), seen through the first connection
     connections: set[Any] | None = None
     tasks: set[asyncio.Task[None]] | None = None
@@ -377,6 +390,14 @@ if HttpToolsProtocol is not None:
     class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
             cycle.transport = OneWrite(self.transport, self.loop)
+            hot = self._queen.hot if self._queen is not None else None
+            if (
+                hot is not None
+                and app is self.app  # not uvicorn's own 503 (limit_concurrency)
+                and not cycle.waiting_for_100_continue
+                and cycle.scope["http_version"] == "1.1"
+            ):
+                app = hot.app_for(cycle.scope) or app  # same cycle: keep-alive, pipelining, flow control
             super()._start_asgi_task(cycle, app)
 
 

@@ -146,6 +146,12 @@ class Settings(BaseSettings):
         "is answered 503 + Retry-After and closed. Lowered, with a warning, to what the file-descriptor "
         "limit allows.",
     )
+    hot_protocol: bool = Field(
+        True,
+        description="The data plane's routes (push, pop, ack, ack/batch, lease extend, transaction) are answered "
+        "from the HTTP protocol itself, past uvicorn's ASGI cycle and the middleware chain, with the same checks "
+        "(queen_pg/api/hot.py); 0 sends them through the ASGI app like every other route.",
+    )
     keep_alive_s: int = Field(
         75,
         ge=1,

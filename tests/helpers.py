@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import httpx
+
+from queen_pg.api.hot import HotTable, hot_routes
 
 
 async def push(http: httpx.AsyncClient, queue: str, items: list[dict[str, Any]], partition: str = "Default") -> Any:
@@ -160,3 +163,23 @@ async def pop_at(conn: asyncpg.Connection, queue: str, now: Any, group: str = "g
     for r in rows:
         out.extend(o for o in range(max(r["base_offset"], r["lease_start"]), min(r["end_offset"], r["lease_end"])))
     return out
+
+
+@contextlib.asynccontextmanager
+async def hot_client(broker: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``broker`` that checks, at the end, that the protocol (queen_pg/api/hot.py: HotPath) and
+    not the app answered every request it sent to a hot route: tests using it exercise the hot path."""
+    hot = broker.app.state.queen.transport.hot
+    assert hot is not None, "the broker runs with QUEEN_HOT_PROTOCOL=0"
+    table = HotTable(hot_routes())
+    sent = 0
+
+    async def count(request: httpx.Request) -> None:
+        nonlocal sent
+        scope = {"type": "http", "method": request.method, "path": request.url.path, "root_path": ""}
+        sent += table.find(scope) is not None
+
+    before = hot.served
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30, event_hooks={"request": [count]}) as client:
+        yield client
+    assert hot.served - before == sent, (hot.served - before, sent)

@@ -11,6 +11,7 @@ import os
 import resource
 import struct
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from queen.http.pop_frames import decode_pop_frames
 from queen.http.push_binary import PushBatch, encode_push_binary, encode_push_frames, encode_transaction_frames
 
 from tests.conftest import Broker
+from tests.helpers import hot_client
 from tests.test_security_jwt import JWT_ON, token
 
 BINARY = {"binary_push": True, "push_compression": True, "framed_pop": True}
@@ -52,6 +54,14 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(client_http, "binary_push_body", push_body)
     monkeypatch.setattr(client_http, "decode_pop_frames", pop_frames)
     return seen
+
+
+@pytest.fixture
+async def http(broker: Broker) -> AsyncIterator[httpx.AsyncClient]:
+    """The conftest client, also checking that the protocol answered every hot-route request (the tables
+    run against the data plane as QUEEN_HOT_PROTOCOL=1 serves it)."""
+    async with hot_client(broker) as client:
+        yield client
 
 
 def _groups_of(body: bytes) -> list[bytes]:

@@ -5,13 +5,15 @@ not be acked cannot be created."""
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from tests.helpers import push
+from tests.conftest import Broker
+from tests.helpers import hot_client, push
 
 BIG = 2**64  # one past what a 64-bit integer holds
 BIG_JSON = str(2**70)
@@ -23,6 +25,15 @@ DEEP_TIMER = b'{"op": "schedule", "queue": "q", "timerKey": "k", "txn": "t", "de
 )
 EDGES = ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00")
 JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+async def http(broker: Broker) -> AsyncIterator[httpx.AsyncClient]:
+    """The conftest client, also checking that the protocol answered every hot-route request (the tables
+    run against the data plane as QUEEN_HOT_PROTOCOL=1 serves it)."""
+    async with hot_client(broker) as client:
+        yield client
+
 
 TABLES = ("queues", "log_partitions", "log_segments", "log_txns", "log_dlq", "kv", "timers", "traces")
 

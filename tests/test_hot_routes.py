@@ -1,4 +1,4 @@
-"""The data routes served straight from ASGI (queen_pg/api/hot.py) answer exactly as through FastAPI's
+"""The data routes served straight from ASGI (queen_pg/api/hot.py: HotRoutes) answer exactly as through FastAPI's
 router: the same status, headers and body for the same requests (happy and failing ones), the route
 template as the metrics label, and a hot path with another method still 405. Real broker, real HTTP."""
 
@@ -24,7 +24,8 @@ def _hot(broker: Broker) -> HotRoutes:
 
 
 async def _start(db_url: str, hot: bool) -> Broker:
-    b = Broker(broker_settings(db_url))
+    # the app's own way (QUEEN_HOT_PROTOCOL=0); the protocol's is held to it by tests/test_hot_protocol.py
+    b = Broker(broker_settings(db_url, hot_protocol=False))
     if not hot:  # the same app, its data routes through FastAPI's router
         b.app.user_middleware = [m for m in b.app.user_middleware if m.cls is not HotRoutes]
     await b.start()

@@ -12,7 +12,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, Route
 
 from queen_pg.errors import FORBIDDEN, QueenError
-from queen_pg.security.middleware import STATE_KEY, Principal, Security
+from queen_pg.security.middleware import STATE_KEY, Checks, Principal, Security
 from queen_pg.security.roles import Level, RouteLevels, declare
 from queen_pg.security.web import split_list
 from queen_pg.settings import Settings
@@ -23,9 +23,11 @@ LEVEL_ATTR = "queen_level"
 CORS_HEADERS = ["Authorization", "Content-Type", "x-queen-tenant", "Idempotency-Key", "X-Request-Id"]
 
 
-def install(app: FastAPI, settings: Settings) -> None:
-    """Add the security middleware (inside it: the app's own; outside: CORS when configured)."""
-    app.add_middleware(Security, settings=settings)
+def install(app: FastAPI, settings: Settings) -> Checks:
+    """Add the security middleware (inside it: the app's own; outside: CORS when configured); its rules
+    are returned for the protocol-level data plane (queen_pg/api/hot.py), which applies the same ones."""
+    checks = Checks(settings)
+    app.add_middleware(Security, checks=checks)
     origins = split_list(settings.cors_origins)
     if origins:
         app.add_middleware(
@@ -36,6 +38,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             allow_credentials=False,
             max_age=600,
         )
+    return checks
 
 
 def principal(request: Request) -> Principal | None:

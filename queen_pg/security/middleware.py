@@ -1,6 +1,7 @@
 """Pure-ASGI middleware that runs before every route: Host check, cross-site, JWT, tenant, Content-Type.
 
-It wraps every route, the data plane's too (``queen_pg.api.hot.HotRoutes`` is inside it). Order inside
+The rules are :meth:`Checks.admit`, one call shared by the ASGI middleware :class:`Security`, which wraps
+every route, and the data plane answered from the HTTP protocol (queen_pg/api/hot.py). Order inside
 one request: a foreign ``Host`` is 400; a browser request from another site that would change state
 is 403 ``cross_site`` (both decided in queen_pg/security/web.py); then (JWT on, path not skipped) a missing,
 invalid or expired token is 401 with ``WWW-Authenticate: Bearer`` and a valid token below the
@@ -91,9 +92,11 @@ def _headers(scope: Scope) -> dict[bytes, str]:
     return found
 
 
-class Security:
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
+class Checks:
+    """The rules every request passes before its route (the module doc), as one call: the ASGI middleware
+    (:class:`Security`) and the protocol-level data plane (queen_pg/api/hot.py) share this instance."""
+
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.table = RouteTable()
         self.skip = frozenset(split_list(settings.jwt_skip_paths))
@@ -113,33 +116,32 @@ class Security:
             else Principal(None, Level.ADMIN, settings.default_tenant, False)
         )  # fmt: skip
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def admit(self, scope: Scope, send: Send) -> bool:
+        """True: the request may go on, its principal is in ``scope["state"]``; False: it was refused and
+        the answer is sent."""
         headers = _headers(scope)
         host = headers.get(b"host")
         if not self.hosts.allows(host):
             await _error(send, BAD_HOST, "Host header not allowed (QUEEN_ALLOWED_HOSTS lists the accepted names)")
-            return
+            return False
         method: str = scope["method"]
         refused = cross_site(
             method, scope["path"], headers.get(b"sec-fetch-site"), headers.get(b"origin"), host, self.origins
         )
         if refused is not None:
             await _error(send, CROSS_SITE, refused)
-            return
+            return False
         principal = self.fixed or await self._resolve(scope, method, headers, send)
         if principal is None:
-            return  # refused: the answer is sent
+            return False  # refused: the answer is sent
         if method in STATE_CHANGING:
             ctype = headers.get(b"content-type")
             has_body = headers.get(b"content-length", "0") not in ("0", "") or b"transfer-encoding" in headers
             if (ctype is not None and not json_type(ctype)) or (ctype is None and has_body):
                 await _error(send, UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be application/json or {BINARY_PUSH}")
-                return
+                return False
         scope.setdefault("state", {})[STATE_KEY] = principal
-        await self.app(scope, receive, send)
+        return True
 
     async def _resolve(self, scope: Scope, method: str, headers: dict[bytes, str], send: Send) -> Principal | None:
         """Token, level and tenant; None when the request was refused (401/403/400 sent)."""
@@ -202,3 +204,15 @@ def _bearer(value: str | None) -> str | None:
     scheme, _, token = value.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+class Security:
+    """Pure ASGI: :meth:`Checks.admit`, then the app."""
+
+    def __init__(self, app: ASGIApp, checks: Checks) -> None:
+        self.app = app
+        self.checks = checks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or await self.checks.admit(scope, send):
+            await self.app(scope, receive, send)

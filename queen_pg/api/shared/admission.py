@@ -167,6 +167,57 @@ async def refuse(send: Send, err: QueenError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+@dataclass(slots=True)
+class Permit:
+    """The bytes one admitted request holds; given back once (:meth:`release`)."""
+
+    budget: ByteBudget
+    family: str
+    charged: int
+    tenant: str | None
+    chunked: bool  # no Content-Length: charged as its bytes are read (Admission.metered)
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.budget.release(self.charged, self.tenant)
+
+    def releasing(self, send: Send) -> Send:
+        """``send`` that gives the bytes back once the response's last part has been sent."""
+
+        async def sent(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.release()
+
+        return sent
+
+
+async def admit(scope: Scope, send: Send) -> tuple[bool, Permit | None]:
+    """The admission of one request: (go on, the permit it holds: None when it is not admitted by bytes).
+    Not going on means the refusal was sent. Shared by :class:`Admission` and the protocol-level data plane
+    (queen_pg/api/hot.py)."""
+    family = ADMITTED.get(scope["path"]) if scope["method"] == "POST" else None
+    st = getattr(scope["app"].state, "queen", None) if family is not None else None
+    budget: ByteBudget | None = getattr(st, "admission", None)
+    if family is None or budget is None:
+        return True, None
+    storage = getattr(st, "storage", None)
+    if family == "push" and storage is not None and storage.full:
+        await refuse(send, QueenError(STORAGE_FULL, detail=f"storage is full: {storage.reason}"))
+        return False, None
+    length = _content_length(scope)
+    charged = budget.cost(length)
+    ten = tenant_of(scope)
+    try:
+        await budget.acquire(charged, family, tenant=ten)
+    except QueenError as err:
+        await refuse(send, err)
+        return False, None
+    return True, Permit(budget, family, charged, ten, length is None)
+
+
 class Admission:
     """Byte-budget admission and the storage_full refusal for pushes and transactions."""
 
@@ -174,58 +225,38 @@ class Admission:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        family = ADMITTED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        st = getattr(scope["app"].state, "queen", None) if family is not None else None
-        budget: ByteBudget | None = getattr(st, "admission", None)
-        if family is None or budget is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        storage = getattr(st, "storage", None)
-        if family == "push" and storage is not None and storage.full:
-            await refuse(send, QueenError(STORAGE_FULL, detail=f"storage is full: {storage.reason}"))
+        go, permit = await admit(scope, send)
+        if not go:
             return
-        length = _content_length(scope)
-        charged = budget.cost(length)
-        ten = tenant_of(scope)
-        try:
-            await budget.acquire(charged, family, tenant=ten)
-        except QueenError as err:
-            await refuse(send, err)
+        if permit is None:
+            await self.app(scope, receive, send)
             return
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                budget.release(charged, ten)
-
-        if length is None:  # chunked: charge the bytes as they are read, before the app sees them
-            seen = 0
-            upstream = receive
-
-            async def metered() -> Message:
-                nonlocal seen, charged
-                message = await upstream()
-                if message["type"] == "http.request" and held:
-                    seen += len(message.get("body", b""))
-                    if seen > charged:
-                        # at least double (few waits), never past the body limit (BodyLimit refuses beyond)
-                        more = max(seen - charged, min(charged, budget.max_body - charged))
-                        # a short wait: bodies that hold permits and wait for more could otherwise
-                        # wait on each other (and a disconnect goes unseen while waiting)
-                        await budget.acquire(more, family, min(budget.hold_s, GROW_HOLD_S), ten)
-                        charged += more
-                return message
-
-            receive = metered
-
-        async def sent(message: Message) -> None:
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                release()
-
         try:
-            await self.app(scope, receive, sent)
+            await self.app(scope, metered(permit, receive) if permit.chunked else receive, permit.releasing(send))
         finally:
-            release()
+            permit.release()
+
+
+def metered(permit: Permit, upstream: Receive) -> Receive:
+    """A chunked body: charge the bytes as they are read, before the app sees them."""
+    budget = permit.budget
+    seen = 0
+
+    async def receive() -> Message:
+        nonlocal seen
+        message = await upstream()
+        if message["type"] == "http.request" and permit.held:
+            seen += len(message.get("body", b""))
+            if seen > permit.charged:
+                # at least double (few waits), never past the body limit (BodyLimit refuses beyond)
+                more = max(seen - permit.charged, min(permit.charged, budget.max_body - permit.charged))
+                # a short wait: bodies that hold permits and wait for more could otherwise
+                # wait on each other (and a disconnect goes unseen while waiting)
+                await budget.acquire(more, permit.family, min(budget.hold_s, GROW_HOLD_S), permit.tenant)
+                permit.charged += more
+        return message
+
+    return receive

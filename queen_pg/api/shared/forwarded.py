@@ -26,11 +26,16 @@ class Forwarded:
     def __init__(self, app: Any, trusted: str = "") -> None:
         self.app = app
         hosts = [h.strip() for h in trusted.split(",") if h.strip()]
-        self.inner: Any = ProxyHeadersMiddleware(app, trusted_hosts=hosts) if hosts else app
+        # uvicorn's rules, applied to the scope in place (its app is a no-op: ours is called after)
+        self.proxy: Any = ProxyHeadersMiddleware(_nothing, trusted_hosts=hosts) if hosts else None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not log.isEnabledFor(logging.DEBUG):
-            await self.inner(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.apply(scope)
+        if not log.isEnabledFor(logging.DEBUG):
+            await self.app(scope, receive, send)
             return
         started = time.perf_counter()
         status = 0
@@ -42,15 +47,30 @@ class Forwarded:
             await send(message)
 
         try:
-            await self.inner(scope, receive, sending)
+            await self.app(scope, receive, sending)
         finally:
-            client = scope.get("client") or ("-", 0)
-            log.debug(
-                "event=request client=%s scheme=%s method=%s path=%s status=%d ms=%.1f",
-                client[0],
-                scope.get("scheme", "http"),
-                scope.get("method", "-"),
-                log_value(scope.get("path", "-")),
-                status,
-                (time.perf_counter() - started) * 1000,
-            )
+            access_line(scope, status, started)
+
+    async def apply(self, scope: Any) -> None:
+        """The client address and scheme from a trusted proxy's headers, into ``scope`` (shared with the
+        protocol-level data plane, queen_pg/api/hot.py)."""
+        if self.proxy is not None:
+            await self.proxy(scope, None, None)
+
+
+async def _nothing(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
+def access_line(scope: Any, status: int, started: float) -> None:
+    """The debug access log line of one request."""
+    client = scope.get("client") or ("-", 0)
+    log.debug(
+        "event=request client=%s scheme=%s method=%s path=%s status=%d ms=%.1f",
+        client[0],
+        scope.get("scheme", "http"),
+        scope.get("method", "-"),
+        log_value(scope.get("path", "-")),
+        status,
+        (time.perf_counter() - started) * 1000,
+    )

@@ -29,28 +29,46 @@ class InternalErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = Tracked(send)
         try:
             await self.app(scope, receive, tracked)
-        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing broken
-            log.debug("event=client_disconnect path=%s", log_value(scope.get("path", "?")))
         except Exception as exc:
-            err = internal(log, exc, path=scope.get("path", "?"))
-            if started:
-                raise
-            body = orjson.dumps(err.body())
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": err.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await answer(scope, tracked, exc)
+
+
+class Tracked:
+    """``send`` that remembers whether the answer has started, and its status (500 until it starts:
+    an exception escaped every handler)."""
+
+    __slots__ = ("send", "started", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = message["status"]
+        await self.send(message)
+
+
+async def answer(scope: Scope, send: Tracked, exc: Exception) -> None:
+    """What an exception no handler took becomes (the module doc); shared by :class:`InternalErrors` and
+    the protocol-level data plane (queen_pg/api/hot.py). Re-raises ``exc`` when the answer had started."""
+    if isinstance(exc, ClientDisconnect):  # the client went away mid-body: nobody to answer, nothing broken
+        log.debug("event=client_disconnect path=%s", log_value(scope.get("path", "?")))
+        return
+    err = internal(log, exc, path=scope.get("path", "?"))
+    if send.started:
+        raise exc
+    body = orjson.dumps(err.body())
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

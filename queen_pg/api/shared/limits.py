@@ -19,15 +19,8 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > self.limit or declared < 0:
-                    await self._refuse(send)
-                    return
+        if not await admit(scope, send, self.limit):
+            return
         seen = 0
         limit = self.limit
 
@@ -42,18 +35,34 @@ class BodyLimit:
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, send: Send) -> None:
-        err = QueenError(BODY_TOO_LARGE, limit=self.limit)
-        body = orjson.dumps(err.body())
-        await send(
-            {
-                "type": "http.response.start",
-                "status": err.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+
+async def admit(scope: Scope, send: Send, limit: int) -> bool:
+    """False, with the 413 sent, when the declared Content-Length exceeds ``limit`` (or is not a number);
+    shared with the protocol-level data plane (queen_pg/api/hot.py), whose bodies all declare one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = -1
+            if declared > limit or declared < 0:
+                await _refuse(send, limit)
+                return False
+    return True
+
+
+async def _refuse(send: Send, limit: int) -> None:
+    err = QueenError(BODY_TOO_LARGE, limit=limit)
+    body = orjson.dumps(err.body())
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

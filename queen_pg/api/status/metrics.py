@@ -19,10 +19,11 @@ import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queen_pg.api.shared.common import state, tenant
 from queen_pg.api.shared.docs import answers, params
+from queen_pg.api.shared.internal import Tracked
 from queen_pg.api.shared.params import page, read_page
 from queen_pg.engine import metrics as metrics_engine
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
@@ -45,20 +46,17 @@ class HttpMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500  # unless a response starts: an exception escaped every handler
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        tracked = Tracked(send)
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, tracked)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or UNMATCHED
-            self.metrics.request_done(scope["method"], template, status, time.perf_counter() - started)
+            request_done(self.metrics, scope, tracked.status, started)
+
+
+def request_done(metrics: Metrics, scope: Scope, status: int, started: float) -> None:
+    """Count one answered request under its route template (shared with queen_pg/api/hot.py)."""
+    template = getattr(scope.get("route"), "path", None) or UNMATCHED
+    metrics.request_done(scope["method"], template, status, time.perf_counter() - started)
 
 
 @router.get(
