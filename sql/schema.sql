@@ -1,7 +1,7 @@
 -- queen-pg schema: the log engine's tables.
 --
 -- Applied at every boot (queen_pg/db/apply.py) before sql/procedures/*.sql, in one transaction
--- under advisory lock APPLY_LOCK (docs/locks.md). Every statement is idempotent: CREATE ... IF NOT
+-- under advisory lock APPLY_LOCK (docs/architecture.md#lock-order). Every statement is idempotent: CREATE ... IF NOT
 -- EXISTS only. A changed table ships as an alembic revision under migrations/ AND as the new shape
 -- here, written so that both paths give the same catalog (tests/test_migrations.py).
 --
@@ -235,7 +235,7 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     tenant              text NOT NULL,
     -- No foreign keys: the ack inserts dead letters while it holds cursor rows (lock level 3), and a
     -- FK check would take KEY SHARE on the queue row (level 1) or the partition row (level 2), against
-    -- the lock order (docs/locks.md): a queue delete that holds the partition rows and waits for the
+    -- the lock order (docs/architecture.md#lock-order): a queue delete that holds the partition rows and waits for the
     -- cursor rows would deadlock with it. queen.delete_queue_v1 deletes the queue's dead letters
     -- itself, after the cascade (which waits for every ack holding a cursor row of the queue).
     queue_id            bigint NOT NULL,
@@ -271,7 +271,7 @@ CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id,
 -- can serve as a fencing token: a lock permit is the row ('queen-locks', '<name>#<slot>') and its
 -- token is that row's version. Expired rows (expires_at <= now) are never found and are swept by a
 -- job. Writers serialize per key with the advisory lock (KV_KEY_CLASS, hashtext(tenant/ns/key)),
--- taken in ascending key order before any row is touched (docs/locks.md), which also covers keys
+-- taken in ascending key order before any row is touched (docs/architecture.md#lock-order), which also covers keys
 -- that do not exist yet.
 CREATE SEQUENCE IF NOT EXISTS queen.kv_version_seq;
 CREATE TABLE IF NOT EXISTS queen.kv (
@@ -290,7 +290,7 @@ CREATE INDEX IF NOT EXISTS kv_expires_idx ON queen.kv (expires_at) WHERE expires
 -- Timers: a message scheduled into a queue. A row exists from schedule until its fire commits: firing
 -- pushes it (transactionId = txn, data = payload, id = message_id) and deletes the row in the same
 -- transaction, no tombstone (docs/wire.md#timers-no-tombstone). Writers serialize per key with the advisory lock
--- (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)) in ascending key order (docs/locks.md).
+-- (TIMER_KEY_CLASS, hashtext(tenant/queue/timer_key)) in ascending key order (docs/architecture.md#lock-order).
 CREATE TABLE IF NOT EXISTS queen.timers (
     tenant              text NOT NULL,
     queue               text NOT NULL,

@@ -98,7 +98,7 @@ class Checks:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.table = RouteTable()
+        self._table: RouteTable | None = None  # built at the first request: create_app declares the levels last
         self.skip = frozenset(split_list(settings.jwt_skip_paths))
         self.hosts = HostPolicy(settings)
         self.hosts.log_start()
@@ -115,6 +115,12 @@ class Checks:
             None if settings.jwt_enabled or tenancy_enabled(settings)
             else Principal(None, Level.ADMIN, settings.default_tenant, False)
         )  # fmt: skip
+
+    @property
+    def table(self) -> RouteTable:
+        if self._table is None:
+            self._table = RouteTable()
+        return self._table
 
     async def admit(self, scope: Scope, send: Send) -> bool:
         """True: the request may go on, its principal is in ``scope["state"]``; False: it was refused and

@@ -3,7 +3,7 @@
 -- queen._create_partitions(tenant, queue_ids[], names[]) -> void
 --   Creates the (queue_id, name) partitions that do not exist yet, with a cursor row (offset 0)
 --   for every consumer group the queue already has.
---   Locks: queues FOR UPDATE (ascending id) of the queues that get a partition (docs/locks.md #1),
+--   Locks: queues FOR UPDATE (ascending id) of the queues that get a partition (docs/architecture.md#lock-order #1),
 --   so a group created concurrently either sees the new partition or is seen by it.
 --
 -- queen._create_group(queue_id, tenant, group, mode, from, now) -> void
@@ -11,7 +11,7 @@
 --   cursor at the first message written at or after it; mode 'new' (or 'new-only') at the first message
 --   written after the group came to be (its first pop); any other mode (all, from_beginning, unknown) at
 --   the first retained message (docs/wire.md#subscription; the broker normalizes the mode before it gets here).
---   Locks: the queue row FOR UPDATE (docs/locks.md #1). `now` NULL = the clock, read after that lock
+--   Locks: the queue row FOR UPDATE (docs/architecture.md#lock-order #1). `now` NULL = the clock, read after that lock
 --   wait ('new' mode starts at the time the group really came to be).
 --
 -- queen._cursor_head(partition_id, cursor) -> timestamptz: what log_consumers.head_at must say for a
@@ -20,7 +20,7 @@
 --   insert of a cursor row and every move of cursor_offset) and by pop_v1 for a row it found caught up.
 --   Locks: the caller holds the cursor row (level 3). "Caught up" is only decided while no writer
 --   holds the partition: a try-lock FOR SHARE SKIP LOCKED on the partition row (level 2; it never
---   waits, docs/locks.md), which conflicts with the push's FOR NO KEY UPDATE. If a writer holds it,
+--   waits, docs/architecture.md#lock-order), which conflicts with the push's FOR NO KEY UPDATE. If a writer holds it,
 --   the cursor is marked pending at the clock (its append may be for us and its queen._wake_cursors
 --   cannot see our uncommitted NULL); a pop that finds such a row with nothing to read recomputes it.
 --
@@ -202,7 +202,7 @@ $$;
 -- rollback): its push_v1 does not wake cursors while the triggers above stay and keep marking them
 -- caught up, so its appends strand messages that this release's pops would never see. Only ever sets
 -- heads (a head set where nothing is left is cleaned by the next pop), so no partition lock: the
--- cursor rows, ascending (docs/locks.md #3). Cost: one pass over log_consumers.
+-- cursor rows, ascending (docs/architecture.md#lock-order #3). Cost: one pass over log_consumers.
 DO $$
 BEGIN
     PERFORM 1 FROM queen.log_consumers lc JOIN queen.log_partitions p ON p.id = lc.partition_id

@@ -4,7 +4,7 @@
 --   Called by: POST /api/v1/configure. Creates the queue when missing, then applies the given
 --   options (camelCase keys of docs/wire.md#configure; validated by the broker before the call; keys it does
 --   not know are kept in `options`). Result: the queue as {"id","name","namespace","task","options"}.
---   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/locks.md #1. Turning
+--   Locks: the queue row (INSERT ... ON CONFLICT DO UPDATE), docs/architecture.md#lock-order #1. Turning
 --   encryptionEnabled on also takes the queue's partition rows FOR NO KEY UPDATE, ascending id (#2):
 --   it waits for the pushes in flight, and every push that locks a partition after this commits
 --   reads encryption_enabled = true under that lock (queen.push_v1 refuses plaintext then).
@@ -78,7 +78,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    -- What the cascade deletes, locked first in the order every writer takes it (docs/locks.md):
+    -- What the cascade deletes, locked first in the order every writer takes it (docs/architecture.md#lock-order):
     -- partitions ascending (level 2), then cursor rows ascending (partition_id, group) (level 3), as
     -- push_v1 and ack_v1 do. The cascade alone deletes in its indexes' order (log_consumers by
     -- head_at), which could take an ack's cursor rows out of order: a deadlock
@@ -90,7 +90,7 @@ BEGIN
     -- partition rows locked above (every writer of log_txns holds its partition row).
     DELETE FROM queen.log_txns t USING queen.log_partitions lp WHERE lp.queue_id = v_qid AND t.partition_id = lp.id;
     DELETE FROM queen.queues WHERE id = v_qid;
-    -- log_dlq has no foreign keys (docs/locks.md): its rows go here, in a statement that starts after
+    -- log_dlq has no foreign keys (docs/architecture.md#lock-order): its rows go here, in a statement that starts after
     -- the cascade above waited for every ack holding a cursor row of the queue, so it sees their rows.
     DELETE FROM queen.log_dlq WHERE queue_id = v_qid;
     DELETE FROM queen.timers WHERE tenant = p_tenant AND queue = p_queue;  -- a pending timer would recreate it

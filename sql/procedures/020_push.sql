@@ -15,7 +15,7 @@
 --            decodes only segments that may hold sealed frames (queen_pg/engine/pop.py).
 -- Result:  one row per item, in request order: (idx 1-based, status 'queued'|'duplicate', message_id,
 --          partition_id, msg_offset). A duplicate carries the ORIGINAL message id and offset.
--- Locks:   (docs/locks.md) queues FOR UPDATE only when a partition is created (via
+-- Locks:   (docs/architecture.md#lock-order) queues FOR UPDATE only when a partition is created (via
 --          queen._create_partitions); then log_partitions FOR NO KEY UPDATE in ascending id order;
 --          then, after the append, the caught-up log_consumers rows of those partitions FOR NO KEY
 --          UPDATE ascending (partition_id, group) to mark them pending (queen._wake_cursors).

@@ -26,7 +26,7 @@
 --          Across queues (namespace/task) the candidates are each queue's oldest few heads; when none
 --          of them is claimable (windowBuffer, other pops hold them) and the list was cut, it looks
 --          eight times further, and so on: an older-headed queue never hides another's messages.
--- Locks:   (docs/locks.md) the queue row FOR UPDATE only when the group is new on it
+-- Locks:   (docs/architecture.md#lock-order) the queue row FOR UPDATE only when the group is new on it
 --          (queen._create_group); log_consumers rows FOR UPDATE SKIP LOCKED, so concurrent pops never
 --          wait on each other; a cursor that moves tries its partition row FOR SHARE SKIP LOCKED
 --          (queen._cursor_head: never waits). The clock is read after the last lock wait (the group

@@ -10,7 +10,7 @@
 --          becomes claimable: max(lease expiry, head message + delayedProcessing, last write +
 --          windowBuffer) over those partitions; NULL when nothing pending waits on time (empty, no
 --          such queue or group yet).
--- Locks:   none (docs/locks.md): a plain read; a stale answer costs one needless wake or latency up to
+-- Locks:   none (docs/architecture.md#lock-order): a plain read; a stale answer costs one needless wake or latency up to
 --          the re-check, never a message. Reads the group's pending cursors only (log_consumers.head_at,
 --          the time of the oldest pending message: see sql/schema.sql), so its cost follows the
 --          partitions held back, not the partitions of the queue.

@@ -12,7 +12,7 @@
 --          o_refused (success=false) with o_errors (their readable errors, same order), o_released
 --          (leaseReleased), o_dlq, o_noop. Every other item is success, moved the cursor, no DLQ.
 --          The call itself never raises for a refused item.
--- Locks:   (docs/locks.md #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
+-- Locks:   (docs/architecture.md#lock-order #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
 --          them it inserts log_dlq rows (no foreign keys: no lock on a partition or queue row) and
 --          deletes the cursor's log_passes rows. A cursor it moves to the partition's end tries the
 --          partition row FOR SHARE SKIP LOCKED (queen._cursor_head, by trigger: never waits). Nothing else.
@@ -74,7 +74,7 @@ CREATE OR REPLACE FUNCTION queen._pass_over(p_pid bigint, p_group text, p_cursor
 RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 -- The cursor moved past the offsets the group passes over (queen.log_passes) that start at p_cursor;
--- the rows below the result are deleted. The caller holds the cursor row (docs/locks.md #3).
+-- the rows below the result are deleted. The caller holds the cursor row (docs/architecture.md#lock-order #3).
 DECLARE
     v_cursor bigint := p_cursor;
     v_offs   bigint[];
@@ -671,7 +671,7 @@ BEGIN
     -- path's checks and row update for every cursor row at once, in four statements instead of
     -- queen._ack_settle's loop (~10 statements a row). It applies when every kind is `completed` under
     -- a lease, with its hint, and no two kinds share a cursor row. The rows are locked in
-    -- queen._ack_settle's order (ascending partition, group: docs/locks.md #3); when any row fails a
+    -- queen._ack_settle's order (ascending partition, group: docs/architecture.md#lock-order #3); when any row fails a
     -- check nothing is written here and every row goes on to queen._ack_settle, which finds the rows
     -- this call already holds (tests/test_ack_hint.py compares both ways).
     IF p_hint IS NOT NULL AND v_n > 0 AND v_kn > 1 AND cardinality(p_hint) = 3 * v_kn
@@ -785,7 +785,7 @@ $$;
 -- queen.lease_extend_v1: renew every live lease under a lease id by its queue's leaseTime.
 -- Called by: POST /api/v1/lease/{leaseId}/extend (queen_pg/engine/ack.py). Result: (renewed count,
 -- new expiry or NULL).
--- Locks: (docs/locks.md #3) the lease's log_consumers rows FOR UPDATE in ascending (partition_id,
+-- Locks: (docs/architecture.md#lock-order #3) the lease's log_consumers rows FOR UPDATE in ascending (partition_id,
 -- group) order, the order ack_v1, seek and group delete use (a multi-partition lease renewed while it
 -- is acked must not take them the other way round); then the clock is read, after the last wait.
 -- The lease's rows are found through queen.log_leases (lease id -> cursor rows, schema.sql), each

@@ -8,7 +8,7 @@
 --          at the claim), lease_end, redelivered_end and attempts.
 -- Result:  the number of cursor rows released; 0 when the lease is no longer held under that id (it
 --          expired and was claimed again), which leaves everything as it is.
--- Locks:   (docs/locks.md) log_consumers rows FOR UPDATE, ascending (partition_id, consumer_group)
+-- Locks:   (docs/architecture.md#lock-order) log_consumers rows FOR UPDATE, ascending (partition_id, consumer_group)
 --          (#3); nothing else.
 -- Guarantees: only rows still held under p_lease_id change: lease_id, lease_expires_at and lease_end
 --          become NULL, and the delivery the claim counted is taken back (delivered_end and attempts

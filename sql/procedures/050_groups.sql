@@ -41,7 +41,7 @@
 --   Result: {"success":true,"group","queueMode","deleteMetadata","cursorsDeleted","leasesBroken",
 --   "queues":[{"queue","cursorsDeleted","leasesBroken","groupDeleted","cursorsRecreated",
 --   "resumeFrom"}]} or {"notFound":"queue"|"group"}.
---   Locks: (docs/locks.md) queues FOR UPDATE ascending id (#1: no partition or group is created on
+--   Locks: (docs/architecture.md#lock-order) queues FOR UPDATE ascending id (#1: no partition or group is created on
 --   those queues meanwhile), then log_consumers FOR UPDATE ascending (partition_id, group) (#3), then
 --   the log_groups rows (deleted; only queen.consumer_group_subscription_v1 locks them otherwise).
 --
@@ -58,7 +58,7 @@
 --   Result: {"success":true,"group","queueMode","queue","partition","target","timestamp",
 --   "leasesBroken","partitions":[{"partition","partitionId","oldCursor","newCursor","lag",
 --   "leaseBroken"}]} or {"notFound":"queue"|"group"|"partition"}.
---   Locks: log_consumers FOR UPDATE ascending (partition_id, group) (docs/locks.md #3). The partition
+--   Locks: log_consumers FOR UPDATE ascending (partition_id, group) (docs/architecture.md#lock-order #3). The partition
 --   rows are not locked: a push committing meanwhile lands either before the new cursor or after it.
 --   Cost: 'timestamp' scans the partition's segment index up to the first match.
 --
@@ -185,7 +185,7 @@ BEGIN
         RETURN jsonb_build_object('notFound', 'queue');
     END IF;
 
-    -- 1. the queues that have the group (docs/locks.md #1)
+    -- 1. the queues that have the group (docs/architecture.md#lock-order #1)
     SELECT array_agg(l.id ORDER BY l.id) INTO v_qids
       FROM (SELECT q.id FROM queen.queues q
              WHERE q.tenant = p_tenant AND (p_queue IS NULL OR q.name = p_queue)
@@ -199,7 +199,7 @@ BEGIN
         RETURN jsonb_build_object('notFound', 'group');
     END IF;
 
-    -- 2. the group's cursor rows (docs/locks.md #3)
+    -- 2. the group's cursor rows (docs/architecture.md#lock-order #3)
     PERFORM 1 FROM queen.log_consumers lc
      WHERE lc.queue_id = ANY (v_qids) AND lc.consumer_group = p_group
      ORDER BY lc.partition_id, lc.consumer_group
@@ -283,7 +283,7 @@ BEGIN
         END IF;
     END IF;
 
-    -- the cursor rows, ascending (docs/locks.md #3)
+    -- the cursor rows, ascending (docs/architecture.md#lock-order #3)
     PERFORM 1 FROM queen.log_consumers lc
      WHERE lc.queue_id = v_qid AND lc.consumer_group = p_group AND (v_pid IS NULL OR lc.partition_id = v_pid)
      ORDER BY lc.partition_id, lc.consumer_group

@@ -1,7 +1,7 @@
 -- Background jobs: lease expiry, retention, DLQ payload fill (queen_pg/jobs/).
 --
 -- Leadership per tick: each job procedure first tries its own transaction-scoped advisory key
--- (docs/locks.md, "Advisory keys"); a replica that does not get it returns "nothing done" at once,
+-- (docs/architecture.md#advisory-keys); a replica that does not get it returns "nothing done" at once,
 -- so one replica does a job's work per tick and the others never wait. A try-lock never waits,
 -- so the keys stand outside the row-lock order; the row locks below follow it.
 --
@@ -13,7 +13,7 @@
 -- Inputs:  p_limit (most cursor rows cleared), p_now (NULL = clock_timestamp()).
 -- Result:  one row per (tenant, queue) that got leases back: (tenant, queue, leases cleared).
 --          No rows = nothing expired, or another replica holds LEASE_EXPIRY_LOCK.
--- Locks:   (docs/locks.md) LEASE_EXPIRY_LOCK (try); log_consumers rows FOR UPDATE SKIP LOCKED,
+-- Locks:   (docs/architecture.md#lock-order) LEASE_EXPIRY_LOCK (try); log_consumers rows FOR UPDATE SKIP LOCKED,
 --          ascending (partition_id, consumer_group) (#3): a row a pop or an ack holds is left for
 --          the next tick.
 -- Guarantees: only rows whose lease is still expired when locked are cleared: lease_id,
@@ -124,7 +124,7 @@ $$;
 -- Inputs:  p_limit (most segments deleted), p_now (NULL = clock_timestamp()).
 -- Result:  one row (segments deleted, log_txns rows deleted); (0, 0) when nothing was evictable or
 --          another replica holds RETENTION_LOCK.
--- Locks:   (docs/locks.md) RETENTION_LOCK (try); then, for the partitions holding candidates, their
+-- Locks:   (docs/architecture.md#lock-order) RETENTION_LOCK (try); then, for the partitions holding candidates, their
 --          queues FOR KEY SHARE ascending id (#1: conflicts only with the FOR UPDATE that creates a
 --          consumer group, so a group created meanwhile is either seen or starts after the delete)
 --          and the partitions FOR NO KEY UPDATE ascending id (#2: the push write lock, so a push
@@ -203,7 +203,7 @@ $$;
 --          the first row of that segment only (NULL on the others: same blob); base_offset NULL =
 --          the segment is gone. No rows = nothing left, or another replica holds DLQ_FILL_LOCK
 --          (then nothing was written either: the batch is handed out again later).
--- Locks:   (docs/locks.md) DLQ_FILL_LOCK (try); the log_dlq rows written (no other procedure
+-- Locks:   (docs/architecture.md#lock-order) DLQ_FILL_LOCK (try); the log_dlq rows written (no other procedure
 --          locks log_dlq rows).
 -- Guarantees: a payload is written only where it is still NULL, so a repeated batch changes
 --          nothing. A sealed row gets payload = JSON null (filled: no plaintext is copied into

@@ -28,7 +28,7 @@
 --   "partition", "partitionId", "transactionId", "consumerGroups"} or {"status": "not_found"} or
 --   {"status": "not_ready"} (payload not copied out and its segment gone: the fill job will write
 --   JSON null shortly).
---   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2); then the partition's cursor
+--   Locks (docs/architecture.md#lock-order): the log_partitions row FOR NO KEY UPDATE (#2); then the partition's cursor
 --   rows FOR NO KEY UPDATE ascending (#3: the caught-up ones become pending, queen._wake_cursors; the
 --   log_passes foreign key needs KEY SHARE on the others); log_dlq rows by DELETE. The clock is read
 --   after the partition lock.

@@ -24,7 +24,7 @@
 --   "no_group" (the group has no cursor on the partition) | "no_message" | "already_dead" (the group
 --   dead-lettered it before: nothing written) | "already_consumed" (the group consumed it: nothing
 --   written), "offset"?}.
---   Locks (docs/locks.md): the group's log_consumers row FOR UPDATE (#3); under it the log_dlq insert
+--   Locks (docs/architecture.md#lock-order): the group's log_consumers row FOR UPDATE (#3); under it the log_dlq insert
 --   (no foreign keys: no lock on the partition or queue row, as in ack_v1) and the log_passes insert
 --   (KEY SHARE on that same cursor row, already held). The partition row is read, not locked.
 --
@@ -42,7 +42,7 @@
 --   Result: {"status": "cleared", "queue", "partition" (NULL = all), "partitions" (cleared),
 --   "messagesDropped" (retained messages), "deadLettersDropped", "leasesBroken" (live leases)} or
 --   {"status": "no_queue" | "no_partition"}.
---   Locks (docs/locks.md): the queue row FOR UPDATE (#1: no partition or group is created meanwhile),
+--   Locks (docs/architecture.md#lock-order): the queue row FOR UPDATE (#1: no partition or group is created meanwhile),
 --   the partitions FOR NO KEY UPDATE ascending id (#2: the push write lock), their log_consumers rows
 --   FOR UPDATE ascending (partition_id, group) (#3); then segments, hashes, dead letters and the
 --   cursors' log_passes rows deleted.

@@ -5,7 +5,7 @@
 --   Takes pg_advisory_xact_lock(KV_KEY_CLASS = 77812, hashtext(tenant || E'\x1f' || ns || E'\x1f' || key))
 --   for every distinct pair, in ascending order of the int4 hash. Every KV writer (/kv, /locks, the
 --   transaction) takes ALL the keys it writes or checks in ONE call, before touching any row: level 0
---   of docs/locks.md, before timer keys, queues, partitions and consumers. The lock also covers keys
+--   of docs/architecture.md#lock-order, before timer keys, queues, partitions and consumers. The lock also covers keys
 --   that do not exist yet. Two keys with one hash share a lock (harmless: more serialization).
 --
 -- queen._kv_apply(tenant, op jsonb, now[, max_bytes]) -> jsonb
@@ -38,7 +38,7 @@
 -- queen._kv_run(tenant, ops jsonb, now, max_bytes) -> jsonb
 --   The batch of POST /api/v1/kv, called by queen.kv_v3 (096_outcomes.sql; queen_pg/engine/kv.py).
 --   ops = the validated op list.
---   Locks: queen._kv_lock on every key the batch writes or checks (docs/locks.md #0); reads take none
+--   Locks: queen._kv_lock on every key the batch writes or checks (docs/architecture.md#lock-order #0); reads take none
 --   (a read sees what committed before the statement, and what this batch wrote before it).
 --   Result: {"results":[{index, op, ns, key?, ...}]}, one per op, in order.
 --   Raises: queen._verdict('kv_precondition', {failedIndex, kvReason, version, value}) when a

@@ -26,7 +26,7 @@
 --   The ops are independent (one answer each, nothing all-or-nothing), but run in one transaction.
 --   Locks: ONE queen._kv_lock call before any write, over every slot key the batch may write: all
 --   of 0..limit-1 for an acquire, the permit's key for renew/release (found by a read first; if it
---   changed by the time the lock is held, the op answers lost). docs/locks.md #0. An acquire of a
+--   changed by the time the lock is held, the op answers lost). docs/architecture.md#lock-order #0. An acquire of a
 --   semaphore of n therefore holds n advisory locks until commit; the route caps the sum at 1024.
 --   Raises nothing of its own.
 

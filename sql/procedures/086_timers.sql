@@ -6,7 +6,7 @@
 -- So after a fire a peek answers found:false, a cancel answers absent, and a schedule of the same key
 -- is a new timer (`scheduled`). `too_late` is only for a cancel that meets a fire in progress.
 --
--- Key locks (docs/locks.md, level 0b): TIMER_KEY_CLASS = 77813, pg_advisory_xact_lock(77813,
+-- Key locks (docs/architecture.md#lock-order, level 0b): TIMER_KEY_CLASS = 77813, pg_advisory_xact_lock(77813,
 -- queen._timer_hash(tenant, queue, timer_key)), one per key, ascending hash order, after the KV keys
 -- and before any row is touched.
 --   * Writers (POST /timers, the transaction's rider, via queen._timer_lock) take them EXCLUSIVE and wait.
@@ -67,7 +67,7 @@
 --   2. Up to p_limit due timers (deliver_at <= now), oldest first; each key's lock taken shared with a
 --      try-lock (a busy key is counted in `busy` and left for the next tick).
 --   3. Per tenant (ascending): the locked keys' rows read again FOR UPDATE SKIP LOCKED, still due;
---      their missing queues and partitions created (queues FOR UPDATE, docs/locks.md #1).
+--      their missing queues and partitions created (queues FOR UPDATE, docs/architecture.md#lock-order #1).
 --   4. Every partition those rows go to, of every tenant, FOR NO KEY UPDATE in ONE ascending id order
 --      (#2): the per-tenant pushes below then take no lock out of order (retention locks across
 --      tenants too, ascending).

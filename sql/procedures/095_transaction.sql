@@ -38,7 +38,7 @@
 --          are all rolled back, and no later KV op is read.
 --          reserved: another write holds an acked cursor row right now (SQLSTATE 55P03 from NOWAIT,
 --          mapped by queen_pg/db to the `reserved` verdict): try again.
--- Locks (docs/locks.md, in this order): KV keys (queen._kv_lock), timer keys (queen._timer_lock),
+-- Locks (docs/architecture.md#lock-order, in this order): KV keys (queen._kv_lock), timer keys (queen._timer_lock),
 --          queues FOR UPDATE when a push creates a partition, log_partitions FOR NO KEY UPDATE
 --          (queen.push_v1), log_consumers FOR UPDATE NOWAIT ascending. Acks are pre-validated on an
 --          unlocked read BEFORE the pushes so that their verdict takes precedence, then validated
@@ -147,7 +147,7 @@ DECLARE
     r          record;
     i          integer;
 BEGIN
-    -- 0. key locks first (docs/locks.md): KV keys, then timer keys
+    -- 0. key locks first (docs/architecture.md#lock-order): KV keys, then timer keys
     IF jsonb_array_length(coalesce(p_kv, '[]')) > 0 THEN
         PERFORM queen._kv_lock(p_tenant, array_agg(k.ns), array_agg(k.key))
            FROM (SELECT o ->> 'ns' AS ns, o ->> 'key' AS key FROM jsonb_array_elements(p_kv) AS o

@@ -21,7 +21,7 @@
 -- Why _v2 wrappers: the signature the routes call changed, and a changed signature ships as _v2
 --          (STYLE). The _v1 procedures keep their signatures and bodies, because the _v2 wrap them and
 --          transaction_v1 calls push_v1 and ack_v1 itself; so nothing has to be dropped later.
--- Locks:   (docs/locks.md, level -1, before every other lock) the request key,
+-- Locks:   (docs/architecture.md#lock-order, level -1, before every other lock) the request key,
 --          pg_advisory_xact_lock(REQUEST_KEY_CLASS = 77814, hashtext(tenant || E'\x1f' || key)),
 --          held until commit: concurrent duplicates serialize on it, so exactly one applies and the
 --          others then find its record. Then whatever the wrapped _v1 takes, in its order.

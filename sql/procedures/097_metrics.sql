@@ -13,7 +13,7 @@
 --   are NULL on queue rows.
 --   Cost: the page's queues only (their partitions, groups, cursor rows, dead letters by queue_id
 --   index; one primary-key probe into log_segments per lagging cursor row, for lag_seconds).
---   Locks: none (plain reads under MVCC); see docs/locks.md.
+--   Locks: none (plain reads under MVCC); see docs/architecture.md#lock-order.
 
 CREATE OR REPLACE FUNCTION queen.metrics_queues_v1(
     p_tenant text, p_limit integer, p_offset integer, p_now timestamptz DEFAULT NULL)

@@ -20,7 +20,7 @@
 --   first, then the oldest), stamped as_of = now, with the tenant's queen.group_lag rows (every (queue,
 --   group) pair with a pending message: cursor rows, behind, lag, oldest = min(head_at)), and deletes
 --   the rows of tenants that have no queue left. Result: tenants refreshed; 0 when another replica holds STATS_SNAPSHOT_LOCK (job call).
---   Locks (docs/locks.md): STATS_SNAPSHOT_LOCK (try for the job; waited for with a tenant: the clock
+--   Locks (docs/architecture.md#lock-order): STATS_SNAPSHOT_LOCK (try for the job; waited for with a tenant: the clock
 --   is read after it), then only tenant_stats and group_lag rows;
 --   the counted rows are read without locks (MVCC): a push or ack committing meanwhile shows in the
 --   next snapshot. No push, pop or ack ever writes tenant_stats.

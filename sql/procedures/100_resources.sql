@@ -1,7 +1,7 @@
 -- Resources: what queues, partitions, namespaces and tasks hold (docs/wire.md#admin, the admin family).
 --
 -- Conventions shared by every procedure here:
---   * Reads only: no locks (plain MVCC reads, docs/locks.md), no writes; STABLE. Results are jsonb built
+--   * Reads only: no locks (plain MVCC reads, docs/architecture.md#lock-order), no writes; STABLE. Results are jsonb built
 --     for the HTTP answer; timestamps via queen._iso_utc; partition ids as strings.
 --   * messages = every offset ever given (sum of next_offset). retained = messages still stored
 --     (next_offset - first retained offset). Lag of a (partition, group) = next_offset - cursor_offset.

@@ -68,7 +68,7 @@
 --   Result: {"status":"deleted","queue","partition","partitionId","offset" (the newest),"offsets",
 --   "groupsSettled" (groups that had one of them pending),"leasesReleased","deadLettersRemoved"} or
 --   {"status":"no_partition"|"no_message"}.
---   Locks (docs/locks.md): the log_partitions row FOR NO KEY UPDATE (#2: serializes with pushes that
+--   Locks (docs/architecture.md#lock-order): the log_partitions row FOR NO KEY UPDATE (#2: serializes with pushes that
 --   may add a hash row of the same transactionId), then the partition's log_consumers rows FOR UPDATE ascending
 --   (partition_id, consumer_group) (#3); the log_txns and log_dlq rows deleted.
 

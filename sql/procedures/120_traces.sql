@@ -31,7 +31,7 @@
 --   Called by the trace_retention job (queen_pg/jobs/traces.py): deletes up to `limit` of the oldest
 --   traces created before now - keep_seconds (their trace_names rows go by cascade); keep_seconds <= 0
 --   deletes nothing. Result: traces deleted (0 also when another replica holds TRACES_RETENTION_LOCK).
---   Locks (docs/locks.md): TRACES_RETENTION_LOCK (try); the deleted rows.
+--   Locks (docs/architecture.md#lock-order): TRACES_RETENTION_LOCK (try); the deleted rows.
 -- The reads take no locks.
 
 CREATE OR REPLACE FUNCTION queen.trace_add_v1(

@@ -31,7 +31,7 @@
 --   GET /api/v1/status/analytics reads for a whole tenant (a pass over stats_marks). Then deletes up to `limit` stats rows (and tenant_minutes rows) older
 --   than keep_seconds (<= 0: kept forever).
 --   Result: one row (queues sampled, rows pruned); (0, 0) when another replica holds STATS_LOCK.
---   Locks (docs/locks.md): STATS_LOCK (try); the stats_marks, stats_minutes and tenant_minutes rows
+--   Locks (docs/architecture.md#lock-order): STATS_LOCK (try); the stats_marks, stats_minutes and tenant_minutes rows
 --   written. The
 --   counters are read without locks (a push or ack committing meanwhile lands in the next sample).
 

@@ -2,7 +2,7 @@
 -- series written by the stats job (queen.stats_minutes, sql/procedures/130_system.sql), and the consumer
 -- groups that lag behind.
 --
--- Reads only: no locks (docs/locks.md), STABLE; jsonb built for the HTTP answer, timestamps via
+-- Reads only: no locks (docs/architecture.md#lock-order), STABLE; jsonb built for the HTTP answer, timestamps via
 -- queen._iso_utc. Terms (messages, backlog, inFlight, lag) as in sql/procedures/100_resources.sql.
 -- Throughput comes from stats_minutes, so it trails the live counters by up to one stats tick (a few
 -- seconds). A bucket with no sample reads pushed 0, acked 0, backlog and lagSeconds null.
