@@ -4,30 +4,26 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
-Policy (migrations/versions/0001_baseline.py): boot applies sql/ too, so this revision must be
-idempotent (ADD COLUMN IF NOT EXISTS, CREATE INDEX IF NOT EXISTS, guarded DO blocks, ...) and the
-same change must be made in sql/schema.sql; tests/test_migrations.py checks both give one catalog.
+Policy (migrations/versions/0001_baseline.py): the change is written once, in sql/schema.sql, as a
+guarded idempotent statement (boot runs it on databases of every age); upgrade() applies sql/ as it
+is; downgrade() gives the previous release its tables back. tests/test_migrations.py checks that
+both ways give one catalog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from queen_pg.migrate import execute_sql
+from queen_pg.migrate import apply_sql, execute_sql
 % if imports:
 ${imports}
 % endif
 
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = ${repr(up_revision)}
-down_revision: str | Sequence[str] | None = ${repr(down_revision)}
-branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
-depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+down_revision: str | None = ${repr(down_revision)}
 
 
 def upgrade() -> None:
-    # execute_sql sends the text as it is (no bind parameters: `%` and `:` are literal).
-    ${upgrades if upgrades else 'execute_sql("""\n    """)'}
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -5,8 +5,9 @@ Two paths bring a database to the current schema and must give the same catalog
 
 * boot: ``queen_pg.db.apply.apply_sql`` applies ``sql/`` idempotently at every start;
 * migrate: ``alembic upgrade head`` (this module, or the ``alembic`` command line with
-  ``alembic.ini`` at the repository root). Revision 0001 applies ``sql/`` as it is; later revisions
-  carry table changes only, written idempotently (the policy is in
+  ``alembic.ini`` at the repository root). Every revision upgrades by :func:`apply_sql`, ``sql/`` as
+  it is: ``sql/schema.sql`` brings tables of any older shape forward (guarded, idempotent), so a
+  change is written once, there; a revision file holds its downgrade (the policy is in
   ``migrations/versions/0001_baseline.py``).
 
 Alembic keeps its ``alembic_version`` table in schema ``public``, outside ``queen``.
@@ -15,6 +16,7 @@ Alembic keeps its ``alembic_version`` table in schema ``public``, outside ``quee
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import URL, create_engine, make_url, pool
 
+from queen_pg.db.apply import sql_files
 from queen_pg.resources import data_dir
 
 Printer = Callable[[str], None]
@@ -91,6 +94,24 @@ def execute_sql(sql: str) -> None:
         cursor.execute(sql)
     finally:
         cursor.close()
+
+
+# The migration runs (one per `alembic upgrade`) that have applied sql/ already: the later revisions of
+# the run find nothing left to do.
+_APPLIED: weakref.WeakSet[MigrationContext] = weakref.WeakSet()
+
+
+def apply_sql() -> None:
+    """The upgrade of every revision: ``sql/`` as it is (``schema.sql``, then ``procedures/*.sql`` in
+    lexical order), the files and order boot applies, once per migration run. ``schema.sql`` carries
+    each table change as a guarded, idempotent statement (boot runs it on databases of every age), so
+    one text brings any revision's database to this checkout's tables and procedures."""
+    ctx = op.get_context()
+    if ctx in _APPLIED:
+        return
+    for path in sql_files():
+        execute_sql(path.read_text())
+    _APPLIED.add(ctx)
 
 
 def current_heads(url: str) -> tuple[str, ...]:

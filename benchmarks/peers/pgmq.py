@@ -1,4 +1,4 @@
-"""The ``peers`` scenario: pgmq 1.5.1 (``pgmq-1.5.1.sql`` beside this file, PostgreSQL License) in a
+"""The ``peers`` scenario: pgmq 1.5.1 (``third_party/pgmq-1.5.1.sql``, PostgreSQL License, unchanged) in a
 throwaway database of the PostgreSQL the harness started, driven over asyncpg on our shapes, with our
 client counts, durations and 128-byte payload (``benchmarks/peers/pgmq_load.py``):
 
@@ -27,7 +27,7 @@ import psycopg
 from benchmarks.broker import BenchError
 from benchmarks.context import Context, Details, Metric, Values, full_window, rate
 
-SQL_FILE = Path(__file__).resolve().parent / "pgmq-1.5.1.sql"
+SQL_FILE = Path(__file__).resolve().parent / "third_party" / "pgmq-1.5.1.sql"
 DATABASE = "bench_pgmq"
 LOADGEN = "benchmarks.peers.pgmq_load"
 SPARE_CONNECTIONS = 10  # left to the broker's pools (idle while pgmq runs, but they may open one)

@@ -15,16 +15,19 @@ and only records revision 0001.
 
 Because boot applies sql/ idempotently at every start as well, a later revision:
 
-* carries table changes only (functions are replaced by boot from sql/procedures/; a revision
-  never needs to touch them);
-* is written idempotently: ``ADD COLUMN IF NOT EXISTS``, ``CREATE INDEX IF NOT EXISTS``,
-  ``DROP ... IF EXISTS``, a ``DO`` block that checks the catalog before an ``ALTER ... TYPE`` or
-  ``SET STORAGE``: it may run on a database whose boot already made the change, or before it;
-* comes with the same change in ``sql/schema.sql``, written so that a new database set up by boot
-  alone and an old one brought forward by the revisions end with the same catalog
-  (tests/test_migrations.py compares them).
+* upgrades by ``queen_pg.migrate.apply_sql()``, the same "sql/ as it is" (once per migration run):
+  its table change is written once, in ``sql/schema.sql``, as a guarded idempotent statement
+  (``ADD COLUMN IF NOT EXISTS``, ``CREATE INDEX IF NOT EXISTS``, ``DROP ... IF EXISTS``, a ``DO``
+  block that checks the catalog before an ``ALTER``, a backfill that checks it has not run), which
+  boot runs on a database of any age; a new database set up by boot and an old one brought forward
+  by the revisions end with the same catalog (tests/test_migrations.py compares them);
+* says in its docstring what changed and why, and holds the downgrade (what the previous release's
+  procedures need back), which only it knows.
 
-Create one with ``alembic revision --rev-id 0002 -m "what changes"`` and run SQL with
+The procedures are always this checkout's, so a database stepped to an intermediate revision gets the
+tables of this checkout as well: a revision marks a point of the chain, the downgrades walk it back.
+
+Create one with ``alembic revision --rev-id NNNN -m "what changes"`` and run SQL in its downgrade with
 ``queen_pg.migrate.execute_sql`` (no bind parameters, so ``%`` and ``:`` are literal).
 
 downgrade() drops schema ``queen`` with everything in it: all queues and messages are lost.
@@ -32,16 +35,12 @@ downgrade() drops schema ``queen`` with everything in it: all queues and message
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from queen_pg.db.apply import sql_files
 from queen_pg.migrate import execute_sql
 
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0001"
-down_revision: str | Sequence[str] | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = None
 
 
 def upgrade() -> None:

@@ -18,39 +18,15 @@ Idempotent (see 0001_baseline.py): it may run after boot already made these chan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.db.apply import sql_files
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0002"
-down_revision: str | Sequence[str] | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0001"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        DROP VIEW IF EXISTS queen.v_partitions CASCADE;  -- it read `acked`
-        ALTER TABLE queen.log_consumers DROP COLUMN IF EXISTS acked;
-        CREATE TABLE IF NOT EXISTS queen.log_passes (
-            partition_id        bigint NOT NULL,
-            consumer_group      text NOT NULL,
-            msg_offset          bigint NOT NULL,
-            CONSTRAINT log_passes_pkey PRIMARY KEY (partition_id, consumer_group, msg_offset),
-            CONSTRAINT log_passes_consumer_fkey FOREIGN KEY (partition_id, consumer_group)
-                REFERENCES queen.log_consumers (partition_id, consumer_group) ON DELETE CASCADE
-        );
-        ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_partition_id_fkey;
-        CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
-        """
-    )
-    # the views read the table: make them again as boot does (sql/procedures/090_views.sql)
-    for path in sql_files():
-        if path.name.startswith("090_views"):
-            execute_sql(path.read_text())
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -17,34 +17,15 @@ indexes; the previous release's procedures then work again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0003"
-down_revision: str | Sequence[str] | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0002"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        DO $$
-        BEGIN
-            IF EXISTS (SELECT 1 FROM pg_attribute
-                        WHERE attrelid = 'queen.timers'::regclass AND attname = 'fired_at' AND NOT attisdropped) THEN
-                DELETE FROM queen.timers WHERE fired_at IS NOT NULL;
-                DROP INDEX IF EXISTS queen.timers_fired_idx;
-                DROP INDEX IF EXISTS queen.timers_due_idx;
-                ALTER TABLE queen.timers DROP COLUMN fired_at;
-            END IF;
-        END;
-        $$;
-        CREATE INDEX IF NOT EXISTS timers_deliver_idx ON queen.timers (deliver_at);
-        """
-    )
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -16,55 +16,15 @@ downgrade() drops both tables (the previous release's procedures do not read the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0004"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        CREATE TABLE IF NOT EXISTS queen.tenant_stats (
-            tenant              text NOT NULL,
-            queues              bigint NOT NULL,
-            partitions          bigint NOT NULL,
-            messages            bigint NOT NULL,
-            retained            bigint NOT NULL,
-            backlog             bigint NOT NULL,
-            in_flight           bigint NOT NULL,
-            dlq                 bigint NOT NULL,
-            consumer_groups     bigint NOT NULL,
-            namespaces          bigint NOT NULL,
-            tasks               bigint NOT NULL,
-            group_lag           bigint NOT NULL,
-            lag_seconds         double precision NOT NULL,
-            leased_partitions   bigint NOT NULL,
-            acked               bigint NOT NULL,
-            as_of               timestamptz NOT NULL,
-            took_ms             double precision NOT NULL,
-            CONSTRAINT tenant_stats_pkey PRIMARY KEY (tenant)
-        );
-        CREATE TABLE IF NOT EXISTS queen.tenant_minutes (
-            tenant              text NOT NULL,
-            minute              timestamptz NOT NULL,
-            pushed              bigint NOT NULL DEFAULT 0,
-            acked               bigint NOT NULL DEFAULT 0,
-            CONSTRAINT tenant_minutes_pkey PRIMARY KEY (tenant, minute)
-        );
-        CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (minute);
-        INSERT INTO queen.tenant_minutes (tenant, minute, pushed, acked)
-        SELECT s.tenant, s.minute, sum(s.pushed), sum(s.acked) FROM queen.stats_minutes s
-         WHERE NOT EXISTS (SELECT 1 FROM queen.tenant_minutes)
-         GROUP BY s.tenant, s.minute
-        ON CONFLICT ON CONSTRAINT tenant_minutes_pkey DO NOTHING;
-        """
-    )
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

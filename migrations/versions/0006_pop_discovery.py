@@ -21,26 +21,15 @@ and makes the previous index again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0006"
-down_revision: str | Sequence[str] | None = "0005"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0005"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        ALTER TABLE queen.log_consumers ADD COLUMN IF NOT EXISTS head_at timestamptz;
-        CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
-            ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
-        DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
-        """
-    )
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -19,38 +19,15 @@ downgrade() drops the four columns and the table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0007"
-down_revision: str | Sequence[str] | None = "0006"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0006"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;
-        ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
-        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
-        ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
-        CREATE TABLE IF NOT EXISTS queen.group_lag (
-            tenant              text NOT NULL,
-            queue_id            bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
-            consumer_group      text NOT NULL,
-            queue               text NOT NULL,
-            partitions          bigint NOT NULL,
-            behind              bigint NOT NULL,
-            lag                 bigint NOT NULL,
-            oldest              timestamptz NOT NULL,
-            CONSTRAINT group_lag_pkey PRIMARY KEY (tenant, queue_id, consumer_group)
-        );
-        CREATE INDEX IF NOT EXISTS group_lag_oldest_idx ON queen.group_lag (tenant, oldest, queue, consumer_group);
-        """
-    )
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -15,19 +15,15 @@ downgrade() deletes orphan rows (if any) and puts the foreign key back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0008"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0008"
 
 
 def upgrade() -> None:
-    execute_sql("ALTER TABLE queen.log_txns DROP CONSTRAINT IF EXISTS log_txns_partition_id_fkey;")
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:

@@ -18,33 +18,15 @@ downgrade() makes the index again and drops the table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from queen_pg.migrate import apply_sql, execute_sql
 
-from queen_pg.migrate import execute_sql
-
-# revision identifiers, used by Alembic.
+# revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0010"
-down_revision: str | Sequence[str] | None = "0009"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0009"
 
 
 def upgrade() -> None:
-    execute_sql(
-        """
-        CREATE TABLE IF NOT EXISTS queen.log_leases (
-            lease_id            uuid NOT NULL,
-            partition_id        bigint NOT NULL,
-            consumer_group      text NOT NULL,
-            CONSTRAINT log_leases_pkey PRIMARY KEY (lease_id, partition_id, consumer_group)
-        );
-        INSERT INTO queen.log_leases (lease_id, partition_id, consumer_group)
-        SELECT lc.lease_id, lc.partition_id, lc.consumer_group
-          FROM queen.log_consumers lc WHERE lc.lease_id IS NOT NULL
-        ON CONFLICT DO NOTHING;
-        DROP INDEX IF EXISTS queen.log_consumers_lease_idx;
-        """
-    )
+    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
 
 
 def downgrade() -> None:
