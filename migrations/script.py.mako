@@ -12,7 +12,7 @@ both ways give one catalog.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 % if imports:
 ${imports}
 % endif
@@ -22,9 +22,8 @@ revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    ${downgrades if downgrades else "pass"}
+upgrade, downgrade = revision_steps(
+    down="""
+    -- what gives the previous release its tables back
+    """
+)

@@ -114,6 +114,16 @@ def apply_sql() -> None:
     _APPLIED.add(ctx)
 
 
+def revision_steps(down: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A revision's ``upgrade, downgrade``: the upgrade is :func:`apply_sql` (every revision's); the
+    downgrade runs ``down``, the SQL that gives the previous release its tables back."""
+
+    def downgrade() -> None:
+        execute_sql(down)
+
+    return apply_sql, downgrade
+
+
 def current_heads(url: str) -> tuple[str, ...]:
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:

@@ -15,7 +15,8 @@ and only records revision 0001.
 
 Because boot applies sql/ idempotently at every start as well, a later revision:
 
-* upgrades by ``queen_pg.migrate.apply_sql()``, the same "sql/ as it is" (once per migration run):
+* upgrades by ``queen_pg.migrate.apply_sql()``, the same "sql/ as it is" (once per migration run;
+  ``upgrade, downgrade = revision_steps(down=...)`` in the file):
   its table change is written once, in ``sql/schema.sql``, as a guarded idempotent statement
   (``ADD COLUMN IF NOT EXISTS``, ``CREATE INDEX IF NOT EXISTS``, ``DROP ... IF EXISTS``, a ``DO``
   block that checks the catalog before an ``ALTER``, a backfill that checks it has not run), which
@@ -27,26 +28,19 @@ Because boot applies sql/ idempotently at every start as well, a later revision:
 The procedures are always this checkout's, so a database stepped to an intermediate revision gets the
 tables of this checkout as well: a revision marks a point of the chain, the downgrades walk it back.
 
-Create one with ``alembic revision --rev-id NNNN -m "what changes"`` and run SQL in its downgrade with
-``queen_pg.migrate.execute_sql`` (no bind parameters, so ``%`` and ``:`` are literal).
+Create one with ``alembic revision --rev-id NNNN -m "what changes"`` and write its downgrade SQL as
+``revision_steps(down=...)`` (sent as it is, no bind parameters: ``%`` and ``:`` are literal).
 
 downgrade() drops schema ``queen`` with everything in it: all queues and messages are lost.
 """
 
 from __future__ import annotations
 
-from queen_pg.db.apply import sql_files
-from queen_pg.migrate import execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0001"
 down_revision: str | None = None
 
 
-def upgrade() -> None:
-    for path in sql_files():
-        execute_sql(path.read_text())
-
-
-def downgrade() -> None:
-    execute_sql("DROP SCHEMA IF EXISTS queen CASCADE")
+upgrade, downgrade = revision_steps(down="DROP SCHEMA IF EXISTS queen CASCADE")

@@ -18,26 +18,21 @@ Idempotent (see 0001_baseline.py): it may run after boot already made these chan
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0002"
 down_revision: str | None = "0001"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        DROP TABLE IF EXISTS queen.log_passes;
-        DROP INDEX IF EXISTS queen.log_dlq_partition_idx;
-        ALTER TABLE queen.log_consumers ADD COLUMN IF NOT EXISTS acked bigint[] NOT NULL DEFAULT '{}';
-        DELETE FROM queen.log_dlq d WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.id = d.partition_id);
-        ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_partition_id_fkey;
-        ALTER TABLE queen.log_dlq ADD CONSTRAINT log_dlq_partition_id_fkey
-            FOREIGN KEY (partition_id) REFERENCES queen.log_partitions (id) ON DELETE CASCADE;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    DROP TABLE IF EXISTS queen.log_passes;
+    DROP INDEX IF EXISTS queen.log_dlq_partition_idx;
+    ALTER TABLE queen.log_consumers ADD COLUMN IF NOT EXISTS acked bigint[] NOT NULL DEFAULT '{}';
+    DELETE FROM queen.log_dlq d WHERE NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.id = d.partition_id);
+    ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_partition_id_fkey;
+    ALTER TABLE queen.log_dlq ADD CONSTRAINT log_dlq_partition_id_fkey
+        FOREIGN KEY (partition_id) REFERENCES queen.log_partitions (id) ON DELETE CASCADE;
+    """
+)

@@ -17,23 +17,18 @@ indexes; the previous release's procedures then work again.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0003"
 down_revision: str | None = "0002"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        DROP INDEX IF EXISTS queen.timers_deliver_idx;
-        ALTER TABLE queen.timers ADD COLUMN IF NOT EXISTS fired_at timestamptz;
-        CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;
-        CREATE INDEX IF NOT EXISTS timers_fired_idx ON queen.timers (fired_at) WHERE fired_at IS NOT NULL;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    DROP INDEX IF EXISTS queen.timers_deliver_idx;
+    ALTER TABLE queen.timers ADD COLUMN IF NOT EXISTS fired_at timestamptz;
+    CREATE INDEX IF NOT EXISTS timers_due_idx ON queen.timers (deliver_at) WHERE fired_at IS NULL;
+    CREATE INDEX IF NOT EXISTS timers_fired_idx ON queen.timers (fired_at) WHERE fired_at IS NOT NULL;
+    """
+)

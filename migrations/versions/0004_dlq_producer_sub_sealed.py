@@ -17,21 +17,16 @@ letter then reads as JSON null.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0004"
 down_revision: str | None = "0003"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        ALTER TABLE queen.log_dlq DROP COLUMN IF EXISTS sealed;
-        ALTER TABLE queen.log_dlq DROP COLUMN IF EXISTS producer_sub;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    ALTER TABLE queen.log_dlq DROP COLUMN IF EXISTS sealed;
+    ALTER TABLE queen.log_dlq DROP COLUMN IF EXISTS producer_sub;
+    """
+)

@@ -16,21 +16,16 @@ downgrade() drops both tables (the previous release's procedures do not read the
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0005"
 down_revision: str | None = "0004"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        DROP TABLE IF EXISTS queen.tenant_minutes;
-        DROP TABLE IF EXISTS queen.tenant_stats;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    DROP TABLE IF EXISTS queen.tenant_minutes;
+    DROP TABLE IF EXISTS queen.tenant_stats;
+    """
+)

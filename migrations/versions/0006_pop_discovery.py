@@ -21,28 +21,23 @@ and makes the previous index again.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0006"
 down_revision: str | None = "0005"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        DROP TRIGGER IF EXISTS log_consumers_head_ins ON queen.log_consumers;
-        DROP TRIGGER IF EXISTS log_consumers_head_upd ON queen.log_consumers;
-        DROP FUNCTION IF EXISTS queen._cursor_head_trg();
-        DROP FUNCTION IF EXISTS queen._wake_cursors(bigint[], timestamptz[]);
-        DROP FUNCTION IF EXISTS queen._cursor_head(bigint, bigint);
-        CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx
-            ON queen.log_consumers (queue_id, consumer_group);
-        DROP INDEX IF EXISTS queen.log_consumers_ready_idx;
-        ALTER TABLE queen.log_consumers DROP COLUMN IF EXISTS head_at;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    DROP TRIGGER IF EXISTS log_consumers_head_ins ON queen.log_consumers;
+    DROP TRIGGER IF EXISTS log_consumers_head_upd ON queen.log_consumers;
+    DROP FUNCTION IF EXISTS queen._cursor_head_trg();
+    DROP FUNCTION IF EXISTS queen._wake_cursors(bigint[], timestamptz[]);
+    DROP FUNCTION IF EXISTS queen._cursor_head(bigint, bigint);
+    CREATE INDEX IF NOT EXISTS log_consumers_queue_group_idx
+        ON queen.log_consumers (queue_id, consumer_group);
+    DROP INDEX IF EXISTS queen.log_consumers_ready_idx;
+    ALTER TABLE queen.log_consumers DROP COLUMN IF EXISTS head_at;
+    """
+)

@@ -19,24 +19,19 @@ downgrade() drops the four columns and the table.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0007"
 down_revision: str | None = "0006"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        DROP TABLE IF EXISTS queen.group_lag;
-        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS lag_seconds;
-        ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS backlog;
-        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS oldest_at;
-        ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS backlog;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    DROP TABLE IF EXISTS queen.group_lag;
+    ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS lag_seconds;
+    ALTER TABLE queen.tenant_minutes DROP COLUMN IF EXISTS backlog;
+    ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS oldest_at;
+    ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS backlog;
+    """
+)

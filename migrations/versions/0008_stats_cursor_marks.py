@@ -15,16 +15,11 @@ downgrade() drops the column.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0008"
 down_revision: str | None = "0007"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql("ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS cursors_total;")
+upgrade, downgrade = revision_steps(down="ALTER TABLE queen.stats_marks DROP COLUMN IF EXISTS cursors_total;")

@@ -15,21 +15,16 @@ downgrade() deletes orphan rows (if any) and puts the foreign key back.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0009"
 down_revision: str | None = "0008"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        "DELETE FROM queen.log_txns t WHERE NOT EXISTS"
-        " (SELECT 1 FROM queen.log_partitions p WHERE p.id = t.partition_id);"
-        " ALTER TABLE queen.log_txns ADD CONSTRAINT log_txns_partition_id_fkey FOREIGN KEY (partition_id)"
-        " REFERENCES queen.log_partitions (id) ON DELETE CASCADE;"
-    )
+upgrade, downgrade = revision_steps(
+    down="DELETE FROM queen.log_txns t WHERE NOT EXISTS"
+    " (SELECT 1 FROM queen.log_partitions p WHERE p.id = t.partition_id);"
+    " ALTER TABLE queen.log_txns ADD CONSTRAINT log_txns_partition_id_fkey FOREIGN KEY (partition_id)"
+    " REFERENCES queen.log_partitions (id) ON DELETE CASCADE;"
+)

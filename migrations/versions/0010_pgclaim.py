@@ -18,22 +18,17 @@ downgrade() makes the index again and drops the table.
 
 from __future__ import annotations
 
-from queen_pg.migrate import apply_sql, execute_sql
+from queen_pg.migrate import revision_steps
 
 # revision identifiers, used by Alembic (no branch labels, no cross-revision dependencies).
 revision: str = "0010"
 down_revision: str | None = "0009"
 
 
-def upgrade() -> None:
-    apply_sql()  # the change is written once, in sql/schema.sql (guarded, idempotent)
-
-
-def downgrade() -> None:
-    execute_sql(
-        """
-        CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id)
-            WHERE lease_id IS NOT NULL;
-        DROP TABLE IF EXISTS queen.log_leases;
-        """
-    )
+upgrade, downgrade = revision_steps(
+    down="""
+    CREATE INDEX IF NOT EXISTS log_consumers_lease_idx ON queen.log_consumers (lease_id)
+        WHERE lease_id IS NOT NULL;
+    DROP TABLE IF EXISTS queen.log_leases;
+    """
+)
