@@ -192,7 +192,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(HotRoutes, routes=hot_routes())  # innermost: the data routes without FastAPI's per-request work
     app.add_middleware(Admission)  # inside BodyLimit: an oversized body is 413 before it takes permits
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    checks = install_security(app, settings)  # host, token, level, tenant, Content-Type: before any body is read
+    checks = app.state.checks = install_security(
+        app, settings
+    )  # host, token, level, tenant, Content-Type: before any body is read
     app.add_middleware(InternalErrors)  # an exception no handler took: a 500 with a request id, no text
     metrics = app.state.metrics = Metrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # sees every answer, 413s included
@@ -240,7 +242,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(dashboard.router)  # / and /dashboard/<file>: the embedded UI (webapp/)
     install_docs(app)  # /openapi.json (the request bodies the routes parse themselves), /docs, /redoc
-    declare_routes(app, DOC_PAGES)  # every route's level (@level beside it) to the security middleware
+    declare_routes(app, checks, DOC_PAGES)  # every route's level (@level beside it) to the security middleware
     return app
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import fastapi.routing
 import pytest
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 
 from queen_pg.app import DOC_PAGES, create_app
 from queen_pg.security.access import level, route_levels
-from queen_pg.security.roles import DECLARED, Level, RouteTable
+from queen_pg.security.roles import Level, RouteTable
 from queen_pg.settings import Settings
 
 
-def app_routes() -> set[tuple[str, str]]:
-    app = create_app(Settings(database_url="postgresql://unused/x"))
+def app_routes(app: FastAPI) -> set[tuple[str, str]]:
     iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
     if iter_contexts is None:
         pairs = [(r.path, r.methods) for r in app.routes]  # with :path converters
@@ -24,11 +23,12 @@ def app_routes() -> set[tuple[str, str]]:
 
 
 def test_every_route_has_a_level_and_the_table_names_no_ghosts() -> None:
-    routes = app_routes()
+    app = create_app(Settings(database_url="postgresql://unused/x"))
+    routes, declared = app_routes(app), app.state.checks.table.routes
     assert len(routes) > 50
-    missing = sorted(routes - DECLARED.routes.keys())
+    missing = sorted(routes - declared.keys())
     assert missing == [], f"routes without an access level (@level beside the route): {missing}"
-    ghosts = sorted(DECLARED.routes.keys() - routes)
+    ghosts = sorted(declared.keys() - routes)
     assert ghosts == [], f"levels for routes the app does not have: {ghosts}"
 
 
@@ -48,8 +48,8 @@ def test_a_route_with_no_level_fails_the_build() -> None:
 
 
 def test_route_table_matching() -> None:
-    create_app(Settings(database_url="postgresql://unused/x"))  # declares the table
-    t = RouteTable()
+    t = create_app(Settings(database_url="postgresql://unused/x")).state.checks.table  # declared by create_app
+    assert isinstance(t, RouteTable)
     assert t.level("GET", "/api/v1/consumer-groups/lagging") == Level.READ_ONLY
     assert t.level("DELETE", "/api/v1/consumer-groups/g") == Level.ADMIN
     assert t.level("HEAD", "/api/v1/resources/queues") == Level.READ_ONLY

@@ -14,7 +14,6 @@ import pytest
 from queen_pg.api.hot import HotRoutes
 from queen_pg.app import create_app
 from queen_pg.security.middleware import Security
-from queen_pg.security.roles import DECLARED
 from queen_pg.settings import Settings
 from tests.conftest import Broker
 from tests.helpers import pop, push
@@ -95,7 +94,7 @@ def test_the_hot_routes_are_inside_the_security_middleware() -> None:
     app = create_app(Settings(database_url="postgresql://unused/x"))
     order = [m.cls for m in app.user_middleware]  # outermost first
     assert order.index(Security) < order.index(HotRoutes)
-    assert DECLARED.write_gets == ("/api/v1/pop", "/api/v1/pop/queue/")  # the GETs that lease or ack
+    assert app.state.checks.table.write_gets == ("/api/v1/pop", "/api/v1/pop/queue/")  # the GETs that lease or ack
 
 
 @pytest.mark.parametrize("auto_ack", [True, False])

@@ -13,7 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from queen_pg.errors import FORBIDDEN, QueenError
 from queen_pg.security.middleware import STATE_KEY, Checks, Principal, Security
-from queen_pg.security.roles import Level, RouteLevels, declare
+from queen_pg.security.roles import Level, RouteLevels
 from queen_pg.security.web import split_list
 from queen_pg.settings import Settings
 
@@ -87,6 +87,6 @@ def route_levels(routes: Iterable[BaseRoute], extra: RouteLevels) -> dict[tuple[
     return table
 
 
-def declare_routes(app: FastAPI, extra: RouteLevels) -> None:
-    """Hands the app's route levels to the security middleware (called once the routes are in)."""
-    declare(route_levels(app.routes, extra))
+def declare_routes(app: FastAPI, checks: Checks, extra: RouteLevels) -> None:
+    """Hands the app's route levels to its security checks (called once the routes are in)."""
+    checks.declare(route_levels(app.routes, extra))

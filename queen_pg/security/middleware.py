@@ -30,7 +30,7 @@ from queen_pg.errors import (
     UNSUPPORTED_MEDIA_TYPE,
     ErrorKind,
 )
-from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteTable, granted
+from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteLevels, RouteTable, granted
 from queen_pg.security.tenancy import HEADER, TenantError, resolve
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
@@ -98,7 +98,7 @@ class Checks:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._table: RouteTable | None = None  # built at the first request: create_app declares the levels last
+        self._table: RouteTable | None = None  # create_app declares the levels once the routes are in
         self.skip = frozenset(split_list(settings.jwt_skip_paths))
         self.hosts = HostPolicy(settings)
         self.hosts.log_start()
@@ -116,10 +116,14 @@ class Checks:
             else Principal(None, Level.ADMIN, settings.default_tenant, False)
         )  # fmt: skip
 
+    def declare(self, routes: RouteLevels) -> None:
+        """The app's route levels (``security.access.declare_routes``), before the first request."""
+        self._table = RouteTable(routes)
+
     @property
     def table(self) -> RouteTable:
         if self._table is None:
-            self._table = RouteTable()
+            raise RuntimeError("no route levels declared: create_app hands them over (queen_pg/security/access.py)")
         return self._table
 
     async def admit(self, scope: Scope, send: Send) -> bool:
@@ -132,7 +136,13 @@ class Checks:
             return False
         method: str = scope["method"]
         refused = cross_site(
-            method, scope["path"], headers.get(b"sec-fetch-site"), headers.get(b"origin"), host, self.origins
+            method,
+            scope["path"],
+            headers.get(b"sec-fetch-site"),
+            headers.get(b"origin"),
+            host,
+            self.origins,
+            self.table.write_gets,
         )
         if refused is not None:
             await _error(send, CROSS_SITE, refused)

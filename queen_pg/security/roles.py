@@ -1,9 +1,9 @@
 """Access levels: the levels, the route -> level matcher, and the levels a token's roles grant.
 
 Each route's level is declared beside the route, in its feature's module (``@access.level(...)`` on
-the endpoint); the app collects them when it is built and hands the table over (``declare``), so
-security imports no route. A route with no level fails the build (tests/test_security_roles.py). A
-request to a path no entry matches needs a valid token (any level) and then gets the router's 404/405.
+the endpoint); the app collects them when it is built and hands the table to its security checks
+(``access.declare_routes``), so security imports no route and holds no process-wide table. A route
+with no level fails the build (tests/test_security_roles.py). A request to a path no entry matches needs a valid token (any level) and then gets the router's 404/405.
 
 Levels: read-only < read-write < admin. Read-only: reads (status, resources, messages, DLQ list,
 traces, consumer-group listings, KV get). Read-write: push, pop, ack, lease, transaction, KV writes,
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -42,34 +41,6 @@ RouteLevels = Mapping[tuple[str, str], Level]
 """(method, path template) -> the least level that may call it. HEAD is GET."""
 
 
-@dataclass(slots=True)
-class Declared:
-    """The app's route levels, handed over when the app is built (``security.access.declare``): each
-    level is declared beside its route in the feature's module, and security imports no route. Every
-    app of a process has the same routes, so one table serves them all."""
-
-    routes: dict[tuple[str, str], Level] = field(default_factory=dict)
-    # GET routes that change state (a pop leases, or acks with autoAck): the path prefixes of those that
-    # need read-write (security/web.py refuses them cross-site)
-    write_gets: tuple[str, ...] = ()
-
-
-DECLARED = Declared()
-
-
-def declare(routes: RouteLevels) -> None:
-    DECLARED.routes = dict(routes)
-    DECLARED.write_gets = tuple(
-        sorted({path.split("{", 1)[0] for (method, path), level in routes.items() if method == "GET" and level >= W})
-    )
-
-
-def declared() -> dict[tuple[str, str], Level]:
-    if not DECLARED.routes:
-        raise RuntimeError("no route levels declared: create_app hands them over (queen_pg/security/access.py)")
-    return DECLARED.routes
-
-
 # Paths under these prefixes are static files shipped in the package (the dashboard's modules, the
 # Swagger UI bundle): they hold no data, so a browser may load them before it has a token. The data
 # they show comes from the API routes, each behind its level.
@@ -77,11 +48,18 @@ PUBLIC_PREFIXES = ("/dashboard/", "/docs/assets/")
 
 
 class RouteTable:
-    """The route levels (by default the declared ones) compiled for matching raw request paths
-    (Starlette's own path compiler)."""
+    """The app's route levels (``security.access.declare_routes`` hands them over once the routes are
+    in) compiled for matching raw request paths (Starlette's own path compiler)."""
 
-    def __init__(self, routes: RouteLevels | None = None) -> None:
-        routes = declared() if routes is None else routes
+    def __init__(self, routes: RouteLevels) -> None:
+        self.routes = dict(routes)
+        # GET routes that change state (a pop leases, or acks with autoAck): the path prefixes of those
+        # that need read-write (security/web.py refuses them cross-site)
+        self.write_gets = tuple(
+            sorted(
+                {path.split("{", 1)[0] for (method, path), level in routes.items() if method == "GET" and level >= W}
+            )
+        )
         by_method: dict[str, list[tuple[re.Pattern[str], Level]]] = {}
         # literal segments before parameters: /consumer-groups/lagging beats /consumer-groups/{group}
         for (method, path), level in sorted(routes.items(), key=lambda kv: kv[0][1].count("{")):

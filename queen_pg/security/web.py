@@ -32,7 +32,6 @@ import logging
 import socket
 from ipaddress import ip_address
 
-from queen_pg.security.roles import DECLARED
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
@@ -159,13 +158,20 @@ def same_origin(origin: str, host: str | None) -> bool:
 
 
 def cross_site(
-    method: str, path: str, site: str | None, origin: str | None, host: str | None, trusted: frozenset[str]
+    method: str,
+    path: str,
+    site: str | None,
+    origin: str | None,
+    host: str | None,
+    trusted: frozenset[str],
+    write_gets: tuple[str, ...],
 ) -> str | None:
     """Why this request is a cross-site one that would change state (refused), or None.
 
     ``site``, ``origin`` and ``host`` are the request's ``Sec-Fetch-Site``, ``Origin`` and ``Host``;
-    ``trusted`` the QUEEN_CORS_ORIGINS entries."""
-    if method in SAFE_METHODS and not path.startswith(DECLARED.write_gets):
+    ``trusted`` the QUEEN_CORS_ORIGINS entries; ``write_gets`` the path prefixes of the GET routes that
+    change state (``RouteTable.write_gets``)."""
+    if method in SAFE_METHODS and not path.startswith(write_gets):
         return None
     if site is None:
         if origin is None or same_origin(origin, host):
