@@ -3,7 +3,8 @@
 Each route's level is declared beside the route, in its feature's module (``@access.level(...)`` on
 the endpoint); the app collects them when it is built and hands the table to its security checks
 (``access.declare_routes``), so security imports no route and holds no process-wide table. A route
-with no level fails the build (tests/test_security_roles.py). A request to a path no entry matches needs a valid token (any level) and then gets the router's 404/405.
+with no level fails the build (tests/test_security_roles.py). A request to a path no entry matches
+needs a valid token (any level) and then gets the router's 404/405.
 
 Levels: read-only < read-write < admin. Read-only: reads (status, resources, messages, DLQ list,
 traces, consumer-group listings, KV get). Read-write: push, pop, ack, lease, transaction, KV writes,
