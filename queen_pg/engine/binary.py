@@ -134,19 +134,19 @@ class _In:
     def u8(self, what: str) -> int:
         return self.take(1, what)[0]
 
-    def u16(self, what: str) -> int:
-        if self.left() < 2:
+    def _uint(self, width: struct.Struct, what: str) -> int:
+        size = width.size
+        if len(self.data) - self.at < size:
             raise self.fail(f"{what}: truncated")
-        (v,) = _U16.unpack_from(self.data, self.at)
-        self.at += 2
+        (v,) = width.unpack_from(self.data, self.at)
+        self.at += size
         return int(v)
 
+    def u16(self, what: str) -> int:
+        return self._uint(_U16, what)
+
     def u32(self, what: str) -> int:
-        if self.left() < 4:
-            raise self.fail(f"{what}: truncated")
-        (v,) = _U32.unpack_from(self.data, self.at)
-        self.at += 4
-        return int(v)
+        return self._uint(_U32, what)
 
     def text16(self, what: str) -> str:
         at = self.at
