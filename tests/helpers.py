@@ -90,6 +90,15 @@ EMPTY = {
 }
 
 
+async def fetchval_once(url: str, sql: str, *args: Any) -> Any:
+    """One value read on a connection of its own (a database no fixture is connected to)."""
+    c = await asyncpg.connect(url)
+    try:
+        return await c.fetchval(sql, *args)
+    finally:
+        await c.close()
+
+
 @contextlib.asynccontextmanager
 async def rolled_back(conn: asyncpg.Connection) -> AsyncIterator[None]:
     """A transaction on ``conn`` that is always rolled back: a procedure's effects read, then undone."""

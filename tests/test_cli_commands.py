@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queen_pg.cli import bench, main
 from queen_pg.jobs.dlq_fill import DlqFill
 from tests.conftest import Broker, PgServer, empty_database, free_port
-from tests.helpers import eventually, push
+from tests.helpers import eventually, fetchval_once, push
 from tests.test_cli import _embedded_env, _term_stops_postgres, _wait, _wait_healthy
 
 
@@ -232,11 +232,7 @@ async def test_migrate_an_empty_database(pg_server: PgServer, capsys: Any) -> No
     code, out, err = await run(capsys, "migrate", "--database-url", url)
     assert code == 0, err
     assert "migrate: applying 0001_baseline ..." in out and "migrate: at head" in out
-    c = await asyncpg.connect(url)
-    try:
-        assert await c.fetchval("SELECT to_regproc('queen.push_v1') IS NOT NULL")
-    finally:
-        await c.close()
+    assert await fetchval_once(url, "SELECT to_regproc('queen.push_v1') IS NOT NULL")
     code, out, _ = await run(capsys, "migrate", "--database-url", url)  # again: nothing to do
     assert code == 0 and "applying" not in out and "at head" in out
 
