@@ -302,20 +302,18 @@ async def test_client_seed_worker_once_guard_and_kv_get(broker: Broker, conn: as
         (ship,) = await client.queue("shipments").batch(5).wait(False).pop()
         assert ship["transactionId"] == "ship-o-1" and ship["partition"] == "c-42"
         # once(): the second delivery of the same fact rolls back whole, returned not raised
-        first = (
-            await client.transaction()
-            .once("dedupe", "pay-1", ttl_seconds=3600)
-            .queue("receipts")
-            .push([{"data": {"n": 1}}])
-            .commit()
-        )
-        second = (
-            await client.transaction()
-            .once("dedupe", "pay-1", ttl_seconds=3600)
-            .queue("receipts")
-            .push([{"data": {"n": 2}}])
-            .commit()
-        )
+
+        async def receipt_once(n: int) -> Any:
+            """Payment pay-1's receipt, pushed at most once (the once() key), carrying ``n``."""
+            return (
+                await client.transaction()
+                .once("dedupe", "pay-1", ttl_seconds=3600)
+                .queue("receipts")
+                .push([{"data": {"n": n}}])
+                .commit()
+            )
+
+        first, second = await receipt_once(1), await receipt_once(2)
         assert bool(first) is True and bool(second) is False
         assert second["reason"] == "kv_precondition" and second["kvReason"] == "exists"
         assert [r["data"] for r in await client.queue("receipts").batch(5).wait(False).pop()] == [{"n": 1}]
