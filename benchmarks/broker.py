@@ -7,6 +7,7 @@ Everything is removed on stop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,12 +19,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from benchmarks.machine import ROOT
+
+if TYPE_CHECKING:
+    from queen_pg.embedded_pg import EmbeddedPostgres
 
 
 class BenchError(RuntimeError):
@@ -34,6 +39,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def scratch_postgres(prefix: str, fast: bool = True) -> Iterator[EmbeddedPostgres]:
+    """A throwaway embedded PostgreSQL in a new temporary directory, started; stopped and removed on exit."""
+    from queen_pg.embedded_pg import EmbeddedPostgres
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
+    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=fast)
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_load() -> None:
+    """The 1-minute load average beside the figures: they are a lower bound on a busy machine."""
+    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:

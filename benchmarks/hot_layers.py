@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks.broker import free_port
-from queen_pg.embedded_pg import EmbeddedPostgres
+from benchmarks.broker import print_load, scratch_postgres
 
 Scope = dict[str, Any]
 ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -154,19 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=3000, help="measured requests per case (default 3000)")
     ap.add_argument("--push-only", action="store_true", help="only the push through the whole stack (to profile)")
     args = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="queen-hotlayers-"))
-    tmp.chmod(0o711)
-    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=True)
-    try:
-        pg.start()
+    with scratch_postgres("queen-hotlayers-") as pg:
         import uvloop  # as the server runs
 
         uvloop.install()
         asyncio.run(bench(pg.dsn(), args.requests, args.push_only))
-    finally:
-        pg.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    print_load()
 
 
 if __name__ == "__main__":

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
 import asyncpg
 
-from benchmarks.broker import free_port
+from benchmarks.broker import print_load, scratch_postgres
 from benchmarks.sql_push import PAYLOAD, backend_cpu_ns
 from queen_pg.db.apply import apply_sql
 from queen_pg.embedded_pg import EmbeddedPostgres
@@ -120,7 +117,7 @@ async def bench(pg: EmbeddedPostgres, trees: dict[str, Path | None], shapes: lis
         print(f"{name:<5} log_consumers updates {row['n_tup_upd']} HOT {row['n_tup_hot_upd']}")
     for (shape, name), v in sorted(tot.items()):
         print(f"{shape:<5} {name:<5} pop us/call per round: {' '.join(f'{x:.0f}' for x in v)}")
-    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    print_load()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,15 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.base is not None:
         trees["base"] = args.base
     trees["new"] = None
-    tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpop-"))
-    tmp.chmod(0o711)
-    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=True)
-    try:
-        pg.start()
+    with scratch_postgres("queen-sqlpop-") as pg:
         asyncio.run(bench(pg, trees, args.shapes.split(","), args.rounds, args.pops))
-    finally:
-        pg.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.broker import free_port
-from queen_pg.embedded_pg import EmbeddedPostgres
+from benchmarks.broker import print_load, scratch_postgres
 
 
 def work() -> int:
@@ -77,19 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=2000, help="runs (and queries) per case (default 2000)")
     args = ap.parse_args(argv)
     python_cycles(args.runs)
-    tmp = Path(tempfile.mkdtemp(prefix="queen-wake-"))
-    tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
-    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=True)
-    try:
-        pg.start()
+    with scratch_postgres("queen-wake-") as pg:
         import uvloop
 
         uvloop.install()
         asyncio.run(asyncpg_cycles(pg.admin_dsn(), args.runs))
-    finally:
-        pg.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    print_load()
 
 
 if __name__ == "__main__":

@@ -322,20 +322,27 @@ def _client_options() -> argparse.ArgumentParser:
     return common
 
 
+def _command(sub: Any, name: str, cmd: Command, help: str, description: str) -> argparse.ArgumentParser:
+    """A client command: the common options (``--url``, ``--json``, ``--timeout``), then ``cmd`` runs it."""
+    p: argparse.ArgumentParser = sub.add_parser(name, parents=[_client_options()], help=help, description=description)
+    p.set_defaults(client_cmd=cmd)
+    return p
+
+
 def add_commands(sub: Any) -> None:
     """Add the broker client commands to the ``queen-pg`` subparsers."""
-    common = [_client_options()]
-    p = sub.add_parser(
+    _command(
+        sub,
         "queues",
-        parents=common,
+        cmd_queues,
         help="list the queues: partitions, messages, backlog, in flight, DLQ",
         description="List the broker's queues (GET /api/v1/resources/queues).",
     )
-    p.set_defaults(client_cmd=cmd_queues)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "tail",
-        parents=common,
+        cmd_tail,
         help="follow new messages of a queue, decoded",
         description="Print the queue's messages as they arrive, one line each: time, partition, offset, "
         "transactionId, JSON data. Reads with a consumer group of its own (deleted on exit), so the "
@@ -347,11 +354,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--limit", type=_positive, help="stop after N messages")
     p.add_argument("--batch", type=_positive, default=100, help="messages per pop [100]")
     p.add_argument("--wait-ms", type=_positive, default=30_000, help="long-poll time per pop [30000]")
-    p.set_defaults(client_cmd=cmd_tail)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "dlq",
-        parents=common,
+        cmd_dlq,
         help="list a queue's dead letters, or requeue one",
         description="List a queue's dead letters, newest first (GET /api/v1/dlq), or put one back at the end "
         "of its partition (--requeue PARTITION_ID TRANSACTION_ID).",
@@ -363,37 +370,38 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--requeue", nargs=2, metavar=("PARTITION_ID", "TRANSACTION_ID"), help="requeue this dead letter instead"
     )
-    p.set_defaults(client_cmd=cmd_dlq)
 
     kv = sub.add_parser("kv", help="read or write a KV entry", description="Read or write one KV entry.")
     kv_sub = kv.add_subparsers(dest="kv_command", required=True)
-    p = kv_sub.add_parser(
-        "get", parents=common, help="print a value", description="Print the value of NS/KEY as JSON (exit 1: absent)."
+    p = _command(
+        kv_sub,
+        "get",
+        cmd_kv_get,
+        help="print a value",
+        description="Print the value of NS/KEY as JSON (exit 1: absent).",
     )
     p.add_argument("ns")
     p.add_argument("key")
-    p.set_defaults(client_cmd=cmd_kv_get)
-    p = kv_sub.add_parser("put", parents=common, help="write a value", description="Write VALUE (JSON text) at NS/KEY.")
+    p = _command(kv_sub, "put", cmd_kv_put, help="write a value", description="Write VALUE (JSON text) at NS/KEY.")
     p.add_argument("ns")
     p.add_argument("key")
     p.add_argument("value", help="the value as JSON, e.g. '{\"a\": 1}' or '\"text\"'")
     expiry = p.add_mutually_exclusive_group()
     expiry.add_argument("--ttl", type=_positive, metavar="SECONDS", help="expire after this many seconds")
     expiry.add_argument("--forever", action="store_true", help="never expire (the default)")
-    p.set_defaults(client_cmd=cmd_kv_put)
 
     timers = sub.add_parser("timers", help="inspect timers", description="Inspect a queue's timers.")
     t_sub = timers.add_subparsers(dest="timers_command", required=True)
-    p = t_sub.add_parser(
+    p = _command(
+        t_sub,
         "list",
-        parents=common,
+        cmd_timers_list,
         help="list a queue's pending timers",
         description="List a queue's pending timers by key, following the pages (nextAfter).",
     )
     p.add_argument("queue")
     p.add_argument("--limit", type=_positive, help="list at most N timers")
     p.add_argument("--page", type=_positive, default=1000, help="timers per request (≤ 1000) [1000]")
-    p.set_defaults(client_cmd=cmd_timers_list)
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

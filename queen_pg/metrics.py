@@ -57,6 +57,56 @@ SAMPLE_INTERVAL_S = 1.0  # per-worker sampling with several workers
 Q_LABELS = ["tenant", "queue"]
 G_LABELS = ["tenant", "queue", "consumer_group"]
 
+# (gauge name, help, the row field it shows): one gauge a line, built and filled by one loop each
+Gauges = tuple[tuple[str, str, str], ...]
+TENANT_GAUGES: Gauges = (
+    ("queen_queues", "Queues of the tenant", "queues"),
+    ("queen_queue_partitions", "Partitions, summed over the tenant's queues", "partitions"),
+    (
+        "queen_queue_messages_written",
+        "Messages ever written (sum of next offsets) over the tenant's queues",
+        "messages",
+    ),
+    (
+        "queen_queue_backlog",
+        "Sum over the tenant's queues of the messages their most lagging group has not done",
+        "backlog",
+    ),
+    ("queen_queue_in_flight", "Messages under a live lease not yet acked", "in_flight"),
+    ("queen_queue_dlq_depth", "Dead letters of the tenant's queues", "dlq"),
+    ("queen_group_lag_messages", "Messages not yet done, summed over every group", "group_lag"),
+    ("queen_group_lag_seconds", "Age of the oldest message any group of the tenant has not done", "lag_seconds"),
+    ("queen_group_leased_partitions", "Partitions under a live lease, over every group", "leased_partitions"),
+    ("queen_group_dlq_depth", "Dead letters, over every group", "dlq"),
+    (
+        "queen_stats_snapshot_timestamp_seconds",
+        "When these per-tenant figures were computed (stats_snapshot job), Unix time",
+        "as_of",
+    ),
+)
+QUEUE_GAUGES: Gauges = (
+    ("queen_queue_partitions", "Partitions of the queue", "partitions"),
+    ("queen_queue_messages_written", "Messages ever written to the queue (sum of next offsets)", "messages"),
+    ("queen_queue_backlog", "Messages not yet done by the queue's most lagging consumer group", "backlog"),
+    ("queen_queue_dlq_depth", "Dead letters of the queue", "dlq"),
+)
+GROUP_GAUGES: Gauges = (
+    ("queen_group_lag_messages", "Messages not yet done by the group", "lag"),
+    ("queen_group_lag_seconds", "Age of the oldest message not yet done by the group", "lag_seconds"),
+    ("queen_group_leased_partitions", "Partitions the group holds a live lease on", "leased_partitions"),
+    ("queen_group_dlq_depth", "Dead letters of the group", "dlq"),
+)
+
+
+def _families(gauges: Gauges, labels: list[str]) -> list[tuple[GaugeMetricFamily, str]]:
+    return [(GaugeMetricFamily(name, doc, labels=labels), field) for name, doc, field in gauges]
+
+
+def _fill(fams: list[tuple[GaugeMetricFamily, str]], key: list[str], row: object, **computed: float) -> None:
+    """One sample per family from ``row``'s field (or from ``computed``, for what the row does not carry)."""
+    for fam, field in fams:
+        fam.add_metric(key, computed[field] if field in computed else float(getattr(row, field)))
+
 
 class SnapshotCollector:
     """The gauges read from the database, summed per tenant: rendered from the last snapshot."""
@@ -75,68 +125,9 @@ class SnapshotCollector:
         yield took
         if self.snapshot is None:
             return
-        t = ["tenant"]
-        fams = [
-            (GaugeMetricFamily("queen_queues", "Queues of the tenant", labels=t), "queues"),
-            (
-                GaugeMetricFamily("queen_queue_partitions", "Partitions, summed over the tenant's queues", labels=t),
-                "partitions",
-            ),
-            (
-                GaugeMetricFamily(
-                    "queen_queue_messages_written",
-                    "Messages ever written (sum of next offsets) over the tenant's queues",
-                    labels=t,
-                ),
-                "messages",
-            ),
-            (
-                GaugeMetricFamily(
-                    "queen_queue_backlog",
-                    "Sum over the tenant's queues of the messages their most lagging group has not done",
-                    labels=t,
-                ),
-                "backlog",
-            ),
-            (
-                GaugeMetricFamily("queen_queue_in_flight", "Messages under a live lease not yet acked", labels=t),
-                "in_flight",
-            ),
-            (GaugeMetricFamily("queen_queue_dlq_depth", "Dead letters of the tenant's queues", labels=t), "dlq"),
-            (
-                GaugeMetricFamily(
-                    "queen_group_lag_messages", "Messages not yet done, summed over every group", labels=t
-                ),
-                "group_lag",
-            ),
-            (
-                GaugeMetricFamily(
-                    "queen_group_lag_seconds",
-                    "Age of the oldest message any group of the tenant has not done",
-                    labels=t,
-                ),
-                "lag_seconds",
-            ),
-            (
-                GaugeMetricFamily(
-                    "queen_group_leased_partitions", "Partitions under a live lease, over every group", labels=t
-                ),
-                "leased_partitions",
-            ),
-            (GaugeMetricFamily("queen_group_dlq_depth", "Dead letters, over every group", labels=t), "dlq"),
-            (
-                GaugeMetricFamily(
-                    "queen_stats_snapshot_timestamp_seconds",
-                    "When these per-tenant figures were computed (stats_snapshot job), Unix time",
-                    labels=t,
-                ),
-                "as_of",
-            ),
-        ]
+        fams = _families(TENANT_GAUGES, ["tenant"])
         for row in self.snapshot:
-            for fam, field in fams:
-                v = getattr(row, field)
-                fam.add_metric([row.tenant], v.timestamp() if field == "as_of" else float(v))
+            _fill(fams, [row.tenant], row, as_of=row.as_of.timestamp())
         for fam, _ in fams:
             yield fam
 
@@ -153,37 +144,16 @@ class QueuePageCollector:
         total = GaugeMetricFamily("queen_metrics_queues_total", "Queues in all pages of /metrics/queues")
         total.add_metric([], self.total)
         yield total
-        partitions = GaugeMetricFamily("queen_queue_partitions", "Partitions of the queue", labels=Q_LABELS)
-        written = GaugeMetricFamily(
-            "queen_queue_messages_written", "Messages ever written to the queue (sum of next offsets)", labels=Q_LABELS
-        )
-        backlog = GaugeMetricFamily(
-            "queen_queue_backlog", "Messages not yet done by the queue's most lagging consumer group", labels=Q_LABELS
-        )
-        dlq = GaugeMetricFamily("queen_queue_dlq_depth", "Dead letters of the queue", labels=Q_LABELS)
-        lag = GaugeMetricFamily("queen_group_lag_messages", "Messages not yet done by the group", labels=G_LABELS)
-        lag_s = GaugeMetricFamily(
-            "queen_group_lag_seconds", "Age of the oldest message not yet done by the group", labels=G_LABELS
-        )
-        leased = GaugeMetricFamily(
-            "queen_group_leased_partitions", "Partitions the group holds a live lease on", labels=G_LABELS
-        )
-        g_dlq = GaugeMetricFamily("queen_group_dlq_depth", "Dead letters of the group", labels=G_LABELS)
+        queues = _families(QUEUE_GAUGES, Q_LABELS)
+        groups = _families(GROUP_GAUGES, G_LABELS)
         worst: dict[tuple[str, str], int] = {}
         for g in snap.groups:
-            key = [g.tenant, g.queue, g.group]
-            lag.add_metric(key, g.lag)
-            lag_s.add_metric(key, g.lag_seconds)
-            leased.add_metric(key, g.leased_partitions)
-            g_dlq.add_metric(key, g.dlq)
+            _fill(groups, [g.tenant, g.queue, g.group], g)
             worst[(g.tenant, g.queue)] = max(worst.get((g.tenant, g.queue), 0), g.lag)
         for q in snap.queues:
-            key = [q.tenant, q.queue]
-            partitions.add_metric(key, q.partitions)
-            written.add_metric(key, q.messages)
-            backlog.add_metric(key, worst.get((q.tenant, q.queue), 0))
-            dlq.add_metric(key, q.dlq)
-        yield from (partitions, written, backlog, dlq, lag, lag_s, leased, g_dlq)
+            _fill(queues, [q.tenant, q.queue], q, backlog=worst.get((q.tenant, q.queue), 0))
+        for fam, _ in queues + groups:
+            yield fam
 
 
 def render_queues(snap: metrics_engine.Snapshot, total: int) -> bytes:

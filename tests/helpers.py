@@ -90,6 +90,26 @@ EMPTY = {
 }
 
 
+async def fetchval_once(url: str, sql: str, *args: Any) -> Any:
+    """One value read on a connection of its own (a database no fixture is connected to)."""
+    c = await asyncpg.connect(url)
+    try:
+        return await c.fetchval(sql, *args)
+    finally:
+        await c.close()
+
+
+@contextlib.asynccontextmanager
+async def rolled_back(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A transaction on ``conn`` that is always rolled back: a procedure's effects read, then undone."""
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        yield
+    finally:
+        await tr.rollback()
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str = "condition", within: float = 10.0) -> None:
     """Like :func:`eventually` for a condition that must be asked for (a query, an HTTP probe): the
     state lives in another process (PostgreSQL, a broker subprocess), so there is no event to await."""

@@ -21,7 +21,7 @@ from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
 from queen_pg.engine.pop import POP_SQL
 from tests.conftest import Broker
-from tests.helpers import push
+from tests.helpers import push, rolled_back
 from tests.test_ack_range import ROW, verdicts
 
 Item = tuple[str, str]  # (transactionId, status)
@@ -32,17 +32,13 @@ async def settle(
     now: datetime | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """ack_v3 with the hint, rolled back: (verdicts, cursor row after)."""
-    tr = conn.transaction()
-    await tr.start()
-    try:
+    async with rolled_back(conn):
         pack = Packed()
         for t, status in items:
             pack.add(pid, t, lease, "g", status, None)
         args = list(pack.args())
         row = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *args, now, hint)
         after = dict(await conn.fetchrow(ROW, pid))
-    finally:
-        await tr.rollback()
     return verdicts(row, len(items)), after
 
 
@@ -230,9 +226,7 @@ async def test_the_usual_hinted_ack_never_judges_item_by_item(
     assert all(v["success"] and not v["released"] for v in out)
     assert (row["cursor_offset"], row["fail_offset"], row["failures"], row["attempts"]) == (40, None, 0, 3)
     every = [(t, "completed") for t in txns]
-    tr = conn.transaction()
-    await tr.start()
-    try:
+    async with rolled_back(conn):
         await conn.execute("ALTER FUNCTION queen._ack_settle RENAME TO _ack_settle_away")
         pack = Packed()
         for t, status in every:
@@ -247,8 +241,6 @@ async def test_the_usual_hinted_ack_never_judges_item_by_item(
         with pytest.raises(asyncpg.UndefinedFunctionError):  # the lease is gone: only _ack_settle can say so
             await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
                                 book.hint(lease, pid, txns))  # fmt: skip
-    finally:
-        await tr.rollback()
 
 
 async def test_fused_hinted_acks_of_several_rows_settle_without_the_item_loop(
@@ -285,16 +277,12 @@ async def test_fused_hinted_acks_of_several_rows_settle_without_the_item_loop(
     pids = [got[p][0] for p in parts]
 
     async def run(hint: list[int | None] | None, now: datetime | None, away: bool) -> tuple[Any, Any]:
-        tr = conn.transaction()
-        await tr.start()
-        try:
+        async with rolled_back(conn):
             if away:
                 await conn.execute("ALTER FUNCTION queen._ack_settle RENAME TO _ack_settle_away")
             res = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack_of().args(), now, hint)
             rows = [dict(await conn.fetchrow(ROW, pid)) for pid in pids]
             return verdicts(res, len(plan)), (rows, sorted(res["o_wake"]))
-        finally:
-            await tr.rollback()
 
     hint = pack_of().hint(book)
     assert hint is not None and None not in hint and len(hint) == 9

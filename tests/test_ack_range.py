@@ -22,7 +22,7 @@ from queen import Queen
 
 from queen_pg.engine.ack_pack import Packed
 from tests.conftest import Broker
-from tests.helpers import pop, push
+from tests.helpers import pop, push, rolled_back
 
 ACK3 = "SELECT * FROM queen.ack_v3('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # items packed (ack_pack.Packed)
 ACK1 = "SELECT * FROM queen.ack_v1('default', $1, $2, $3, $4, $5, $6, $7, $8)"  # parallel arrays (Packed.arrays)
@@ -47,21 +47,28 @@ def verdicts(row: asyncpg.Record, n: int) -> list[dict[str, Any]]:
     ]
 
 
+def packed(pid: int, items: list[Item]) -> Packed:
+    """The items as one ack call's arguments (group "g", error text "boom")."""
+    pack = Packed()
+    for t, lease, status in items:
+        pack.add(pid, t, lease, "g", status, "boom")
+    return pack
+
+
+def row_verdicts(rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
+    """ack_v1's row per item in the shape of :func:`verdicts`."""
+    keys = {"success": "success", "error": "error", "released": "lease_released", "dlq": "dlq", "noop": "noop"}
+    return [{k: r[c] for k, c in keys.items()} for r in rows]
+
+
 async def settle(
     conn: asyncpg.Connection, pid: int, items: list[Item], now: datetime | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     """ack_v3 on the items, rolled back: (verdicts, the cursor row after, dead letters written)."""
-    tr = conn.transaction()
-    await tr.start()
-    try:
-        pack = Packed()
-        for t, lease, status in items:
-            pack.add(pid, t, lease, "g", status, "boom")
-        row = await conn.fetchrow(ACK3, *pack.args(), now)
+    async with rolled_back(conn):
+        row = await conn.fetchrow(ACK3, *packed(pid, items).args(), now)
         after = dict(await conn.fetchrow(ROW, pid))
         dead = await conn.fetchval("SELECT count(*) FROM queen.log_dlq")
-    finally:
-        await tr.rollback()
     return verdicts(row, len(items)), after, dead
 
 
@@ -326,19 +333,11 @@ async def test_a_large_batch_judged_item_by_item_gets_every_verdict(
     assert row["cursor_offset"] == 110 and row["lease_id"] is None and row["released_lease_id"] == lease
     assert written == len(dead) == 50
 
-    pack = Packed()
-    for t, lse, status in items:
-        pack.add(pid, t, lse, "g", status, "boom")
-    tr = conn.transaction()
-    await tr.start()
-    try:
-        rows = await conn.fetch(ACK1, *pack.arrays(), None)
+    async with rolled_back(conn):
+        rows = await conn.fetch(ACK1, *packed(pid, items).arrays(), None)
         dlq = await conn.fetch("SELECT transaction_id, msg_offset FROM queen.log_dlq ORDER BY msg_offset")
-    finally:
-        await tr.rollback()
     assert [r["idx"] for r in rows] == list(range(1, 20_001))
-    keys = {"success": "success", "error": "error", "released": "lease_released", "dlq": "dlq", "noop": "noop"}
-    assert [{k: r[c] for k, c in keys.items()} for r in rows] == got
+    assert row_verdicts(rows) == got
     assert [(r["transaction_id"], r["msg_offset"]) for r in dlq] == [(f"t{o}", o) for o in range(10, 60)]
 
 
@@ -364,22 +363,10 @@ async def test_one_kind_batches_resolved_in_one_scan_answer_as_the_arrays_path(
     ]
     for items, now in batches:
         scanned = await settle(conn, pid, items, now)
-        tr = conn.transaction()
-        await tr.start()
-        try:
-            pack = Packed()
-            for t, lid, status in items:
-                pack.add(pid, t, lid, "g", status, "boom")
-            rows = await conn.fetch(ACK1, *pack.arrays(), now)
-            arrays = [
-                {"success": r["success"], "error": r["error"], "released": r["lease_released"], "dlq": r["dlq"],
-                 "noop": r["noop"]}
-                for r in rows
-            ]  # fmt: skip
+        async with rolled_back(conn):
+            rows = await conn.fetch(ACK1, *packed(pid, items).arrays(), now)
             after = dict(await conn.fetchrow(ROW, pid))
-        finally:
-            await tr.rollback()
-        assert scanned[0] == arrays, items
+        assert scanned[0] == row_verdicts(rows), items
         assert scanned[1] == after, items
     # the concrete answers, so the two are not equally wrong
     out, row, _ = await settle(conn, pid, [(t, None, "completed") for t in [*txns[:10], "t150"]])

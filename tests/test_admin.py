@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Broker, PgServer, broker_settings, empty_database
-from tests.helpers import EMPTY, counts, pop, push
+from tests.helpers import EMPTY, counts, fetchval_once, pop, push
 
 
 async def test_configure_creates_and_updates(http: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
@@ -112,11 +112,7 @@ async def test_three_replicas_boot_at_once_on_an_empty_database(pg_server: PgSer
                 assert (await http.get("/health")).status_code == 200
                 res = await push(http, "boot", [{"payload": b.port}])
                 assert res[0]["status"] == "queued"
-        c = await asyncpg.connect(url)
-        try:
-            assert await c.fetchval("SELECT next_offset FROM queen.log_partitions") == 3
-        finally:
-            await c.close()
+        assert await fetchval_once(url, "SELECT next_offset FROM queen.log_partitions") == 3
     finally:
         for b in brokers:
             await b.stop()
@@ -127,10 +123,6 @@ async def test_apply_schema_off_leaves_the_database_alone(pg_server: PgServer) -
     b = Broker(broker_settings(url, apply_schema=False))
     await b.start()
     try:
-        c = await asyncpg.connect(url)
-        try:
-            assert await c.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = 'queen'") == 0
-        finally:
-            await c.close()
+        assert await fetchval_once(url, "SELECT count(*) FROM pg_namespace WHERE nspname = 'queen'") == 0
     finally:
         await b.stop()

@@ -22,6 +22,7 @@ from benchmarks.peers import pgmq
 from benchmarks.profiling import summarize
 from benchmarks.scenarios import Context, Metric
 from tests.conftest import Broker, PgServer, free_port
+from tests.helpers import fetchval_once
 
 
 async def run_bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any]]:
@@ -94,11 +95,7 @@ async def test_pgmq_peer_installs_in_a_throwaway_database_and_round_trips(pg_ser
         spec = base | {"action": "consume", "consumers": 2, "batch": 100, "expect": 250}
         got = await asyncio.to_thread(ctx.measure, spec, "", pgmq.LOADGEN)
         assert got["ran_dry"] is True and got["per_group"] == [250] and got["errors"] == 0
-        c = await asyncpg.connect(dsn)
-        try:
-            assert await c.fetchval("SELECT count(*) FROM pgmq.q_rt") == 0  # every message read was deleted
-        finally:
-            await c.close()
+        assert await fetchval_once(dsn, "SELECT count(*) FROM pgmq.q_rt") == 0  # every message read was deleted
     finally:
         await asyncio.to_thread(pgmq.drop, pg_server.admin_url, name)
 

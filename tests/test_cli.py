@@ -50,29 +50,60 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
         time.sleep(0.05)
 
 
-def test_serve_with_embedded_postgres_and_kill_9(tmp_path: Path) -> None:
-    port = free_port()
+def _embedded_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
+    """`queen-pg serve` on ``port`` with its embedded PostgreSQL under ``tmp_path / "data"``."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "QUEEN_DATABASE_URL")}
     env.update(
-        PORT=str(port), QUEEN_DATA_DIR=str(tmp_path / "data"), QUEEN_PG_PORT=str(free_port()), QUEEN_HOST="127.0.0.1"
+        PORT=str(port),
+        QUEEN_DATA_DIR=str(tmp_path / "data"),
+        QUEEN_PG_PORT=str(free_port()),
+        QUEEN_HOST="127.0.0.1",
+        **extra,
     )
+    return env
+
+
+def _wait_healthy(
+    base: str, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
+    """Until ``GET {base}/health`` answers 200; with ``proc``, fail (showing ``log``) as soon as it exits."""
+
+    def healthy() -> bool:
+        if proc is not None:
+            assert proc.poll() is None, log.read_text() if log is not None else "the broker exited"
+        try:
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _wait(healthy, timeout, what)
+
+
+def _postmaster(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "pgdata" / "postmaster.pid"
+
+
+def _term_stops_postgres(proc: subprocess.Popen[bytes], tmp_path: Path, timeout: float) -> None:
+    """SIGTERM: the broker exits 0 and its embedded PostgreSQL stops and removes its pid file."""
+    pg_pid = int(_postmaster(tmp_path).read_text().split()[0])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout) == 0
+    assert not _alive(pg_pid) and not _postmaster(tmp_path).exists()
+
+
+def test_serve_with_embedded_postgres_and_kill_9(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = _embedded_env(tmp_path, port)
     log = open(tmp_path / "out.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "queen_pg.cli", "serve"], env=env, stdout=log, stderr=log)
     try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "out.log").read_text()
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait(healthy, 15, "/health")
+        _wait_healthy(base, 15, "/health", proc, tmp_path / "out.log")
         out = (tmp_path / "out.log").read_text()
         assert "psql -h" in out  # the command that opens the embedded database
-        r = httpx.post(f"http://127.0.0.1:{port}/api/v1/push", json={"items": [{"queue": "q", "payload": 1}]})
+        r = httpx.post(f"{base}/api/v1/push", json={"items": [{"queue": "q", "payload": 1}]})
         assert r.status_code == 201
-        pg_pid = int((tmp_path / "data" / "pgdata" / "postmaster.pid").read_text().split()[0])
+        pg_pid = int(_postmaster(tmp_path).read_text().split()[0])
         assert _alive(pg_pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -88,20 +119,10 @@ def test_serve_with_embedded_postgres_and_kill_9(tmp_path: Path) -> None:
         [sys.executable, "-m", "queen_pg.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-
-        def ready() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait(ready, 15, "/health after restart")
-        r = httpx.get(f"http://127.0.0.1:{port}/api/v1/pop/queue/q")
+        _wait_healthy(base, 15, "/health after restart")
+        r = httpx.get(f"{base}/api/v1/pop/queue/q")
         assert r.status_code == 200 and r.json()["messages"][0]["data"] == 1
-        pg_pid = int((tmp_path / "data" / "pgdata" / "postmaster.pid").read_text().split()[0])
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        assert not _alive(pg_pid) and not (tmp_path / "data" / "pgdata" / "postmaster.pid").exists()
+        _term_stops_postgres(proc, tmp_path, 15)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from queen_pg.cli import bench, main
 from queen_pg.jobs.dlq_fill import DlqFill
 from tests.conftest import Broker, PgServer, empty_database, free_port
-from tests.helpers import eventually, push
-from tests.test_cli import _alive, _wait
+from tests.helpers import eventually, fetchval_once, push
+from tests.test_cli import _embedded_env, _term_stops_postgres, _wait, _wait_healthy
 
 
 async def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -234,11 +232,7 @@ async def test_migrate_an_empty_database(pg_server: PgServer, capsys: Any) -> No
     code, out, err = await run(capsys, "migrate", "--database-url", url)
     assert code == 0, err
     assert "migrate: applying 0001_baseline ..." in out and "migrate: at head" in out
-    c = await asyncpg.connect(url)
-    try:
-        assert await c.fetchval("SELECT to_regproc('queen.push_v1') IS NOT NULL")
-    finally:
-        await c.close()
+    assert await fetchval_once(url, "SELECT to_regproc('queen.push_v1') IS NOT NULL")
     code, out, _ = await run(capsys, "migrate", "--database-url", url)  # again: nothing to do
     assert code == 0 and "applying" not in out and "at head" in out
 
@@ -265,29 +259,14 @@ def test_bench_lists_scenarios_or_says_it_is_missing(capsys: pytest.CaptureFixtu
 
 def test_serve_with_two_workers(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "QUEEN_DATABASE_URL")}
-    env.update(
-        PORT=str(port),
-        QUEEN_DATA_DIR=str(tmp_path / "data"),
-        QUEEN_PG_PORT=str(free_port()),
-        QUEEN_HOST="127.0.0.1",
-        QUEEN_DB_POOL_SIZE="3",
-    )
+    env = _embedded_env(tmp_path, port, QUEEN_DB_POOL_SIZE="3")
     log = open(tmp_path / "out.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "queen_pg.cli", "serve", "--workers", "2"], env=env, stdout=log, stderr=log
     )
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "out.log").read_text()
-            try:
-                return httpx.get(f"{base}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait(healthy, 30, "/health")
+        _wait_healthy(base, 30, "/health", proc, tmp_path / "out.log")
         r = httpx.post(f"{base}/api/v1/push", json={"items": [{"queue": "w", "payload": {"x": 1}}]})
         assert r.status_code == 201
         r = httpx.get(f"{base}/api/v1/pop/queue/w", params={"autoAck": "true"})
@@ -309,10 +288,7 @@ def test_serve_with_two_workers(tmp_path: Path) -> None:
             assert scrape()[pushed] == 1
         workers = [line for line in (tmp_path / "out.log").read_text().splitlines() if "Started server process" in line]
         assert len(workers) == 2
-        pg_pid = int((tmp_path / "data" / "pgdata" / "postmaster.pid").read_text().split()[0])
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        assert not _alive(pg_pid) and not (tmp_path / "data" / "pgdata" / "postmaster.pid").exists()
+        _term_stops_postgres(proc, tmp_path, 30)
     finally:
         if proc.poll() is None:
             proc.kill()

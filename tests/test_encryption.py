@@ -107,6 +107,16 @@ def test_a_malformed_key_refuses_to_start_without_printing_it(over: dict[str, An
     assert "zz" * 32 not in str(err.value) and K2 not in str(err.value)
 
 
+async def secrets_round_trip(client: Queen, queue: str, n: int) -> None:
+    """Push ``n`` messages carrying SECRET_WORD, pop them back as pushed, ack them."""
+    data = [{"secret": f"{SECRET_WORD}-{i}", "n": i} for i in range(n)]
+    pushed = await client.queue(queue).push([{"data": d} for d in data])
+    assert [p["status"] for p in pushed] == ["queued"] * n
+    got = await client.queue(queue).batch(10).wait(False).pop()
+    assert [m["data"] for m in got] == data
+    assert (await client.ack(got, True))["success"] is True
+
+
 async def test_official_client_round_trip_and_psql_sees_only_ciphertext(
     start_broker: Any, conn: asyncpg.Connection
 ) -> None:
@@ -114,12 +124,7 @@ async def test_official_client_round_trip_and_psql_sees_only_ciphertext(
     async with Queen(b.url) as client:
         created = await client.queue("vault").config({"encryption_enabled": True}).create()
         assert created["options"]["encryptionEnabled"] is True
-        data = [{"secret": f"{SECRET_WORD}-{i}", "n": i} for i in range(5)]
-        pushed = await client.queue("vault").push([{"data": d} for d in data])
-        assert [p["status"] for p in pushed] == ["queued"] * 5
-        got = await client.queue("vault").batch(10).wait(False).pop()
-        assert [m["data"] for m in got] == data
-        assert (await client.ack(got, True))["success"] is True
+        await secrets_round_trip(client, "vault", 5)
     await no_plaintext(conn)
     stored = await frames(conn, "vault")
     assert len(stored) == 5 and all(f.sealed for f in stored)
@@ -480,13 +485,8 @@ async def test_binary_client_round_trip_into_an_encrypted_queue(start_broker: An
         r = await http.post("/api/v1/configure", json={"queue": "bvault", "options": {"encryptionEnabled": True}})
         assert r.status_code == 200, r.text
     assert not crypto.vault(b.app.state.queen.db).encrypted("default", "bvault")
-    data = [{"secret": f"{SECRET_WORD}-{i}", "n": i} for i in range(4)]
     async with Queen(b.url, binary_push=True, push_compression=True, framed_pop=True) as client:
-        pushed = await client.queue("bvault").push([{"data": d} for d in data])
-        assert [p["status"] for p in pushed] == ["queued"] * 4
-        got = await client.queue("bvault").batch(10).wait(False).pop()
-        assert [m["data"] for m in got] == data
-        assert (await client.ack(got, True))["success"] is True
+        await secrets_round_trip(client, "bvault", 4)
     await no_plaintext(conn)
     stored = await frames(conn, "bvault")
     assert len(stored) == 4 and all(f.sealed for f in stored)

@@ -14,6 +14,7 @@ from queen import Queen
 
 from queen_pg.jobs.timers import TimersJob
 from tests.conftest import Broker
+from tests.dashboard.seed import fulfil_order
 from tests.helpers import pop, push
 
 
@@ -270,24 +271,21 @@ async def test_slow_worker_cannot_write_over_the_new_holder(broker: Broker, conn
         await conn.execute("UPDATE queen.log_consumers SET lease_expires_at = now() - interval '1 second'")
         (m2,) = await w2.queue("jobs").group("g").batch(1).wait(False).pop()
         assert m2["transactionId"] == "job-1" and m2["leaseId"] != m1["leaseId"] and m2["deliveryAttempt"] == 2
-        ok = await (
-            w2.transaction()
-            .ack(m2, "completed", {"consumer_group": "g"})
-            .kv.put("jobs", "1", {"by": "w2"}, ttl_seconds=60)
-            .queue("results")
-            .push([{"data": {"by": "w2"}, "transactionId": "res-w2"}])
-            .commit()
-        )
-        assert ok
-        with pytest.raises(Exception, match="rolled back"):
-            await (
-                w1.transaction()
-                .ack(m1, "completed", {"consumer_group": "g"})
-                .kv.put("jobs", "1", {"by": "w1"}, ttl_seconds=60)
+
+        async def finish(worker: Queen, m: dict[str, Any], by: str) -> Any:
+            """The worker's one transaction: ack its message, record itself in KV, push its result."""
+            return await (
+                worker.transaction()
+                .ack(m, "completed", {"consumer_group": "g"})
+                .kv.put("jobs", "1", {"by": by}, ttl_seconds=60)
                 .queue("results")
-                .push([{"data": {"by": "w1"}, "transactionId": "res-w1"}])
+                .push([{"data": {"by": by}, "transactionId": f"res-{by}"}])
                 .commit()
             )
+
+        assert await finish(w2, m2, "w2")
+        with pytest.raises(Exception, match="rolled back"):
+            await finish(w1, m1, "w1")
         got = await w2.kv.get("jobs", "1")
         assert got["value"] == {"by": "w2"}
         results = await w1.queue("results").batch(10).wait(False).pop()
@@ -298,43 +296,24 @@ async def test_client_seed_worker_once_guard_and_kv_get(broker: Broker, conn: as
     """The seed's worker with the official client: ack + kv.put + push + a timer 24 h later, once(),
     guard(lock), kv.get after commit; the timer fires when time is passed to the firing job."""
     async with Queen(broker.url) as client:
-        await client.queue("orders").create()
-        await client.queue("orders").partition("c-42").push([{"data": {"orderId": "o-1"}, "transactionId": "o-1"}])
-        (m,) = await client.queue("orders").group("fulfillment").batch(1).wait(False).pop()
-        res = await (
-            client.transaction()
-            .ack(m, "completed", {"consumer_group": "fulfillment"})
-            .kv.put("orders", "order-o-1", {"status": "paid"}, ttl_seconds=7 * 86400)
-            .queue("shipments")
-            .partition(m["partition"])
-            .push([{"transactionId": "ship-o-1", "data": {"orderId": "o-1"}}])
-            .timer("reminders")
-            .key("review-o-1")
-            .payload({"orderId": "o-1"})
-            .after(timedelta(hours=24))
-            .schedule()
-            .commit()
-        )
-        assert res and res["success"] is True
+        res = await fulfil_order(client)
         state_ = await client.kv.get("orders", "order-o-1")
         assert state_["found"] is True and state_["value"] == {"status": "paid"}
         (ship,) = await client.queue("shipments").batch(5).wait(False).pop()
         assert ship["transactionId"] == "ship-o-1" and ship["partition"] == "c-42"
         # once(): the second delivery of the same fact rolls back whole, returned not raised
-        first = (
-            await client.transaction()
-            .once("dedupe", "pay-1", ttl_seconds=3600)
-            .queue("receipts")
-            .push([{"data": {"n": 1}}])
-            .commit()
-        )
-        second = (
-            await client.transaction()
-            .once("dedupe", "pay-1", ttl_seconds=3600)
-            .queue("receipts")
-            .push([{"data": {"n": 2}}])
-            .commit()
-        )
+
+        async def receipt_once(n: int) -> Any:
+            """Payment pay-1's receipt, pushed at most once (the once() key), carrying ``n``."""
+            return (
+                await client.transaction()
+                .once("dedupe", "pay-1", ttl_seconds=3600)
+                .queue("receipts")
+                .push([{"data": {"n": n}}])
+                .commit()
+            )
+
+        first, second = await receipt_once(1), await receipt_once(2)
         assert bool(first) is True and bool(second) is False
         assert second["reason"] == "kv_precondition" and second["kvReason"] == "exists"
         assert [r["data"] for r in await client.queue("receipts").batch(5).wait(False).pop()] == [{"n": 1}]
@@ -360,5 +339,5 @@ async def test_client_seed_worker_once_guard_and_kv_get(broker: Broker, conn: as
         assert await job.run_once(db, now=datetime.now(UTC) + timedelta(hours=23)) == 0
         assert await job.run_once(db, now=datetime.now(UTC) + timedelta(hours=24, seconds=5)) == 1
         (reminder,) = await client.queue("reminders").batch(5).wait(False).pop()
-        assert reminder["data"] == {"orderId": "o-1"}
+        assert reminder["data"] == {"orderId": "o-1", "customer": "c-42"}
         assert reminder["transactionId"] == res["results"][3]["txn"]  # ack, push, kv.put, then the timer

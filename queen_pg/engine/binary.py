@@ -134,19 +134,19 @@ class _In:
     def u8(self, what: str) -> int:
         return self.take(1, what)[0]
 
-    def u16(self, what: str) -> int:
-        if self.left() < 2:
+    def _uint(self, width: struct.Struct, what: str) -> int:
+        size = width.size
+        if len(self.data) - self.at < size:
             raise self.fail(f"{what}: truncated")
-        (v,) = _U16.unpack_from(self.data, self.at)
-        self.at += 2
+        (v,) = width.unpack_from(self.data, self.at)
+        self.at += size
         return int(v)
 
+    def u16(self, what: str) -> int:
+        return self._uint(_U16, what)
+
     def u32(self, what: str) -> int:
-        if self.left() < 4:
-            raise self.fail(f"{what}: truncated")
-        (v,) = _U32.unpack_from(self.data, self.at)
-        self.at += 4
-        return int(v)
+        return self._uint(_U32, what)
 
     def text16(self, what: str) -> str:
         at = self.at
@@ -430,14 +430,20 @@ def declared_expansion(data: bytes) -> int:
     return total
 
 
+def _magic_and_flags(inn: _In, magic: bytes, what: str, known: int) -> int:
+    """The flags byte after the body's 4-byte magic; another magic, or a flag outside ``known``, is refused."""
+    if inn.take(4, "magic") != magic:
+        raise Malformed(0, f"not a binary {what} body (magic {magic.decode()})")
+    flags = inn.u8("flags")
+    if flags & ~known:
+        raise Malformed(4, f"unknown flags {flags}")
+    return flags
+
+
 def parse_push(data: bytes, limit: int) -> Body:
     """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES)."""
     inn = _In(data)
-    if inn.take(4, "magic") != PUSH_MAGIC:
-        raise Malformed(0, "not a binary push body (magic QPB1)")
-    flags = inn.u8("flags")
-    if flags & ~PUSH_FLAGS:
-        raise Malformed(4, f"unknown flags {flags}")
+    flags = _magic_and_flags(inn, PUSH_MAGIC, "push", PUSH_FLAGS)
     framed = bool(flags & FLAG_FRAMES)
     if framed and flags & (FLAG_ZSTD | FLAG_TXN):
         raise Malformed(4, "flag 8 (frames) goes with neither 1 (zstd body) nor 4 (transactionIds)")
@@ -466,10 +472,6 @@ def parse_push(data: bytes, limit: int) -> Body:
 def parse_transaction(data: bytes, limit: int) -> Body:
     """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups."""
     inn = _In(data)
-    if inn.take(4, "magic") != TXN_MAGIC:
-        raise Malformed(0, "not a binary transaction body (magic QTB1)")
-    flags = inn.u8("flags")
-    if flags & ~FLAG_COUNTS:
-        raise Malformed(4, f"unknown flags {flags}")
+    flags = _magic_and_flags(inn, TXN_MAGIC, "transaction", FLAG_COUNTS)
     head = inn.take(inn.u32("head length"), "head")
     return Body(flags, _groups(inn, True, True, limit, empty_ok=True), head)

@@ -35,33 +35,38 @@ async def _ack(http: httpx.AsyncClient, m: dict[str, Any], status: str, group: s
     assert r.status_code == 200, r.text
 
 
+async def fulfil_order(client: Queen) -> Any:
+    """The seed's worker story: order o-1 of customer c-42 is pushed and popped by 'fulfillment'; one
+    transaction acks it, records the order as paid in KV, pushes its shipment to the order's partition of
+    ``shipments`` and schedules a review reminder 24 h later. Returns the transaction's answer."""
+    await client.queue("orders").create()
+    order = {"orderId": "o-1", "customer": "c-42"}
+    await client.queue("orders").partition("c-42").push([{"data": order, "transactionId": "o-1"}])
+    (m,) = await client.queue("orders").group("fulfillment").batch(1).wait(False).pop()
+    res = await (
+        client.transaction()
+        .ack(m, "completed", {"consumer_group": "fulfillment"})
+        .kv.put("orders", "order-o-1", {"status": "paid"}, ttl_seconds=7 * 86400)
+        .queue("shipments")
+        .partition(m["partition"])
+        .push([{"transactionId": "ship-o-1", "data": {"orderId": "o-1"}}])
+        .timer("reminders")
+        .key("review-o-1")
+        .payload(order)
+        .after(timedelta(hours=24))
+        .schedule()
+        .commit()
+    )
+    assert res and res["success"] is True, res
+    return res
+
+
 async def seed(url: str, token: str | None = None) -> Seeded:
     """``token``: an admin bearer token when the broker has JWT on."""
     client_kw: dict[str, Any] = {"bearer_token": token} if token else {}
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with Queen(url, **client_kw) as client, httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
-        await client.queue("orders").create()
-        await (
-            client.queue("orders")
-            .partition("c-42")
-            .push([{"data": {"orderId": "o-1", "customer": "c-42"}, "transactionId": "o-1"}])
-        )
-        (m,) = await client.queue("orders").group("fulfillment").batch(1).wait(False).pop()
-        res = await (
-            client.transaction()
-            .ack(m, "completed", {"consumer_group": "fulfillment"})
-            .kv.put("orders", "order-o-1", {"status": "paid"}, ttl_seconds=7 * 86400)
-            .queue("shipments")
-            .partition(m["partition"])
-            .push([{"transactionId": "ship-o-1", "data": {"orderId": "o-1"}}])
-            .timer("reminders")
-            .key("review-o-1")
-            .payload({"orderId": "o-1", "customer": "c-42"})
-            .after(timedelta(hours=24))
-            .schedule()
-            .commit()
-        )
-        assert res and res["success"] is True, res
+        await fulfil_order(client)
         # a backlog: more orders in two partitions, not yet consumed by 'fulfillment'
         for p in ("c-42", "c-7"):
             await (

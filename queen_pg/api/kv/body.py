@@ -75,14 +75,8 @@ class KvPut(_Op, tag="put"):
     required: Required = False
 
 
-class KvPutIfAbsent(_Op, tag="putIfAbsent"):
-    ns: Ns
-    key: Key
-    value: Value
-    ttlSeconds: Ttl | U = UNSET
-    forever: Literal[True] | U = UNSET
-    expect: Literal[0] | U = UNSET
-    required: Required = False
+class KvPutIfAbsent(KvPut, tag="putIfAbsent"):  # a put whose only condition is that the key is absent
+    expect: Literal[0] | U = UNSET  # narrows put's expect to 0
 
 
 class KvDelete(_Op, tag="delete"):

@@ -17,13 +17,14 @@ cluster. FastAPI's own pages would load them from a CDN.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from pydantic import BaseModel
 
 from queen_pg import text
@@ -195,32 +196,28 @@ def _install_pages(app: FastAPI) -> None:
             raise FileNotFoundError(f"{folder / needed} is missing: the /docs pages could not load")
     openapi_url = app.openapi_url or "/openapi.json"
 
+    def page(request: Request, render: Callable[..., HTMLResponse], title: str, assets: dict[str, str],
+             **options: Any) -> Response:  # fmt: skip
+        """One docs page; the schema and each asset (``assets``: argument -> file) under the app's root path."""
+        root = request.scope.get("root_path", "")
+        urls = {arg: f"{root}{ASSETS_URL}/{name}" for arg, name in assets.items()}
+        html = render(openapi_url=root + openapi_url, title=f"{app.title} - {title}", **urls, **options)
+        html.headers.update(FRAME_DENY)  # no page may frame the docs (their "Try it out" sends requests)
+        return html
+
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui(request: Request) -> Response:
-        root = request.scope.get("root_path", "")
-        page = get_swagger_ui_html(
-            openapi_url=root + openapi_url,
-            title=f"{app.title} - API",
-            swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
-            swagger_ui_parameters=app.swagger_ui_parameters,
-        )
-        page.headers.update(FRAME_DENY)  # no page may frame the docs (their "Try it out" sends requests)
-        return page
+        assets = {
+            "swagger_js_url": "swagger-ui-bundle.js",
+            "swagger_css_url": "swagger-ui.css",
+            "swagger_favicon_url": "favicon.png",
+        }
+        return page(request, get_swagger_ui_html, "API", assets, swagger_ui_parameters=app.swagger_ui_parameters)
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request) -> Response:
-        root = request.scope.get("root_path", "")
-        page = get_redoc_html(
-            openapi_url=root + openapi_url,
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
-            with_google_fonts=False,
-        )
-        page.headers.update(FRAME_DENY)
-        return page
+        assets = {"redoc_js_url": "redoc.standalone.js", "redoc_favicon_url": "favicon.png"}
+        return page(request, get_redoc_html, "ReDoc", assets, with_google_fonts=False)
 
     @app.get(ASSETS_URL + "/{name}", include_in_schema=False)
     async def asset(name: str) -> Response:
