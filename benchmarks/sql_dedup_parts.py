@@ -50,6 +50,32 @@ ACK_RESOLVE_SQL = (
     " WHERE t.partition_id = $1 AND t.txn_hash = ANY ($2::uuid[]) AND t.msg_offset >= $3 GROUP BY t.txn_hash) m"
 )
 WAL_LSN = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+PUSH_FILE = Path(__file__).resolve().parent.parent / "sql" / "procedures" / "020_push.sql"
+# --bound-b: push_v3's newest-row lookups of its one-item and duplicate paths (no time bound today) also
+# bounded by the dedup window, so that B's plans read the day partitions inside it only. The same
+# verdicts: created_at never goes backwards within a partition, so the newest row of a hash is inside
+# the window exactly when some row of it is.
+BOUNDS = (
+    (
+        "WHERE lt.partition_id = v_pid AND lt.txn_hash = v_hash1\n",
+        "WHERE lt.partition_id = v_pid AND lt.txn_hash = v_hash1"
+        " AND lt.created_at > v_ts - make_interval(secs => q.dedup_window_seconds)\n",
+    ),
+    (
+        "WHERE lt.partition_id = v_pid AND lt.txn_hash = ANY (v_hash)\n                             ORDER BY",
+        "WHERE lt.partition_id = v_pid AND lt.txn_hash = ANY (v_hash)"
+        " AND lt.created_at > v_ts - make_interval(secs => v_win)\n                             ORDER BY",
+    ),
+)
+
+
+def bounded_push_sql() -> str:
+    """020_push.sql with BOUNDS applied (each found exactly once)."""
+    sql = PUSH_FILE.read_text()
+    for old, new in BOUNDS:
+        assert sql.count(old) == 1, old
+        sql = sql.replace(old, new)
+    return sql
 
 
 def plain_sql() -> str:
@@ -205,7 +231,8 @@ async def measure(dsns: tuple[str, str], args: argparse.Namespace) -> dict[str, 
     sides = await asyncio.gather(*(prepare_side(dsns[k], k == 1, args.rows, args.spread, base) for k in (0, 1)))
     rounds: list[dict[str, Any]] = []
     for r in range(1, args.rounds + 1):
-        rows = await bench_ab(dsns, ((None, []), (None, [])), args.cases, args.calls, args.warmup, run=r)
+        b_push = bounded_push_sql() if args.bound_b else None
+        rows = await bench_ab(dsns, ((None, []), (b_push, [])), args.cases, args.calls, args.warmup, run=r)
         ack = await ack_ab(dsns, args.rows, args.spread, args.ack_calls, 10)
         push = dict(zip(args.cases, rows, strict=True))
         rounds.append({"round": r, "load1": loadavg()[0], "push": push, "ack": ack})
@@ -249,6 +276,7 @@ async def measure(dsns: tuple[str, str], args: argparse.Namespace) -> dict[str, 
         "cases": {key: CASES[key].name for key in args.cases},
         "spread": args.spread,
         "fsync": args.fsync,
+        "bound_b": args.bound_b,
         "base": base.isoformat(),
         "prefill": {"a": sides[0], "b": sides[1]},
         "rounds": rounds,
@@ -266,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=300, help="measured push calls per side per round (default 300)")
     ap.add_argument("--warmup", type=int, default=30, help="unmeasured push calls first, per round (default 30)")
     ap.add_argument("--ack-calls", type=int, default=200, help="measured ack resolutions per side per round")
+    ap.add_argument("--bound-b", action="store_true", help="B's push lookups bounded by the dedup window (BOUNDS)")
     ap.add_argument("--fsync", action="store_true", help="keep fsync on (default: the test fixtures' fast mode)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here (default: benchmarks/results/)")
     args = ap.parse_args(argv)
