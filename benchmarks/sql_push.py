@@ -31,6 +31,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,13 +87,15 @@ def backend_cpu_ns(pid: int) -> int:
         return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def items_for(case: Case, tag: str, call: int, prev: list[str]) -> tuple[list[NewMessage], list[str]]:
+def items_for(case: Case, tag: str, call: int, prev: list[str], run: int = 0) -> tuple[list[NewMessage], list[str]]:
+    """One call's items; ``run`` > 0 gives the same queues new transactionIds (a repeated round)."""
     out: list[NewMessage] = []
     txns: list[str] = []
     for g in range(case.groups):
         for k in range(case.per_group):
             i = g * case.per_group + k
-            txn = prev[i] if case.dups and prev and i % 2 == 1 else f"{tag}-{call}-{i}"
+            fresh = f"{tag}-r{run}-{call}-{i}" if run else f"{tag}-{call}-{i}"
+            txn = prev[i] if case.dups and prev and i % 2 == 1 else fresh
             txns.append(txn)
             out.append(NewMessage(f"q-{tag}-{g}", "p0", PAYLOAD, txn, None))
     return out, txns
@@ -164,9 +168,10 @@ async def bench_ab(
     calls: int | None,
     warmup: int,
     checkpoint_every: int = 0,
+    run: int = 0,
 ) -> list[dict[str, Any]]:
     """Paired A/B: two servers, calls alternating between them (A B, B A, ...) in the same minutes, each
-    call's backend CPU measured alone: machine load hits both sides alike."""
+    call's backend CPU measured alone: machine load hits both sides alike. ``run``: as items_for's."""
     ab = [await _side(dsns[k], *sides[k]) for k in (0, 1)]
     out: list[dict[str, Any]] = []
     try:
@@ -184,7 +189,7 @@ async def bench_ab(
                     for c, _ in ab:  # the checkpointer's work, not the backend's: full-page writes follow
                         await c.execute("CHECKPOINT")
                 for k in (0, 1) if call % 2 == 0 else (1, 0):
-                    items, prev[k] = items_for(case, key, call, prev[k])
+                    items, prev[k] = items_for(case, key, call, prev[k], run)
                     args = prepare(items).args_v3()
                     t0 = backend_cpu_ns(ab[k][1])
                     await stmts[k].fetchrow("t", *args, [False] * case.groups)
@@ -203,6 +208,24 @@ async def bench_ab(
         for c, _ in ab:
             await c.close()
     return out
+
+
+@contextmanager
+def servers(count: int, fsync: bool) -> Iterator[list[str]]:
+    """``count`` embedded PostgreSQL servers in temporary dirs, their admin DSNs; removed afterwards."""
+    tmps = [Path(tempfile.mkdtemp(prefix="queen-sqlpush-")) for _ in range(count)]
+    pgs: list[EmbeddedPostgres] = []
+    try:
+        for tmp in tmps:
+            tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
+            pgs.append(EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not fsync))
+            pgs[-1].start()
+        yield [pg.admin_dsn() for pg in pgs]
+    finally:
+        for pg in pgs:
+            pg.stop()
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,17 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.b_push_sql is not None or args.b_sql is not None:
         main_ab(args, push_sql)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="queen-sqlpush-"))
-    tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
-    pg = EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync)
-    try:
-        pg.start()
+    with servers(1, args.fsync) as (dsn,):
         results = asyncio.run(
-            bench(pg.admin_dsn(), push_sql, args.cases, args.calls, args.warmup, [f.read_text() for f in args.sql])
+            bench(dsn, push_sql, args.cases, args.calls, args.warmup, [f.read_text() for f in args.sql])
         )
-    finally:
-        pg.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     load = os.getloadavg()[0]
     for r in results:
         print(
@@ -255,20 +271,10 @@ def main(argv: list[str] | None = None) -> None:
 def main_ab(args: argparse.Namespace, push_sql: str | None) -> None:
     b_push = args.b_push_sql.read_text() if args.b_push_sql is not None else None
     sides = ((push_sql, [f.read_text() for f in args.sql]), (b_push, [f.read_text() for f in args.b_sql or []]))
-    tmps = [Path(tempfile.mkdtemp(prefix="queen-sqlpush-")) for _ in (0, 1)]
-    pgs = []
-    try:
-        for tmp in tmps:
-            tmp.chmod(0o711)
-            pgs.append(EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not args.fsync))
-            pgs[-1].start()
-        dsns = (pgs[0].admin_dsn(), pgs[1].admin_dsn())
-        results = asyncio.run(bench_ab(dsns, sides, args.cases, args.calls, args.warmup, args.checkpoint_every))
-    finally:
-        for pg in pgs:
-            pg.stop()
-        for tmp in tmps:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with servers(2, args.fsync) as (dsn_a, dsn_b):
+        results = asyncio.run(
+            bench_ab((dsn_a, dsn_b), sides, args.cases, args.calls, args.warmup, args.checkpoint_every)
+        )
     load = os.getloadavg()[0]
     for r in results:
         print(
