@@ -16,6 +16,20 @@
 
 CREATE SCHEMA IF NOT EXISTS queen;
 
+-- A column added by a revision, only when missing: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a
+-- booting replica must not take on every boot while others serve traffic. (A nullable column without a
+-- default rewrites nothing.)
+CREATE OR REPLACE FUNCTION queen._add_column(p_table regclass, p_column text, p_type text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = p_table AND attname = p_column AND NOT attisdropped) THEN
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s', p_table, p_column, p_type);
+    END IF;
+END;
+$$;
+
 -- A queue: identity and configuration (field names and defaults as docs/wire.md#configure).
 CREATE TABLE IF NOT EXISTS queen.queues (
     id                      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -87,15 +101,8 @@ $$;
 -- a sealed frame, so a framed pop on a broker holding keys decodes only those (to ship them opened) and
 -- ships the others as stored. Every writer sets it (push: its group's p_sealed; a dead letter put back:
 -- its payload's); rows written before the revision keep NULL, read as "may be sealed". Only when
--- missing (ACCESS EXCLUSIVE, as above); a nullable column without a default rewrites nothing.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.log_segments'::regclass AND attname = 'sealed' AND NOT attisdropped) THEN
-        ALTER TABLE queen.log_segments ADD COLUMN sealed boolean;
-    END IF;
-END;
-$$;
+-- missing (queen._add_column).
+SELECT queen._add_column('queen.log_segments', 'sealed', 'boolean');
 
 -- Dedup and lookup: xxh3-128 of the transactionId (computed by the broker), stored as uuid (16 bytes),
 -- one row per stored message. A transactionId can name several messages of a partition (pushed again
@@ -165,15 +172,8 @@ CREATE TABLE IF NOT EXISTS queen.log_consumers (
 -- (push_v1, dlq_requeue_v1: queen._wake_cursors) when a caught-up cursor gets a message. The index
 -- gives a pop its group's claimable partitions oldest first without visiting the others; its prefix
 -- (queue_id, consumer_group) also serves every per-queue/per-group lookup (the index of the same
--- prefix it replaces is dropped below).
-DO $$  -- only when missing: ALTER TABLE takes an ACCESS EXCLUSIVE lock
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'head_at' AND NOT attisdropped) THEN
-        ALTER TABLE queen.log_consumers ADD COLUMN head_at timestamptz;
-    END IF;
-END;
-$$;
+-- prefix it replaces is dropped below). Only when missing (queen._add_column).
+SELECT queen._add_column('queen.log_consumers', 'head_at', 'timestamptz');
 CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
     ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
 DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
@@ -320,16 +320,8 @@ BEGIN
     END IF;
 END;
 $$;
--- Revision 0011: the scheduler's sub (migrations/versions/0011_timers_producer_sub.py), only when missing
--- for the same reason.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.timers'::regclass AND attname = 'producer_sub' AND NOT attisdropped) THEN
-        ALTER TABLE queen.timers ADD COLUMN producer_sub text;
-    END IF;
-END;
-$$;
+-- Revision 0011: the scheduler's sub (migrations/versions/0011_timers_producer_sub.py), only when missing.
+SELECT queen._add_column('queen.timers', 'producer_sub', 'text');
 CREATE INDEX IF NOT EXISTS timers_deliver_idx ON queen.timers (deliver_at);
 
 -- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
