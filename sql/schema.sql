@@ -30,6 +30,17 @@ BEGIN
 END;
 $$;
 
+-- A constraint a revision dropped, only when it is there (ACCESS EXCLUSIVE, as above).
+CREATE OR REPLACE FUNCTION queen._drop_constraint(p_table regclass, p_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = p_name AND conrelid = p_table) THEN
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', p_table, p_name);
+    END IF;
+END;
+$$;
+
 -- A queue: identity and configuration (field names and defaults as docs/wire.md#configure).
 CREATE TABLE IF NOT EXISTS queen.queues (
     id                      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -123,14 +134,7 @@ CREATE INDEX IF NOT EXISTS log_txns_created_brin ON queen.log_txns USING brin (c
 -- row FOR KEY SHARE) was ~40 % of PostgreSQL's CPU per pushed message in a 100-item push. Every writer
 -- of log_txns holds the partition row and writes the rows' segment in the same transaction (whose key
 -- check fails if the partition is gone), and queen.delete_queue_v1 deletes the rows itself.
-DO $$  -- only when it is there (ACCESS EXCLUSIVE)
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'log_txns_partition_id_fkey'
-                AND conrelid = 'queen.log_txns'::regclass) THEN
-        ALTER TABLE queen.log_txns DROP CONSTRAINT log_txns_partition_id_fkey;
-    END IF;
-END;
-$$;
+SELECT queen._drop_constraint('queen.log_txns', 'log_txns_partition_id_fkey');
 
 -- A consumer group of a queue (queue mode is the group '__QUEUE_MODE__'). Created on the group's
 -- first pop; `subscribed_from` NULL means "from the first retained message".
@@ -250,20 +254,13 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     created_at          timestamptz,                  -- when the message was pushed
     failed_at           timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_queue_id_fkey;  -- databases made before 0.1.0
-DO $$  -- databases made before revision 0002; only when it is there (ACCESS EXCLUSIVE)
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'log_dlq_partition_id_fkey'
-                AND conrelid = 'queen.log_dlq'::regclass) THEN
-        ALTER TABLE queen.log_dlq DROP CONSTRAINT log_dlq_partition_id_fkey;
-    END IF;
-END;
-$$;
+SELECT queen._drop_constraint('queen.log_dlq', 'log_dlq_queue_id_fkey');  -- databases made before 0.1.0
+SELECT queen._drop_constraint('queen.log_dlq', 'log_dlq_partition_id_fkey');  -- databases made before revision 0002
 -- Revision 0004: the pushing token's sub (the frame's producerSub), kept when dlq_fill copies the
 -- payload out and given back to the frame a requeue writes; `sealed` holds an encrypted queue's payload
 -- as the frame had it (queen_pg/security/crypto.py), with `payload` JSON null (filled): no plaintext here.
-ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS producer_sub text;
-ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS sealed bytea;
+SELECT queen._add_column('queen.log_dlq', 'producer_sub', 'text');
+SELECT queen._add_column('queen.log_dlq', 'sealed', 'bytea');
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
 CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
 
@@ -451,14 +448,14 @@ CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (mi
 -- Revision 0007: the stats job samples only the queues that moved (sql/procedures/130_system.sql): each
 -- queue's mark keeps its last sampled backlog and oldest pending message, and the tenant's minute row
 -- their sums (backlog) and age (lag_seconds), so analytics of a whole tenant reads one row per minute.
--- Only for the release's own tables of low traffic (ACCESS EXCLUSIVE on stats_marks / tenant_minutes).
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;  -- NULL: not known yet, sampled
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+-- Only when missing (queen._add_column).
+SELECT queen._add_column('queen.stats_marks', 'backlog', 'bigint');  -- NULL: not known yet, sampled
+SELECT queen._add_column('queen.stats_marks', 'oldest_at', 'timestamptz');
 -- Revision 0008: sum(cursor_offset + 1) of the queue's cursors at the mark: a cursor created, deleted or moved
 -- without an ack (clear, seek) changes the backlog with neither counter moving (NULL: sampled again).
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS cursors_total bigint;
-ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
-ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
+SELECT queen._add_column('queen.stats_marks', 'cursors_total', 'bigint');
+SELECT queen._add_column('queen.tenant_minutes', 'backlog', 'bigint');
+SELECT queen._add_column('queen.tenant_minutes', 'lag_seconds', 'double precision');
 -- Revision 0007: the (queue, group) pairs with a pending message, per tenant, as of the tenant's snapshot
 -- (written with its tenant_stats row by the stats_snapshot job): GET /api/v1/consumer-groups/lagging
 -- reads the rows old enough through the (tenant, oldest) index instead of every cursor row per call.
