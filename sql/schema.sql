@@ -16,6 +16,31 @@
 
 CREATE SCHEMA IF NOT EXISTS queen;
 
+-- A column added by a revision, only when missing: ALTER TABLE takes an ACCESS EXCLUSIVE lock, which a
+-- booting replica must not take on every boot while others serve traffic. (A nullable column without a
+-- default rewrites nothing.)
+CREATE OR REPLACE FUNCTION queen._add_column(p_table regclass, p_column text, p_type text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = p_table AND attname = p_column AND NOT attisdropped) THEN
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s', p_table, p_column, p_type);
+    END IF;
+END;
+$$;
+
+-- A constraint a revision dropped, only when it is there (ACCESS EXCLUSIVE, as above).
+CREATE OR REPLACE FUNCTION queen._drop_constraint(p_table regclass, p_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = p_name AND conrelid = p_table) THEN
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', p_table, p_name);
+    END IF;
+END;
+$$;
+
 -- A queue: identity and configuration (field names and defaults as docs/wire.md#configure).
 CREATE TABLE IF NOT EXISTS queen.queues (
     id                      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -87,15 +112,8 @@ $$;
 -- a sealed frame, so a framed pop on a broker holding keys decodes only those (to ship them opened) and
 -- ships the others as stored. Every writer sets it (push: its group's p_sealed; a dead letter put back:
 -- its payload's); rows written before the revision keep NULL, read as "may be sealed". Only when
--- missing (ACCESS EXCLUSIVE, as above); a nullable column without a default rewrites nothing.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.log_segments'::regclass AND attname = 'sealed' AND NOT attisdropped) THEN
-        ALTER TABLE queen.log_segments ADD COLUMN sealed boolean;
-    END IF;
-END;
-$$;
+-- missing (queen._add_column).
+SELECT queen._add_column('queen.log_segments', 'sealed', 'boolean');
 
 -- Dedup and lookup: xxh3-128 of the transactionId (computed by the broker), stored as uuid (16 bytes),
 -- one row per stored message. A transactionId can name several messages of a partition (pushed again
@@ -116,14 +134,7 @@ CREATE INDEX IF NOT EXISTS log_txns_created_brin ON queen.log_txns USING brin (c
 -- row FOR KEY SHARE) was ~40 % of PostgreSQL's CPU per pushed message in a 100-item push. Every writer
 -- of log_txns holds the partition row and writes the rows' segment in the same transaction (whose key
 -- check fails if the partition is gone), and queen.delete_queue_v1 deletes the rows itself.
-DO $$  -- only when it is there (ACCESS EXCLUSIVE)
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'log_txns_partition_id_fkey'
-                AND conrelid = 'queen.log_txns'::regclass) THEN
-        ALTER TABLE queen.log_txns DROP CONSTRAINT log_txns_partition_id_fkey;
-    END IF;
-END;
-$$;
+SELECT queen._drop_constraint('queen.log_txns', 'log_txns_partition_id_fkey');
 
 -- A consumer group of a queue (queue mode is the group '__QUEUE_MODE__'). Created on the group's
 -- first pop; `subscribed_from` NULL means "from the first retained message".
@@ -165,15 +176,8 @@ CREATE TABLE IF NOT EXISTS queen.log_consumers (
 -- (push_v1, dlq_requeue_v1: queen._wake_cursors) when a caught-up cursor gets a message. The index
 -- gives a pop its group's claimable partitions oldest first without visiting the others; its prefix
 -- (queue_id, consumer_group) also serves every per-queue/per-group lookup (the index of the same
--- prefix it replaces is dropped below).
-DO $$  -- only when missing: ALTER TABLE takes an ACCESS EXCLUSIVE lock
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.log_consumers'::regclass AND attname = 'head_at' AND NOT attisdropped) THEN
-        ALTER TABLE queen.log_consumers ADD COLUMN head_at timestamptz;
-    END IF;
-END;
-$$;
+-- prefix it replaces is dropped below). Only when missing (queen._add_column).
+SELECT queen._add_column('queen.log_consumers', 'head_at', 'timestamptz');
 CREATE INDEX IF NOT EXISTS log_consumers_ready_idx
     ON queen.log_consumers (queue_id, consumer_group, head_at, partition_id);
 DROP INDEX IF EXISTS queen.log_consumers_queue_group_idx;
@@ -250,20 +254,13 @@ CREATE TABLE IF NOT EXISTS queen.log_dlq (
     created_at          timestamptz,                  -- when the message was pushed
     failed_at           timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE queen.log_dlq DROP CONSTRAINT IF EXISTS log_dlq_queue_id_fkey;  -- databases made before 0.1.0
-DO $$  -- databases made before revision 0002; only when it is there (ACCESS EXCLUSIVE)
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'log_dlq_partition_id_fkey'
-                AND conrelid = 'queen.log_dlq'::regclass) THEN
-        ALTER TABLE queen.log_dlq DROP CONSTRAINT log_dlq_partition_id_fkey;
-    END IF;
-END;
-$$;
+SELECT queen._drop_constraint('queen.log_dlq', 'log_dlq_queue_id_fkey');  -- databases made before 0.1.0
+SELECT queen._drop_constraint('queen.log_dlq', 'log_dlq_partition_id_fkey');  -- databases made before revision 0002
 -- Revision 0004: the pushing token's sub (the frame's producerSub), kept when dlq_fill copies the
 -- payload out and given back to the frame a requeue writes; `sealed` holds an encrypted queue's payload
 -- as the frame had it (queen_pg/security/crypto.py), with `payload` JSON null (filled): no plaintext here.
-ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS producer_sub text;
-ALTER TABLE queen.log_dlq ADD COLUMN IF NOT EXISTS sealed bytea;
+SELECT queen._add_column('queen.log_dlq', 'producer_sub', 'text');
+SELECT queen._add_column('queen.log_dlq', 'sealed', 'bytea');
 CREATE INDEX IF NOT EXISTS log_dlq_queue_idx ON queen.log_dlq (queue_id, consumer_group, failed_at);
 CREATE INDEX IF NOT EXISTS log_dlq_partition_idx ON queen.log_dlq (partition_id, msg_offset);
 
@@ -320,16 +317,8 @@ BEGIN
     END IF;
 END;
 $$;
--- Revision 0011: the scheduler's sub (migrations/versions/0011_timers_producer_sub.py), only when missing
--- for the same reason.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                    WHERE attrelid = 'queen.timers'::regclass AND attname = 'producer_sub' AND NOT attisdropped) THEN
-        ALTER TABLE queen.timers ADD COLUMN producer_sub text;
-    END IF;
-END;
-$$;
+-- Revision 0011: the scheduler's sub (migrations/versions/0011_timers_producer_sub.py), only when missing.
+SELECT queen._add_column('queen.timers', 'producer_sub', 'text');
 CREATE INDEX IF NOT EXISTS timers_deliver_idx ON queen.timers (deliver_at);
 
 -- Dead letters whose payload the dlq_fill job has not copied out of its segment yet (retention waits
@@ -459,14 +448,14 @@ CREATE INDEX IF NOT EXISTS tenant_minutes_minute_idx ON queen.tenant_minutes (mi
 -- Revision 0007: the stats job samples only the queues that moved (sql/procedures/130_system.sql): each
 -- queue's mark keeps its last sampled backlog and oldest pending message, and the tenant's minute row
 -- their sums (backlog) and age (lag_seconds), so analytics of a whole tenant reads one row per minute.
--- Only for the release's own tables of low traffic (ACCESS EXCLUSIVE on stats_marks / tenant_minutes).
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS backlog bigint;  -- NULL: not known yet, sampled
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS oldest_at timestamptz;
+-- Only when missing (queen._add_column).
+SELECT queen._add_column('queen.stats_marks', 'backlog', 'bigint');  -- NULL: not known yet, sampled
+SELECT queen._add_column('queen.stats_marks', 'oldest_at', 'timestamptz');
 -- Revision 0008: sum(cursor_offset + 1) of the queue's cursors at the mark: a cursor created, deleted or moved
 -- without an ack (clear, seek) changes the backlog with neither counter moving (NULL: sampled again).
-ALTER TABLE queen.stats_marks ADD COLUMN IF NOT EXISTS cursors_total bigint;
-ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS backlog bigint;
-ALTER TABLE queen.tenant_minutes ADD COLUMN IF NOT EXISTS lag_seconds double precision;
+SELECT queen._add_column('queen.stats_marks', 'cursors_total', 'bigint');
+SELECT queen._add_column('queen.tenant_minutes', 'backlog', 'bigint');
+SELECT queen._add_column('queen.tenant_minutes', 'lag_seconds', 'double precision');
 -- Revision 0007: the (queue, group) pairs with a pending message, per tenant, as of the tenant's snapshot
 -- (written with its tenant_stats row by the stats_snapshot job): GET /api/v1/consumer-groups/lagging
 -- reads the rows old enough through the (tenant, oldest) index instead of every cursor row per call.

@@ -89,3 +89,8 @@ DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uui
 DROP FUNCTION IF EXISTS queen.transaction_v2(text, bigint[], uuid[], text[], uuid[], text[], text[], integer[],
     uuid[], text[], text[], bytea[], integer[], uuid[], uuid[], integer[], text[], jsonb, integer, jsonb, bytea[],
     uuid[], uuid[], integer, timestamptz, text, text, uuid, integer, text, boolean[]);
+-- Internal helpers replaced (no caller outside sql/): the outcome window's find and record became
+-- _outcome_open (with the time it judges at) and _outcome_keep (returns what it records), so each wrapper
+-- of 096_outcomes.sql states the rule as one statement.
+DROP FUNCTION IF EXISTS queen._outcome_find(text, text, text, uuid, timestamptz);
+DROP FUNCTION IF EXISTS queen._outcome_record(text, text, text, uuid, jsonb, integer, timestamptz);

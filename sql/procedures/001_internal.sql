@@ -44,6 +44,13 @@
 --   detail as JSON text. A verdict aborts the statement, so everything the call wrote is rolled back
 --   without savepoints; queen_pg/db maps it to queen_pg.errors.Verdict, which the routes answer as
 --   HTTP 200 {"success": false, "reason": ..., ...detail} (or the family's own verdict shape).
+--
+-- queen._expired_sweep(lock, table, keys[], limit, now) -> integer
+--   The one sweep of rows past their expires_at (kv_sweep_v1, outcomes_prune_v1): under the job's
+--   try-lock `lock` (losers return 0 at once), at most `limit` rows of `table` (a table with an
+--   expires_at column, whose primary key is `keys`), oldest expiry first, FOR UPDATE SKIP LOCKED (a row
+--   a writer is rewriting is left for the next tick); the delete re-checks the expiry, so a row made
+--   live again meanwhile is never deleted. Answers how many it deleted.
 
 CREATE OR REPLACE FUNCTION queen._create_partitions(p_tenant text, p_queue_ids bigint[], p_names text[])
 RETURNS void
@@ -256,5 +263,28 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'QN000', MESSAGE = p_reason, DETAIL = coalesce(p_detail, '{}'::jsonb)::text;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._expired_sweep(
+    p_lock bigint, p_table regclass, p_keys text[], p_limit integer, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(p_lock) THEN
+        RETURN 0;
+    END IF;
+    EXECUTE format(
+        'WITH doomed AS (SELECT %1$s FROM %2$s t WHERE t.expires_at <= $1 ORDER BY t.expires_at'
+        '                 LIMIT greatest($2, 1) FOR UPDATE SKIP LOCKED)'
+        ' DELETE FROM %2$s t USING doomed d WHERE (%3$s) = (%4$s) AND t.expires_at <= $1',
+        (SELECT string_agg('t.' || quote_ident(k), ', ') FROM unnest(p_keys) AS k), p_table,
+        (SELECT string_agg('t.' || quote_ident(k), ', ') FROM unnest(p_keys) AS k),
+        (SELECT string_agg('d.' || quote_ident(k), ', ') FROM unnest(p_keys) AS k))
+      USING coalesce(p_now, clock_timestamp()), p_limit;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
 END;
 $$;

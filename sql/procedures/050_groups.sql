@@ -77,6 +77,15 @@ LANGUAGE sql STABLE AS $$
     SELECT to_char(p_ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 $$;
 
+-- The head of the answer of an operation on a group (delete, seek, subscription): success, the
+-- group's name (NULL for queue mode) and queueMode.
+CREATE OR REPLACE FUNCTION queen._group_done(p_group text)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('success', true, 'group', nullif(p_group, '__QUEUE_MODE__'),
+                              'queueMode', p_group = '__QUEUE_MODE__')
+$$;
+
 CREATE OR REPLACE FUNCTION queen.consumer_groups_list_v1(
     p_tenant text, p_limit integer, p_offset integer, p_now timestamptz DEFAULT NULL)
 RETURNS jsonb
@@ -247,10 +256,7 @@ BEGIN
       LEFT JOIN queen.log_groups g ON g.queue_id = q.id AND g.name = p_group
      WHERE q.id = ANY (v_qids);
 
-    RETURN jsonb_build_object(
-        'success', true,
-        'group', nullif(p_group, '__QUEUE_MODE__'),
-        'queueMode', p_group = '__QUEUE_MODE__',
+    RETURN queen._group_done(p_group) || jsonb_build_object(
         'deleteMetadata', p_delete_metadata,
         'cursorsDeleted', v_cursors,
         'leasesBroken', v_broken,
@@ -322,10 +328,7 @@ BEGIN
       INTO v_rows
       FROM moved m;
 
-    RETURN jsonb_build_object(
-        'success', true,
-        'group', nullif(p_group, '__QUEUE_MODE__'),
-        'queueMode', p_group = '__QUEUE_MODE__',
+    RETURN queen._group_done(p_group) || jsonb_build_object(
         'queue', p_queue,
         'partition', p_partition,
         'target', p_target,
@@ -358,10 +361,7 @@ BEGIN
     IF v_queues IS NULL THEN
         RETURN jsonb_build_object('notFound', 'group');
     END IF;
-    RETURN jsonb_build_object(
-        'success', true,
-        'group', nullif(p_group, '__QUEUE_MODE__'),
-        'queueMode', p_group = '__QUEUE_MODE__',
+    RETURN queen._group_done(p_group) || jsonb_build_object(
         'subscriptionFrom', queen._iso_utc(p_from),
         'queues', v_queues,
         'cursorsMoved', false);

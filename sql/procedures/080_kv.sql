@@ -59,10 +59,10 @@
 --
 -- queen.kv_sweep_v1(limit, now) -> integer
 --   Called by: the kv_sweep job (queen_pg/jobs/kv_sweep.py). Deletes at most `limit` expired rows,
---   oldest expiry first; answers how many. Locks: KV_SWEEP_LOCK (try; losers return 0 at once),
---   then the rows FOR UPDATE SKIP LOCKED: a row a writer is rewriting is left for the next tick, and
---   the delete re-checks the expiry, so a row made live again meanwhile is never deleted. It takes
---   no key locks: writers already treat an expired row as absent, so deleting it changes no answer.
+--   oldest expiry first; answers how many (queen._expired_sweep, 001_internal.sql). Locks: KV_SWEEP_LOCK
+--   (try; losers return 0 at once), then the rows FOR UPDATE SKIP LOCKED: a row a writer is rewriting is
+--   left for the next tick, and the delete re-checks the expiry, so a row made live again meanwhile is
+--   never deleted. It takes no key locks: writers already treat an expired row as absent, so deleting it changes no answer.
 
 CREATE OR REPLACE FUNCTION queen._kv_lock(p_tenant text, p_ns text[], p_keys text[])
 RETURNS void
@@ -382,26 +382,6 @@ $$;
 
 CREATE OR REPLACE FUNCTION queen.kv_sweep_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now     timestamptz := coalesce(p_now, clock_timestamp());
-    v_deleted integer;
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(7781200180) THEN  -- KV_SWEEP_LOCK
-        RETURN 0;
-    END IF;
-    WITH doomed AS (
-        SELECT k.tenant, k.ns, k.key
-          FROM queen.kv k
-         WHERE k.expires_at <= v_now
-         ORDER BY k.expires_at
-         LIMIT greatest(p_limit, 1)
-           FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM queen.kv k
-     USING doomed d
-     WHERE k.tenant = d.tenant AND k.ns = d.ns AND k.key = d.key AND k.expires_at <= v_now;
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    RETURN v_deleted;
-END;
+LANGUAGE sql AS $$
+    SELECT queen._expired_sweep(7781200180, 'queen.kv', '{tenant, ns, key}', p_limit, p_now)  -- KV_SWEEP_LOCK
 $$;

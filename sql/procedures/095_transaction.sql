@@ -99,6 +99,36 @@ BEGIN
 END;
 $$;
 
+-- The acks' check: queen._tx_ack_refusal of each ack in input order; the first refusal is the
+-- rejected_ack verdict (queen._tx_ack_rejected). transaction_v1 runs it twice: the pre-validation on an
+-- unlocked read, and again under the cursor rows' locks.
+CREATE OR REPLACE FUNCTION queen._tx_acks_check(
+    p_tenant text, p_pids bigint[], p_hashes uuid[], p_txns text[], p_leases uuid[], p_groups text[],
+    p_statuses text[], p_index integer[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_reason text;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_pids), 0) LOOP
+        v_reason := queen._tx_ack_refusal(p_tenant, p_pids[i], p_hashes[i], p_leases[i], p_groups[i],
+                                          p_statuses[i], p_now);
+        IF v_reason IS NOT NULL THEN
+            PERFORM queen._tx_ack_rejected(p_index[i], p_txns[i], p_pids[i], v_reason);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- The rejected_ack verdict of one ack (flat index, transactionId, partition id, why).
+CREATE OR REPLACE FUNCTION queen._tx_ack_rejected(p_index integer, p_txn text, p_pid bigint, p_reason text)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT queen._verdict('rejected_ack', jsonb_build_object(
+        'failedIndex', p_index, 'transactionId', p_txn, 'partitionId', p_pid::text,
+        'error', format('transaction rolled back: ack of %s refused: %s', p_txn, p_reason)))
+$$;
+
 -- p_sealed and p_max_bytes come last, with defaults.
 CREATE OR REPLACE FUNCTION queen.transaction_v1(
     p_tenant           text,
@@ -134,7 +164,6 @@ DECLARE
     v_now      timestamptz := coalesce(p_now, clock_timestamp());
     v_nacks    integer := coalesce(cardinality(p_ack_pids), 0);
     v_nitems   integer := coalesce(cardinality(p_item_group), 0);
-    v_reason   text;
     v_lease    uuid;
     v_acks     jsonb := '[]'::jsonb;
     v_pushes   jsonb := '[]'::jsonb;
@@ -163,16 +192,8 @@ BEGIN
     v_now := coalesce(p_now, clock_timestamp());  -- after the key locks: leases are judged at this time
 
     -- 1. acks and required leases, pre-validated (planning order: their verdict comes first)
-    FOR i IN 1 .. v_nacks LOOP
-        v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
-                                          p_ack_groups[i], p_ack_statuses[i], v_now);
-        IF v_reason IS NOT NULL THEN
-            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
-                'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
-                'partitionId', p_ack_pids[i]::text,
-                'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[i], v_reason)));
-        END IF;
-    END LOOP;
+    PERFORM queen._tx_acks_check(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
+                                 p_ack_statuses, p_ack_index, v_now);
     FOREACH v_lease IN ARRAY coalesce(p_required_leases, '{}') LOOP
         -- live anywhere (its cursor rows through queen.log_leases), or the last lease of a row its own
         -- acks touch: released by them, or run out with nobody claiming since. The acks were checked
@@ -221,16 +242,8 @@ BEGIN
          ORDER BY lc.partition_id, lc.consumer_group
            FOR UPDATE OF lc NOWAIT;
         v_now := coalesce(p_now, clock_timestamp());  -- after the last lock wait (push_v1's partitions)
-        FOR i IN 1 .. v_nacks LOOP
-            v_reason := queen._tx_ack_refusal(p_tenant, p_ack_pids[i], p_ack_hashes[i], p_ack_leases[i],
-                                              p_ack_groups[i], p_ack_statuses[i], v_now);
-            IF v_reason IS NOT NULL THEN
-                PERFORM queen._verdict('rejected_ack', jsonb_build_object(
-                    'failedIndex', p_ack_index[i], 'transactionId', p_ack_txns[i],
-                    'partitionId', p_ack_pids[i]::text,
-                    'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[i], v_reason)));
-            END IF;
-        END LOOP;
+        PERFORM queen._tx_acks_check(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
+                                     p_ack_statuses, p_ack_index, v_now);
         SELECT jsonb_agg(jsonb_build_object('success', a.success, 'error', a.error,
                                             'leaseReleased', a.lease_released, 'dlq', a.dlq, 'noop', a.noop)
                          ORDER BY a.idx)
@@ -244,11 +257,7 @@ BEGIN
           FROM jsonb_array_elements(v_acks) WITH ORDINALITY AS e(v, ord)
          WHERE NOT (e.v ->> 'success')::boolean ORDER BY e.ord LIMIT 1;
         IF FOUND THEN
-            PERFORM queen._verdict('rejected_ack', jsonb_build_object(
-                'failedIndex', p_ack_index[r.ord], 'transactionId', p_ack_txns[r.ord],
-                'partitionId', p_ack_pids[r.ord]::text,
-                'error', format('transaction rolled back: ack of %s refused: %s', p_ack_txns[r.ord],
-                                r.v ->> 'error')));
+            PERFORM queen._tx_ack_rejected(p_ack_index[r.ord], p_ack_txns[r.ord], p_ack_pids[r.ord], r.v ->> 'error');
         END IF;
         -- the queues whose acked cursor rows are claimable now (a released lease, a nack): woken
         v_wake := queen._ack_wakes(p_tenant, p_ack_pids, p_ack_groups, v_now);

@@ -34,7 +34,7 @@
 --
 -- queen.outcomes_prune_v1(limit, now) -> integer
 --   Called by: the outcomes_prune job (queen_pg/jobs/outcomes.py). Deletes at most `limit` records past
---   their expires_at, oldest first. Locks: OUTCOMES_PRUNE_LOCK (try; losers return 0 at once), then
+--   their expires_at, oldest first (queen._expired_sweep, 001_internal.sql). Locks: OUTCOMES_PRUNE_LOCK (try; losers return 0 at once), then
 --   the rows FOR UPDATE SKIP LOCKED, re-checking the expiry. It takes no key locks: a dead record is
 --   never replayed, so deleting it changes no answer (a writer that replaces one upserts it).
 
@@ -48,42 +48,60 @@ BEGIN
 END;
 $$;
 
--- Takes the key's lock; the live record's response (NULL = none: apply, then _outcome_record).
-CREATE OR REPLACE FUNCTION queen._outcome_find(
-    p_tenant text, p_key text, p_route text, p_body_hash uuid, p_now timestamptz)
-RETURNS jsonb
+-- The one rule of every wrapper below, stated once: find the key's live record (the key's lock first);
+-- on a miss (or without a key) apply the wrapped procedure, then record its answer under the key. Each
+-- wrapper is one statement: _outcome_open, the apply inside coalesce(o.replay, _outcome_keep(...)), so it
+-- runs only on a miss (COALESCE evaluates an argument only when the ones before it are NULL).
+
+-- Takes the key's lock; `replay`: the live record's response (NULL = none, or no key: apply, then
+-- _outcome_keep); `judged_at`: the time the record is judged and written at.
+CREATE OR REPLACE FUNCTION queen._outcome_open(
+    p_tenant text, p_key text, p_route text, p_body_hash uuid, p_now timestamptz,
+    OUT replay jsonb, OUT judged_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     r queen.request_outcomes%ROWTYPE;
 BEGIN
+    judged_at := coalesce(p_now, clock_timestamp());
+    IF p_key IS NULL THEN
+        RETURN;
+    END IF;
     PERFORM pg_advisory_xact_lock(77814, hashtext(p_tenant || E'\x1f' || p_key));  -- REQUEST_KEY_CLASS
     SELECT o.* INTO r FROM queen.request_outcomes o
-     WHERE o.tenant = p_tenant AND o.request_key = p_key AND o.expires_at > p_now;
+     WHERE o.tenant = p_tenant AND o.request_key = p_key AND o.expires_at > judged_at;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     IF r.route <> p_route OR r.body_hash <> p_body_hash THEN
         PERFORM queen._refuse('idempotency_key_reused', format(
             'the request key %s already answered another request (%s) at %s; a retry must send the same '
             'body to the same route, and a new request a new key', p_key, r.route, queen._iso_utc(r.created_at)));
     END IF;
-    RETURN r.response;
+    replay := r.response;
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION queen._outcome_record(
-    p_tenant text, p_key text, p_route text, p_body_hash uuid, p_response jsonb, p_window_s integer,
-    p_now timestamptz)
-RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO queen.request_outcomes AS o (tenant, request_key, route, body_hash, response, created_at, expires_at)
-    VALUES (p_tenant, p_key, p_route, p_body_hash, p_response, p_now,
-            p_now + make_interval(secs => greatest(p_window_s, 1)))
-    ON CONFLICT ON CONSTRAINT request_outcomes_pkey DO UPDATE   -- only a dead record: we hold the key
-       SET route = excluded.route, body_hash = excluded.body_hash, response = excluded.response,
-           created_at = excluded.created_at, expires_at = excluded.expires_at;
+-- Records p_response under the key (no key: records nothing) and returns it.
+CREATE OR REPLACE FUNCTION queen._outcome_keep(
+    p_response jsonb, p_at timestamptz, p_tenant text, p_key text, p_route text, p_body_hash uuid,
+    p_window_s integer)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_key IS NOT NULL THEN
+        INSERT INTO queen.request_outcomes AS o (tenant, request_key, route, body_hash, response, created_at,
+                                                 expires_at)
+        VALUES (p_tenant, p_key, p_route, p_body_hash, p_response, p_at,
+                p_at + make_interval(secs => greatest(p_window_s, 1)))
+        ON CONFLICT ON CONSTRAINT request_outcomes_pkey DO UPDATE   -- only a dead record: we hold the key
+           SET route = excluded.route, body_hash = excluded.body_hash, response = excluded.response,
+               created_at = excluded.created_at, expires_at = excluded.expires_at;
+    END IF;
+    RETURN p_response;
+END;
 $$;
 
+-- The row procedures: their rows are recorded as a jsonb array and answered from it.
 -- p_sealed (last, with a default) is push_v1's.
 CREATE OR REPLACE FUNCTION queen.push_v2(
     p_tenant text, p_queues text[], p_partitions text[], p_blobs bytea[], p_item_group integer[],
@@ -92,32 +110,16 @@ CREATE OR REPLACE FUNCTION queen.push_v2(
     p_window_s integer DEFAULT 60, p_sealed boolean[] DEFAULT NULL
 ) RETURNS TABLE (idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint,
                  replayed boolean)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_now   timestamptz := coalesce(p_now, clock_timestamp());
-    v_rows  jsonb;
-BEGIN
-    IF p_request_key IS NOT NULL THEN
-        v_rows := queen._outcome_find(p_tenant, p_request_key, p_route, p_body_hash, v_now);
-    END IF;
-    IF v_rows IS NULL THEN
-        SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.idx), '[]') INTO v_rows
-          FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
-                             p_item_msgid, p_now, NULL, p_sealed) AS p;
-        IF p_request_key IS NOT NULL THEN
-            PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, v_rows, p_window_s, v_now);
-        END IF;
-        replayed := false;
-    ELSE
-        replayed := true;
-    END IF;
-    RETURN QUERY
-    SELECT r.idx, r.status, r.message_id, r.partition_id, r.msg_offset, replayed
-      FROM jsonb_to_recordset(v_rows) AS r(idx integer, status text, message_id uuid, partition_id bigint,
-                                           msg_offset bigint)
-     ORDER BY r.idx;
-END;
+LANGUAGE sql AS $$
+    SELECT r.idx, r.status, r.message_id, r.partition_id, r.msg_offset, o.replay IS NOT NULL
+      FROM queen._outcome_open(p_tenant, p_request_key, p_route, p_body_hash, p_now) AS o,
+           jsonb_to_recordset(coalesce(o.replay, queen._outcome_keep(
+               (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY p.idx), '[]')
+                  FROM queen.push_v1(p_tenant, p_queues, p_partitions, p_blobs, p_item_group, p_item_hash,
+                                     p_item_msgid, p_now, NULL, p_sealed) AS p), o.judged_at,
+               p_tenant, p_request_key, p_route, p_body_hash, p_window_s)))
+             AS r(idx integer, status text, message_id uuid, partition_id bigint, msg_offset bigint)
+     ORDER BY r.idx
 $$;
 
 CREATE OR REPLACE FUNCTION queen.ack_v2(
@@ -127,32 +129,16 @@ CREATE OR REPLACE FUNCTION queen.ack_v2(
     p_window_s integer DEFAULT 60
 ) RETURNS TABLE (idx integer, success boolean, error text, lease_released boolean, dlq boolean, noop boolean,
                  replayed boolean)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_now   timestamptz := coalesce(p_now, clock_timestamp());
-    v_rows  jsonb;
-BEGIN
-    IF p_request_key IS NOT NULL THEN
-        v_rows := queen._outcome_find(p_tenant, p_request_key, p_route, p_body_hash, v_now);
-    END IF;
-    IF v_rows IS NULL THEN
-        SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY a.idx), '[]') INTO v_rows
-          FROM queen.ack_v1(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups, p_statuses,
-                            p_errors, p_now) AS a;
-        IF p_request_key IS NOT NULL THEN
-            PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, v_rows, p_window_s, v_now);
-        END IF;
-        replayed := false;
-    ELSE
-        replayed := true;
-    END IF;
-    RETURN QUERY
-    SELECT r.idx, r.success, r.error, r.lease_released, r.dlq, r.noop, replayed
-      FROM jsonb_to_recordset(v_rows) AS r(idx integer, success boolean, error text, lease_released boolean,
-                                           dlq boolean, noop boolean)
-     ORDER BY r.idx;
-END;
+LANGUAGE sql AS $$
+    SELECT r.idx, r.success, r.error, r.lease_released, r.dlq, r.noop, o.replay IS NOT NULL
+      FROM queen._outcome_open(p_tenant, p_request_key, p_route, p_body_hash, p_now) AS o,
+           jsonb_to_recordset(coalesce(o.replay, queen._outcome_keep(
+               (SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY a.idx), '[]')
+                  FROM queen.ack_v1(p_tenant, p_partition_ids, p_hashes, p_txn_ids, p_lease_ids, p_groups,
+                                    p_statuses, p_errors, p_now) AS a), o.judged_at,
+               p_tenant, p_request_key, p_route, p_body_hash, p_window_s)))
+             AS r(idx integer, success boolean, error text, lease_released boolean, dlq boolean, noop boolean)
+     ORDER BY r.idx
 $$;
 
 -- The jsonb procedures: one row (result, replayed).
@@ -161,22 +147,11 @@ CREATE OR REPLACE FUNCTION queen.kv_v3(
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'kv', p_body_hash uuid DEFAULT NULL,
     p_window_s integer DEFAULT 60
 ) RETURNS TABLE (result jsonb, replayed boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-BEGIN
-    IF p_request_key IS NOT NULL THEN
-        result := queen._outcome_find(p_tenant, p_request_key, p_route, p_body_hash, v_now);
-    END IF;
-    replayed := result IS NOT NULL;
-    IF NOT replayed THEN
-        result := queen._kv_run(p_tenant, p_ops, p_now, p_max_bytes);
-        IF p_request_key IS NOT NULL THEN
-            PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);
-        END IF;
-    END IF;
-    RETURN NEXT;
-END;
+LANGUAGE sql AS $$
+    SELECT coalesce(o.replay, queen._outcome_keep(queen._kv_run(p_tenant, p_ops, p_now, p_max_bytes), o.judged_at,
+                                                  p_tenant, p_request_key, p_route, p_body_hash, p_window_s)),
+           o.replay IS NOT NULL
+      FROM queen._outcome_open(p_tenant, p_request_key, p_route, p_body_hash, p_now) AS o
 $$;
 
 CREATE OR REPLACE FUNCTION queen.locks_v2(
@@ -184,22 +159,11 @@ CREATE OR REPLACE FUNCTION queen.locks_v2(
     p_request_key text DEFAULT NULL, p_route text DEFAULT 'locks', p_body_hash uuid DEFAULT NULL,
     p_window_s integer DEFAULT 60
 ) RETURNS TABLE (result jsonb, replayed boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-BEGIN
-    IF p_request_key IS NOT NULL THEN
-        result := queen._outcome_find(p_tenant, p_request_key, p_route, p_body_hash, v_now);
-    END IF;
-    replayed := result IS NOT NULL;
-    IF NOT replayed THEN
-        result := queen.locks_v1(p_tenant, p_ops, p_now);
-        IF p_request_key IS NOT NULL THEN
-            PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);
-        END IF;
-    END IF;
-    RETURN NEXT;
-END;
+LANGUAGE sql AS $$
+    SELECT coalesce(o.replay, queen._outcome_keep(queen.locks_v1(p_tenant, p_ops, p_now), o.judged_at,
+                                                  p_tenant, p_request_key, p_route, p_body_hash, p_window_s)),
+           o.replay IS NOT NULL
+      FROM queen._outcome_open(p_tenant, p_request_key, p_route, p_body_hash, p_now) AS o
 $$;
 
 -- p_transaction_id: the id the broker minted for this answer; it is recorded inside the result
@@ -215,51 +179,22 @@ CREATE OR REPLACE FUNCTION queen.transaction_v2(
     p_window_s integer DEFAULT 60, p_transaction_id text DEFAULT NULL, p_sealed boolean[] DEFAULT NULL,
     p_max_bytes bigint DEFAULT NULL
 ) RETURNS TABLE (result jsonb, replayed boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-BEGIN
-    IF p_request_key IS NOT NULL THEN
-        result := queen._outcome_find(p_tenant, p_request_key, p_route, p_body_hash, v_now);
-    END IF;
-    replayed := result IS NOT NULL;
-    IF NOT replayed THEN
-        result := queen.transaction_v1(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
-                                       p_ack_statuses, p_ack_index, p_required_leases, p_queues, p_partitions,
-                                       p_blobs, p_item_group, p_item_hash, p_item_msgid, p_item_index,
-                                       p_item_txns, p_kv, p_kv_base, p_timers, p_timer_payloads, p_timer_hashes,
-                                       p_timer_msgids, p_timer_base, p_now, p_sealed, p_max_bytes)
-                  || jsonb_build_object('transactionId', p_transaction_id);
-        IF p_request_key IS NOT NULL THEN
-            PERFORM queen._outcome_record(p_tenant, p_request_key, p_route, p_body_hash, result, p_window_s, v_now);
-        END IF;
-    END IF;
-    RETURN NEXT;
-END;
+LANGUAGE sql AS $$
+    SELECT coalesce(o.replay, queen._outcome_keep(
+               queen.transaction_v1(p_tenant, p_ack_pids, p_ack_hashes, p_ack_txns, p_ack_leases, p_ack_groups,
+                                    p_ack_statuses, p_ack_index, p_required_leases, p_queues, p_partitions,
+                                    p_blobs, p_item_group, p_item_hash, p_item_msgid, p_item_index,
+                                    p_item_txns, p_kv, p_kv_base, p_timers, p_timer_payloads, p_timer_hashes,
+                                    p_timer_msgids, p_timer_base, p_now, p_sealed, p_max_bytes)
+               || jsonb_build_object('transactionId', p_transaction_id), o.judged_at,
+               p_tenant, p_request_key, p_route, p_body_hash, p_window_s)),
+           o.replay IS NOT NULL
+      FROM queen._outcome_open(p_tenant, p_request_key, p_route, p_body_hash, p_now) AS o
 $$;
 
 CREATE OR REPLACE FUNCTION queen.outcomes_prune_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now     timestamptz := coalesce(p_now, clock_timestamp());
-    v_deleted integer;
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(7781200196) THEN  -- OUTCOMES_PRUNE_LOCK
-        RETURN 0;
-    END IF;
-    WITH doomed AS (
-        SELECT o.tenant, o.request_key
-          FROM queen.request_outcomes o
-         WHERE o.expires_at <= v_now
-         ORDER BY o.expires_at
-         LIMIT greatest(p_limit, 1)
-           FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM queen.request_outcomes o
-     USING doomed d
-     WHERE o.tenant = d.tenant AND o.request_key = d.request_key AND o.expires_at <= v_now;
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    RETURN v_deleted;
-END;
+LANGUAGE sql AS $$
+    SELECT queen._expired_sweep(7781200196, 'queen.request_outcomes', '{tenant, request_key}',  -- OUTCOMES_PRUNE_LOCK
+                                p_limit, p_now)
 $$;

@@ -18,6 +18,8 @@
 --
 -- queen._queue_summary(queue_id, now) -> jsonb {"partitions","messages","retained","backlog",
 --   "inFlight","dlq","groups":[{"name","queueMode","lag"}]}. Internal to the procedures below.
+-- queen._queue_entry(queue_id, name, namespace, task, created_at, now) -> jsonb: a queue's entry in a
+--   list, {"name","namespace","task","createdAt", +the summary} (resources_queues_v1, status_queues_v1).
 -- queen.resources_overview_v1(tenant, now) -> jsonb: counts over the tenant: queues, partitions,
 --   messages, retained, backlog (sum of the queues' backlogs), inFlight, dlq, consumerGroups
 --   ((queue, group) pairs), namespaces, tasks, timestamp (now), asOf (when the counts were computed)
@@ -80,6 +82,15 @@ LANGUAGE sql STABLE AS $$
                                 'lag', grp.lag) ORDER BY grp.name) FROM grp), '[]'::jsonb))
 $$;
 
+CREATE OR REPLACE FUNCTION queen._queue_entry(
+    p_queue_id bigint, p_name text, p_namespace text, p_task text, p_created_at timestamptz, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('name', p_name, 'namespace', p_namespace, 'task', p_task,
+                              'createdAt', queen._iso_utc(p_created_at))
+           || queen._queue_summary(p_queue_id, p_now)
+$$;
+
 CREATE OR REPLACE FUNCTION queen.resources_overview_v1(p_tenant text, p_now timestamptz DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
@@ -111,9 +122,8 @@ LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'total', (SELECT count(*) FROM m), 'limit', p_limit, 'offset', p_offset,
         'queues', coalesce((
-            SELECT jsonb_agg(jsonb_build_object('name', page.name, 'namespace', page.namespace,
-                                                'task', page.task, 'createdAt', queen._iso_utc(page.created_at))
-                             || queen._queue_summary(page.id, coalesce(p_now, now())) ORDER BY page.name)
+            SELECT jsonb_agg(queen._queue_entry(page.id, page.name, page.namespace, page.task, page.created_at,
+                                                coalesce(p_now, now())) ORDER BY page.name)
               FROM page), '[]'::jsonb))
 $$;
 

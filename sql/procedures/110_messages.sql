@@ -81,26 +81,20 @@ RETURNS TABLE (status text, total bigint, partition_id bigint, partition_name te
                skip bigint, states text)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_qid bigint;
-    v_now timestamptz := coalesce(p_now, now());
+    v_qid     bigint;
+    v_now     timestamptz := coalesce(p_now, now());
+    v_missing text;
 BEGIN
     SELECT q.id INTO v_qid FROM queen.queues q WHERE q.tenant = p_tenant AND q.name = p_queue;
-    IF v_qid IS NULL THEN
-        RETURN QUERY SELECT 'no_queue'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
-                            NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::text;
-        RETURN;
-    END IF;
-    IF p_partition IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = v_qid AND p.name = p_partition) THEN
-        RETURN QUERY SELECT 'no_partition'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
-                            NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
-                            NULL::bigint, NULL::bigint, NULL::text;
-        RETURN;
-    END IF;
-    IF p_group IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_qid AND g.name = p_group) THEN
-        RETURN QUERY SELECT 'no_group'::text, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
+    v_missing := CASE
+        WHEN v_qid IS NULL THEN 'no_queue'
+        WHEN p_partition IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM queen.log_partitions p WHERE p.queue_id = v_qid AND p.name = p_partition) THEN 'no_partition'
+        WHEN p_group IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM queen.log_groups g WHERE g.queue_id = v_qid AND g.name = p_group) THEN 'no_group'
+    END;
+    IF v_missing IS NOT NULL THEN  -- the one refusal row: its status, nothing else
+        RETURN QUERY SELECT v_missing, 0::bigint, NULL::bigint, NULL::text, NULL::bigint,
                             NULL::timestamptz, NULL::integer[], NULL::smallint, NULL::bytea, NULL::bigint,
                             NULL::bigint, NULL::bigint, NULL::text;
         RETURN;

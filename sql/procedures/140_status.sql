@@ -93,15 +93,14 @@ LANGUAGE sql STABLE AS $$
         'from', queen._iso_utc(p_from), 'to', queen._iso_utc(p_to),
         'queues', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
-                       'name', page.name, 'namespace', page.namespace, 'task', page.task,
-                       'createdAt', queen._iso_utc(page.created_at),
                        'lagSeconds', queen._queue_lag_seconds(page.id, coalesce(p_now, now())),
                        'throughput', (SELECT jsonb_build_object('pushed', coalesce(sum(s.pushed), 0),
                                                                 'acked', coalesce(sum(s.acked), 0))
                                         FROM queen.stats_minutes s
                                        WHERE s.queue_id = page.id AND s.minute >= date_trunc('minute', p_from)
                                          AND s.minute < p_to))
-                             || queen._queue_summary(page.id, coalesce(p_now, now())) ORDER BY page.name)
+                             || queen._queue_entry(page.id, page.name, page.namespace, page.task, page.created_at,
+                                                   coalesce(p_now, now())) ORDER BY page.name)
               FROM page), '[]'::jsonb))
 $$;
 
