@@ -400,6 +400,16 @@ class Settings(BaseSettings):
         "believed (for logs and metrics only, never for authorisation).",
     )
 
+    @classmethod
+    def env_names(cls, field: str) -> list[str]:
+        """Every environment variable that sets ``field``: its aliases, else env_prefix + FIELD."""
+        alias = cls.model_fields[field].validation_alias
+        if isinstance(alias, AliasChoices):
+            return [a for a in alias.choices if isinstance(a, str)]
+        if isinstance(alias, str):
+            return [alias]
+        return [f"{cls.model_config['env_prefix']}{field.upper()}"]
+
     @model_validator(mode="after")
     def _mesh(self) -> Settings:
         from ipaddress import ip_address
