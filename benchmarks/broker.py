@@ -57,9 +57,11 @@ def scratch_postgres(prefix: str, fast: bool = True) -> Iterator[EmbeddedPostgre
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def print_load() -> None:
-    """The 1-minute load average beside the figures: they are a lower bound on a busy machine."""
-    print(f"load average (1 min): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+def print_load() -> float:
+    """The 1-minute load average beside the figures (they are a lower bound on a busy machine); returned."""
+    load = os.getloadavg()[0]
+    print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
+    return load
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:

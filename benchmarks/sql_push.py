@@ -27,21 +27,18 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from benchmarks.broker import free_port
+from benchmarks.broker import print_load, scratch_postgres
 from queen_pg.db.apply import apply_sql
-from queen_pg.embedded_pg import EmbeddedPostgres
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
 
 PAYLOAD = json.dumps(
@@ -213,19 +210,19 @@ async def bench_ab(
 @contextmanager
 def servers(count: int, fsync: bool) -> Iterator[list[str]]:
     """``count`` embedded PostgreSQL servers in temporary dirs, their admin DSNs; removed afterwards."""
-    tmps = [Path(tempfile.mkdtemp(prefix="queen-sqlpush-")) for _ in range(count)]
-    pgs: list[EmbeddedPostgres] = []
-    try:
-        for tmp in tmps:
-            tmp.chmod(0o711)  # searchable by the postgres account (when run as root)
-            pgs.append(EmbeddedPostgres(data_dir=tmp / "data", port=free_port(), fast=not fsync))
-            pgs[-1].start()
-        yield [pg.admin_dsn() for pg in pgs]
-    finally:
-        for pg in pgs:
-            pg.stop()
-        for tmp in tmps:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(scratch_postgres("queen-sqlpush-", fast=not fsync)).admin_dsn() for _ in range(count)
+        ]
+
+
+def report(results: list[dict[str, Any]], row: Callable[[dict[str, Any]], str], out: Path | None) -> None:
+    """One printed line per case, the load average, and (``--json``) the file {"load1", "results"}."""
+    for r in results:
+        print(row(r))
+    load = print_load()
+    if out is not None:
+        out.write_text(json.dumps({"load1": load, "results": results}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -256,16 +253,15 @@ def main(argv: list[str] | None = None) -> None:
         results = asyncio.run(
             bench(dsn, push_sql, args.cases, args.calls, args.warmup, [f.read_text() for f in args.sql])
         )
-    load = os.getloadavg()[0]
-    for r in results:
-        print(
+    report(
+        results,
+        lambda r: (
             f"{r['case']:<48} pg {r['pg_cpu_us_per_msg']:>8.2f} us/msg {r['pg_cpu_us_per_call']:>8.1f} us/call"
             f"   wal {r['wal_bytes_per_msg']:>7.1f} B/msg"
             f"   wall p50 {r['wall_us_per_call_p50']:>8.1f} p90 {r['wall_us_per_call_p90']:>8.1f} us/call"
-        )
-    print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"load1": load, "results": results}, indent=2) + "\n")
+        ),
+        args.json,
+    )
 
 
 def main_ab(args: argparse.Namespace, push_sql: str | None) -> None:
@@ -275,16 +271,15 @@ def main_ab(args: argparse.Namespace, push_sql: str | None) -> None:
         results = asyncio.run(
             bench_ab((dsn_a, dsn_b), sides, args.cases, args.calls, args.warmup, args.checkpoint_every)
         )
-    load = os.getloadavg()[0]
-    for r in results:
-        print(
+    report(
+        results,
+        lambda r: (
             f"{r['case']:<48} A {r['a_pg_cpu_us_per_msg']:>8.2f} B {r['b_pg_cpu_us_per_msg']:>8.2f} us/msg"
             f"  B/A {r['b_over_a']:.3f}   wal A {r['a_wal_bytes_per_msg']:>7.1f}"
             f" B {r['b_wal_bytes_per_msg']:>7.1f} B/msg"
-        )
-    print(f"load average (1 min): {load:.2f} on {os.cpu_count()} cpus")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"load1": load, "results": results}, indent=2) + "\n")
+        ),
+        args.json,
+    )
 
 
 if __name__ == "__main__":

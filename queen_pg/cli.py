@@ -47,16 +47,12 @@ SERVE_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--max-decoded-bytes", "max_decoded_bytes", int, "most bytes one request may decode to (zstd, base64)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
 ]
-ENV_NAMES = {
-    "port": "PORT or QUEEN_PORT",
-    "database_url": "DATABASE_URL",
-    "db_pool_size": "DB_POOL_SIZE",
-}
+# --help names only the short variable of these (their QUEEN_ names are read too)
+SHORT_ENV_NAMES = {"database_url": "DATABASE_URL", "db_pool_size": "DB_POOL_SIZE"}
 
 
 def _env_name(field: str) -> str:
-    alias = Settings.model_fields[field].validation_alias  # the JWT_* names of the 0.x reference
-    return ENV_NAMES.get(field, alias if isinstance(alias, str) else "QUEEN_" + field.upper())
+    return SHORT_ENV_NAMES.get(field) or " or ".join(Settings.env_names(field))
 
 
 def _add_other_settings(serve: argparse.ArgumentParser, covered: set[str]) -> None:

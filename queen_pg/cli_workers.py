@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
-from pydantic import AliasChoices
 
 from queen_pg.metrics import MULTIPROC_ENV
 from queen_pg.settings import Settings
@@ -53,23 +52,13 @@ if TYPE_CHECKING:
 APP_FACTORY = "queen_pg.app:app_from_env"
 
 
-def env_names(field: str) -> list[str]:
-    """Every environment variable that sets ``field`` (its aliases, else ``QUEEN_<FIELD>``)."""
-    alias = Settings.model_fields[field].validation_alias
-    if isinstance(alias, AliasChoices):
-        return [a for a in alias.choices if isinstance(a, str)]
-    if isinstance(alias, str):
-        return [alias]
-    return [f"QUEEN_{field.upper()}"]
-
-
 def export_settings(settings: Settings, environ: MutableMapping[str, str]) -> None:
     """Write ``settings`` into ``environ`` so that ``Settings()`` in a worker reads them back
     exactly; a field that is None is removed, so a stale variable cannot come back."""
     data = settings.model_dump(mode="json")
     for field in Settings.model_fields:
         value = data[field]
-        for name in env_names(field):
+        for name in Settings.env_names(field):
             if value is None:
                 environ.pop(name, None)
             else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, AliasGenerator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from queen_pg.setting_values import key_problem, parse_keys, parse_peers
@@ -17,10 +17,22 @@ from queen_pg.setting_values import key_problem, parse_keys, parse_peers
 MIB = 1024 * 1024
 
 
+def _reference_name(field: str) -> str | None:
+    """The environment variable of a ``jwt_*`` setting: its name upper-cased, without QUEEN_, as the 0.x
+    reference names them (JWT_SECRET, ...); None leaves every other field to env_prefix or its own alias."""
+    return field.upper() if field.startswith("jwt_") else None
+
+
 class Settings(BaseSettings):
     """Broker configuration. Field docs are the README's settings table."""
 
-    model_config = SettingsConfigDict(env_prefix="QUEEN_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="QUEEN_",
+        extra="ignore",
+        populate_by_name=True,
+        # pydantic leaves a field whose generated alias is None as it is; its stub does not say None
+        alias_generator=AliasGenerator(validation_alias=_reference_name),  # type: ignore[arg-type]
+    )
 
     host: str = Field(
         "127.0.0.1",
@@ -287,76 +299,37 @@ class Settings(BaseSettings):
         "gets the recorded outcome again instead of being applied twice.",
     )
 
-    # security (queen_pg/security/): the 0.x reference's JWT names, read exactly as written
-    jwt_enabled: bool = Field(False, validation_alias="JWT_ENABLED", description="Require a JWT on every route.")
+    # security (queen_pg/security/): each jwt_* field is read from the 0.x reference's name (_reference_name)
+    jwt_enabled: bool = Field(False, description="Require a JWT on every route.")
     jwt_algorithm: Literal["HS256", "RS256", "EdDSA", "auto"] = Field(
         "HS256",
-        validation_alias="JWT_ALGORITHM",
         description="HS256, RS256, EdDSA, or auto (by the token's header among the keys configured); never none.",
     )
-    jwt_secret: str = Field("", validation_alias="JWT_SECRET", description="HS256 shared secret.")
-    jwt_public_key: str = Field(
-        "",
-        validation_alias="JWT_PUBLIC_KEY",
-        description="PEM public key for RS256 / EdDSA.",
-    )
+    jwt_secret: str = Field("", description="HS256 shared secret.")
+    jwt_public_key: str = Field("", description="PEM public key for RS256 / EdDSA.")
     jwt_jwks_url: str = Field(
-        "",
-        validation_alias="JWT_JWKS_URL",
-        description="JWKS document URL (RS256 / EdDSA keys by kid); cached, refreshed, a kid miss refreshes once.",
+        "", description="JWKS document URL (RS256 / EdDSA keys by kid); cached, refreshed, a kid miss refreshes once."
     )
-    jwt_jwks_refresh_interval: int = Field(
-        3600,
-        ge=1,
-        validation_alias="JWT_JWKS_REFRESH_INTERVAL",
-        description="Seconds between JWKS refreshes.",
-    )
-    jwt_jwks_timeout_ms: int = Field(
-        5000,
-        ge=1,
-        validation_alias="JWT_JWKS_TIMEOUT_MS",
-        description="Timeout of one JWKS fetch (ms).",
-    )
-    jwt_issuer: str = Field("", validation_alias="JWT_ISSUER", description="Required `iss` (empty: any).")
-    jwt_audience: str = Field("", validation_alias="JWT_AUDIENCE", description="Required `aud` (empty: any).")
-    jwt_clock_skew: int = Field(
-        30,
-        ge=0,
-        validation_alias="JWT_CLOCK_SKEW",
-        description="Seconds of leeway on exp / nbf / iat.",
-    )
+    jwt_jwks_refresh_interval: int = Field(3600, ge=1, description="Seconds between JWKS refreshes.")
+    jwt_jwks_timeout_ms: int = Field(5000, ge=1, description="Timeout of one JWKS fetch (ms).")
+    jwt_issuer: str = Field("", description="Required `iss` (empty: any).")
+    jwt_audience: str = Field("", description="Required `aud` (empty: any).")
+    jwt_clock_skew: int = Field(30, ge=0, description="Seconds of leeway on exp / nbf / iat.")
     jwt_require_exp: bool = Field(
         True,
-        validation_alias="JWT_REQUIRE_EXP",
         description="Refuse a token without `exp` (401); off: such a token is valid until its key changes "
         "(re-verified every 300 s). An `exp` that is not a JSON number is refused either way.",
     )
     jwt_skip_paths: str = Field(
-        "/health,/metrics/prometheus,/metrics,/",
-        validation_alias="JWT_SKIP_PATHS",
-        description="Comma-separated exact paths answered without a token.",
+        "/health,/metrics/prometheus,/metrics,/", description="Comma-separated exact paths answered without a token."
     )
-    jwt_roles_claim: str = Field("role", validation_alias="JWT_ROLES_CLAIM", description="Claim with one role.")
-    jwt_roles_array_claim: str = Field(
-        "roles",
-        validation_alias="JWT_ROLES_ARRAY_CLAIM",
-        description="Claim with a list of roles.",
-    )
-    jwt_role_admin: str = Field("admin", validation_alias="JWT_ROLE_ADMIN", description="Role name: admin.")
-    jwt_role_read_write: str = Field(
-        "read-write",
-        validation_alias="JWT_ROLE_READ_WRITE",
-        description="Role name: read-write.",
-    )
-    jwt_role_read_only: str = Field(
-        "read-only",
-        validation_alias="JWT_ROLE_READ_ONLY",
-        description="Role name: read-only.",
-    )
+    jwt_roles_claim: str = Field("role", description="Claim with one role.")
+    jwt_roles_array_claim: str = Field("roles", description="Claim with a list of roles.")
+    jwt_role_admin: str = Field("admin", description="Role name: admin.")
+    jwt_role_read_write: str = Field("read-write", description="Role name: read-write.")
+    jwt_role_read_only: str = Field("read-only", description="Role name: read-only.")
     jwt_tenant_claim: str = Field(
-        "",
-        validation_alias="JWT_TENANT_CLAIM",
-        description="With tenancy_header and JWT on: the claim naming the tenant (wins over x-queen-tenant).",
+        "", description="With tenancy_header and JWT on: the claim naming the tenant (wins over x-queen-tenant)."
     )
     tenancy_header: bool = Field(
         False, description="Tenant from the x-queen-tenant header (or JWT_TENANT_CLAIM); off: default_tenant."
@@ -426,6 +399,16 @@ class Settings(BaseSettings):
         description="Comma-separated addresses/CIDRs of reverse proxies whose X-Forwarded-For/-Proto are "
         "believed (for logs and metrics only, never for authorisation).",
     )
+
+    @classmethod
+    def env_names(cls, field: str) -> list[str]:
+        """Every environment variable that sets ``field``: its aliases, else env_prefix + FIELD."""
+        alias = cls.model_fields[field].validation_alias
+        if isinstance(alias, AliasChoices):
+            return [a for a in alias.choices if isinstance(a, str)]
+        if isinstance(alias, str):
+            return [alias]
+        return [f"{cls.model_config['env_prefix']}{field.upper()}"]
 
     @model_validator(mode="after")
     def _mesh(self) -> Settings:

@@ -236,6 +236,16 @@ async def test_transaction_nack_clamps(broker: Broker, conn: asyncpg.Connection)
         assert [m["data"]["i"] for m in await take(client, "tn", 3)] == [1, 2, 3]
 
 
+async def refused_with_its_push(
+    client: Queen, conn: asyncpg.Connection, m: dict[str, Any], status: str, error: str
+) -> None:
+    """One transaction acking ``m`` with ``status`` for group g and pushing to tr-out is refused with
+    ``error`` and rolls back whole: tr-out was never created."""
+    with pytest.raises(Exception, match=error):
+        await client.transaction().ack(m, status, {"consumer_group": "g"}).queue("tr-out").push([{"data": 1}]).commit()
+    assert await conn.fetchval("SELECT count(*) FROM queen.queues WHERE name = 'tr-out'") == 0
+
+
 async def test_transaction_nack_below_the_cursor_rolls_back_as_committed(
     broker: Broker, conn: asyncpg.Connection
 ) -> None:
@@ -243,16 +253,8 @@ async def test_transaction_nack_below_the_cursor_rolls_back_as_committed(
         await fill(client, "tb", 3)
         msgs = await take(client, "tb", 3)
         assert (await client.ack(msgs[1], True, {"group": "g"}))["success"] is True
-        with pytest.raises(Exception, match="committed"):
-            await (
-                client.transaction()
-                .ack(msgs[0], "failed", {"consumer_group": "g"})
-                .queue("tb-out")
-                .push([{"data": 1}])
-                .commit()
-            )
+        await refused_with_its_push(client, conn, msgs[0], "failed", "committed")
         assert await cursor(conn) == (2, True)
-        assert await conn.fetchval("SELECT count(*) FROM queen.queues WHERE name = 'tb-out'") == 0
 
 
 async def test_transaction_unresolvable_ack_rolls_back_and_the_batch_stays_ackable(
@@ -261,14 +263,7 @@ async def test_transaction_unresolvable_ack_rolls_back_and_the_batch_stays_ackab
     async with Queen(broker.url) as client:
         await fill(client, "tu", 2)
         msgs = await take(client, "tu", 2)
-        with pytest.raises(Exception, match="unresolvable"):
-            await (
-                client.transaction()
-                .ack(dict(msgs[0], transactionId="ghost"), "completed", {"consumer_group": "g"})
-                .queue("tu-out")
-                .push([{"data": 1}])
-                .commit()
-            )
+        await refused_with_its_push(client, conn, dict(msgs[0], transactionId="ghost"), "completed", "unresolvable")
         assert await cursor(conn) == (0, True)
         res = await client.transaction().ack(msgs, "completed", {"consumer_group": "g"}).commit()
         assert res and await cursor(conn) == (2, False)

@@ -358,6 +358,32 @@ def test_settings_read_the_reference_names(monkeypatch: pytest.MonkeyPatch) -> N
     assert defaults.jwt_roles_array_claim == "roles"
 
 
+def _not_the_default(field: str) -> str:
+    """An environment value of ``field`` other than its default."""
+    default = Settings.model_fields[field].default
+    special = {"jwt_algorithm": "RS256", "jwt_jwks_url": "https://idp.test/jwks.json"}
+    if field in special:
+        return special[field]
+    if isinstance(default, bool):
+        return "0" if default else "1"
+    if isinstance(default, int):
+        return str(default + 1)
+    return f"{default}-x"
+
+
+@pytest.mark.parametrize("field", [f for f in Settings.model_fields if f.startswith("jwt_")])
+def test_every_jwt_setting_is_read_from_its_reference_name(field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JWT_<FIELD> (the reference's name, no QUEEN_ prefix); the field name itself still sets it in code."""
+    if field == "jwt_enabled":
+        monkeypatch.setenv("JWT_SECRET", SECRET)
+    raw = _not_the_default(field)
+    by_name = getattr(Settings(**{field: raw}), field)
+    assert by_name != Settings.model_fields[field].default
+    assert getattr(Settings(), field) == Settings.model_fields[field].default
+    monkeypatch.setenv(field.upper(), raw)
+    assert getattr(Settings(), field) == by_name
+
+
 @pytest.mark.parametrize(
     ("over", "says"),
     [

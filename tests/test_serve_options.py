@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from queen_pg.cli import _env_name, _settings, build_parser, main
+from queen_pg.cli_workers import export_settings
 from queen_pg.settings import Settings
 
 
@@ -50,3 +51,21 @@ def test_a_bad_option_value_is_one_clear_line(argv: list[str], said: str, capsys
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert "invalid settings" in err and said in err
+
+
+def test_a_worker_reads_back_every_setting_the_parent_exported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """export_settings writes each field under every variable that sets it (Settings.env_names): the
+    JWT_ names, PORT and QUEEN_PORT, QUEEN_<FIELD>; Settings() in a worker then equals the parent's."""
+    for name in [n for field in Settings.model_fields for n in Settings.env_names(field)]:
+        monkeypatch.delenv(name, raising=False)
+    parent = Settings(
+        port=7001, database_url="postgresql://db/q", db_pool_size=7, jwt_role_admin="boss", tenancy_header=True
+    )
+    environ: dict[str, str] = {}
+    export_settings(parent, environ)
+    assert (environ["PORT"], environ["QUEEN_PORT"], environ["DATABASE_URL"]) == ("7001", "7001", "postgresql://db/q")
+    assert (environ["JWT_ROLE_ADMIN"], environ["QUEEN_TENANCY_HEADER"]) == ("boss", "true")
+    assert "QUEEN_JWT_ROLE_ADMIN" not in environ and "QUEEN_MAX_DECODED_BYTES" not in environ  # None: unset
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == parent
