@@ -1,5 +1,5 @@
-"""Request fusion: concurrent pushes (and acks) merged into ONE stored-procedure call, results split
-back per request.
+"""Request fusion: concurrent pushes (and acks, and pops of different consumer groups) merged into ONE
+stored-procedure call, results split back per request.
 
 Each (family, tenant) has a :class:`Lane`. A request that finds fewer than ``inflight`` calls of its
 lane running and nothing queued is sent at once, alone: under no concurrency fusion adds nothing.
@@ -12,6 +12,11 @@ Invariants:
 - One fused call is exactly the requests run one after the other in arrival order (the engine's
   ``*_many`` functions split the results back, each request indexed from 0). Acks of requests that
   share a cursor row never share a call (``conflicts``), because ack_v1 charges retries per call.
+  Pops fuse per (tenant, queue): the pops of DIFFERENT consumer groups that arrive together (a push
+  wakes every group parked on its queue) become one ``queen.pop_many_v1`` call, each answered what
+  ``pop_v1`` would have answered it alone. A group has at most one pop in its lane at a time; its
+  other concurrent pops go alone at once (two pops of one group never share a call, and one busy
+  group is never held to the lane's ``max_calls``).
 - Isolation: when a fused call fails, nothing of it was written (one statement, one transaction),
   so every member is retried ALONE and only the culprit gets the error. The exception: a
   ``db_unavailable`` failure (connection lost, timeout) may hide a commit, so it is passed to every
@@ -48,8 +53,9 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from queen_pg.db.pool import Database
+from queen_pg.db.pool import Database, Record
 from queen_pg.engine import ack as ack_engine
+from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.outcomes import Once
 from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
@@ -262,14 +268,17 @@ class Fuser:
         self.limiters: Mapping[str, Limiter] = limiters or {}
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
+        self._pop: dict[tuple[str, str, bool], Lane[pop_engine.PopCall, list[Record]]] = {}
+        self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
         """Drop the lanes idle for ``lane_idle_s`` or longer."""
         now = self.clock()
-        for lanes in (self._push, self._ack):
-            for tenant in [t for t, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
-                del lanes[tenant]
+        every: list[dict[Any, Lane[Any, Any]]] = [self._push, self._ack, self._pop]
+        for lanes in every:
+            for key in [k for k, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
+                del lanes[key]
                 self.dropped += 1
 
     @property
@@ -305,6 +314,37 @@ class Fuser:
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
 
+    def pop_lane(self, tenant: str, queue: str, sealed: bool) -> Lane[pop_engine.PopCall, list[Record]]:
+        lane = self._pop.get((tenant, queue, sealed))
+        if lane is None:
+            self.sweep()
+
+            async def call(requests: list[list[pop_engine.PopCall]]) -> list[list[Record]]:
+                async with self.permit("pop"):
+                    return await pop_engine.pop_many(self.db, tenant, queue, sealed, requests)
+
+            lane = self._pop[(tenant, queue, sealed)] = Lane("pop", call, self.config, self.clock)
+        return lane
+
+    async def pop(self, tenant: str, call: pop_engine.PopCall, sealed: bool) -> list[Record]:
+        """``pop_engine.fetch_alone`` (one pop's claim), fused with concurrent pops of OTHER consumer groups
+        on the same queue; a pop across queues (namespace/task), or one whose group already has a pop
+        in the lane, calls alone at once."""
+        queue = call.req.queue
+        if not self.enabled or queue is None:
+            async with self.permit("pop"):
+                return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
+        group = call.req.group or pop_engine.QUEUE_MODE
+        mine = (tenant, queue, sealed, group)
+        if self._pop_groups.get(mine):
+            async with self.permit("pop"):
+                return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
+        self._pop_groups[mine] = 1
+        try:
+            return await self.pop_lane(tenant, queue, sealed).submit([call], frozenset((group,)))
+        finally:
+            del self._pop_groups[mine]
+
     async def push(
         self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None
     ) -> push_engine.Answer:
@@ -324,7 +364,7 @@ class Fuser:
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
     def lanes(self) -> list[Lane[Any, Any]]:
-        return [*self._push.values(), *self._ack.values()]
+        return [*self._push.values(), *self._ack.values(), *self._pop.values()]
 
     async def close(self) -> None:
         for lane in self.lanes():

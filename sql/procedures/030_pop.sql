@@ -341,3 +341,62 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+
+-- queen.pop_many_v1: several pops of one queue, each of its own consumer group, in one call (request
+-- fusion: the pops of different groups that arrive together, typically woken together by a push).
+--
+-- Called by: queen_pg/engine/pop.py (pop_many), through the fuser's pop lane (queen_pg/engine/fusion.py).
+-- Inputs:  tenant, the queue name; then one entry per member (parallel arrays, the member's pop_v1
+--          arguments): partition (NULL = any), group, batch, max partitions, lease id, auto_ack,
+--          subscription mode/from, lease seconds. The groups are distinct (the fuser never puts two pops
+--          of one group in one call), so no member can take what another would have.
+-- Result:  pop_v1's rows, each with `member` (1-based index of its member), members in order.
+-- Locks:   (docs/architecture.md#lock-order) the groups new on the queue are created first, in name
+--          order (queen._create_group: the queue row FOR UPDATE, #1), before any member locks a cursor
+--          row (#3); then each member is pop_v1 (log_consumers rows FOR UPDATE SKIP LOCKED: never waits),
+--          so a fused call takes the locks in the order its members would alone.
+-- Guarantees: each member's answer is pop_v1's for it alone (same messages, leases and cursors): its
+--          rows are its own group's, which no other member touches; a member's failure fails the call
+--          (one transaction, nothing written) and the fuser then runs every member alone.
+
+CREATE OR REPLACE FUNCTION queen.pop_many_v1(
+    p_tenant          text,
+    p_queue           text,
+    p_partitions      text[],
+    p_groups          text[],
+    p_batches         integer[],
+    p_max_partitions  integer[],
+    p_lease_ids       uuid[],
+    p_auto_acks       boolean[],
+    p_sub_modes       text[],
+    p_sub_froms       timestamptz[],
+    p_lease_seconds   integer[]
+) RETURNS TABLE (member integer, queue_name text, partition_id bigint, partition_name text, lease_start bigint,
+                 lease_end bigint, redelivered_end bigint, attempts integer, acked bigint[],
+                 lease_expires_at timestamptz, base_offset bigint, end_offset bigint,
+                 created_at timestamptz, dropped integer[], codec smallint, payload bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_qid bigint;
+    i     integer;
+BEGIN
+    SELECT qq.id INTO v_qid FROM queen.queues qq WHERE qq.tenant = p_tenant AND qq.name = p_queue;
+    IF v_qid IS NULL THEN
+        RETURN;  -- no such queue: every member's pop_v1 answers nothing
+    END IF;
+    FOR i IN SELECT m.n::integer FROM unnest(p_groups) WITH ORDINALITY AS m(g, n)
+              WHERE NOT EXISTS (SELECT 1 FROM queen.log_groups lg WHERE lg.queue_id = v_qid AND lg.name = m.g)
+              ORDER BY m.g
+    LOOP
+        PERFORM queen._create_group(v_qid, p_tenant, p_groups[i], p_sub_modes[i], p_sub_froms[i], NULL);
+    END LOOP;
+    FOR i IN 1 .. cardinality(p_groups) LOOP
+        RETURN QUERY
+        SELECT i, p.*
+          FROM queen.pop_v1(p_tenant, p_queue, NULL, NULL, p_partitions[i], p_groups[i], p_batches[i],
+                            p_max_partitions[i], p_lease_ids[i], p_auto_acks[i], p_sub_modes[i], p_sub_froms[i],
+                            NULL, p_lease_seconds[i]) AS p;
+    END LOOP;
+END;
+$$;
