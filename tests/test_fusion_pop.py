@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -20,27 +21,14 @@ from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.errors import QueenError
 from tests.conftest import Broker
 from tests.helpers import eventually
+from tests.test_pop_engine import request as engine_request
 
 FULL_ONLY = dict(hold_us=60_000_000, inflight=0)  # a batch leaves only when full
 GROUPS = [f"g{n}" for n in range(6)]
 
 
 def request(queue: str, group: str, batch: int = 4, auto_ack: bool = False) -> pop_engine.PopRequest:
-    return pop_engine.PopRequest(
-        queue=queue,
-        namespace=None,
-        task=None,
-        partition=None,
-        group=group,
-        batch=batch,
-        partitions=1,
-        wait=False,
-        timeout_ms=0,
-        auto_ack=auto_ack,
-        subscription_mode=None,
-        subscription_from=None,
-        autopilot=False,
-    )
+    return replace(engine_request(0), queue=queue, group=group, batch=batch, wait=False, auto_ack=auto_ack)
 
 
 async def fill(db: Database, queue: str) -> None:
@@ -183,3 +171,25 @@ async def test_no_such_queue_answers_every_member_nothing(db: Database, conn: as
     )
     assert rows == []
     assert await conn.fetchval("SELECT count(*) FROM queen.log_groups") == 0
+
+
+async def test_pop_many_answers_pop_v1s_columns(conn: asyncpg.Connection) -> None:
+    """pop_many_v1's rows are ``member`` and then pop_v1's columns, by name and type, in order (the two
+    declarations are written apart: this holds them alike)."""
+    sql = (
+        "SELECT array_agg(n ORDER BY i) AS names, array_agg(t::regtype::text ORDER BY i) AS types"
+        " FROM pg_proc, unnest(proargnames, proallargtypes, proargmodes) WITH ORDINALITY AS a(n, t, m, i)"
+        " WHERE oid = $1::regprocedure AND m = 't'"
+    )
+    one = await conn.fetchrow(
+        sql,
+        "queen.pop_v1(text, text, text, text, text, text, integer, integer, uuid, boolean, text, timestamptz,"
+        " timestamptz, integer)",
+    )
+    many = await conn.fetchrow(
+        sql,
+        "queen.pop_many_v1(text, text, text[], text[], integer[], integer[], uuid[], boolean[], text[],"
+        " timestamptz[], integer[])",
+    )
+    assert len(one["names"]) == 15
+    assert (many["names"], many["types"]) == (["member", *one["names"]], ["integer", *one["types"]])

@@ -41,6 +41,8 @@
 --          the claim and its segments in one statement; an idle pop runs the first only. A row with
 --          passed-over offsets (log_passes) or found stale, and every other shape, take the general
 --          path (~8 statements). Same answers and rows (tests/test_pop_fast.py compares both paths).
+--          The claim (the cursor row's lease or auto-ack, its log_leases row, the segments) is ONE
+--          statement that both paths run, written once (tests/test_pop_fast.py holds it so).
 -- Plans:   the default plan_cache_mode (auto): PL/pgSQL already plans the discovery and the claim
 --          generically after five calls (forcing measured equal). The lookup by queue name is its own
 --          statement so that its generic plan reads the (tenant, name) key (one statement with a CASE
@@ -372,10 +374,11 @@ CREATE OR REPLACE FUNCTION queen.pop_many_v1(
     p_sub_modes       text[],
     p_sub_froms       timestamptz[],
     p_lease_seconds   integer[]
-) RETURNS TABLE (member integer, queue_name text, partition_id bigint, partition_name text, lease_start bigint,
-                 lease_end bigint, redelivered_end bigint, attempts integer, acked bigint[],
-                 lease_expires_at timestamptz, base_offset bigint, end_offset bigint,
-                 created_at timestamptz, dropped integer[], codec smallint, payload bytea)
+) -- `member`, then pop_v1's columns (tests/test_fusion_pop.py holds them equal)
+RETURNS TABLE (member integer, queue_name text, partition_id bigint, partition_name text,
+               lease_start bigint, lease_end bigint, redelivered_end bigint, attempts integer, acked bigint[],
+               lease_expires_at timestamptz, base_offset bigint, end_offset bigint, created_at timestamptz,
+               dropped integer[], codec smallint, payload bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_qid bigint;
