@@ -90,7 +90,7 @@ DECLARE
     v_pass    integer := 0;
     v_span    bigint;
     v_fast    boolean := false;
-    f         record;
+    v_passed  bigint[] := '{}';
     v_rows    bigint;
 BEGIN
     -- Fast path (the usual pop: a queue named, no partition, one partition, an existing group, no
@@ -127,12 +127,12 @@ BEGIN
         )
         SELECT fc.partition_id, fc.cursor_offset, fc.delivered_end, fc.old_attempts, fc.pname, fc.next_offset,
                fq.name AS qname, fq.lease_time, 0 AS delayed_processing, fq.fast
-          INTO f
+          INTO c  -- the row the claim below reads (the general path's cursor fills it otherwise)
           FROM fq LEFT JOIN fc ON true;
-        IF f.fast AND f.partition_id IS NULL THEN
+        IF c.fast AND c.partition_id IS NULL THEN
             RETURN;  -- nothing claimable (the general path's discovery would find nothing either)
         END IF;
-        v_fast := coalesce(f.fast AND f.cursor_offset < f.next_offset, false);
+        v_fast := coalesce(c.fast AND c.cursor_offset < c.next_offset, false);
     END IF;
 
     -- Discovery (log_consumers_ready_idx): the group's rows with a pending head, oldest head first,
@@ -232,9 +232,7 @@ BEGIN
         END IF;
         v_stale := 0;
         LOOP
-        IF v_fast THEN
-            c := f;  -- locked by the fast discovery; its passed-over offsets are the claim's guard
-        ELSE
+        IF NOT v_fast THEN  -- (on the fast path, c is the row the fast discovery locked)
             FETCH v_cur INTO c;
             EXIT WHEN NOT FOUND;
             c.cursor_offset := queen._pass_over(c.partition_id, p_group, c.cursor_offset);
@@ -261,6 +259,11 @@ BEGIN
         v_take := v_end - c.cursor_offset;
         v_attempt := CASE WHEN c.cursor_offset < c.delivered_end THEN c.old_attempts + 1 ELSE 1 END;
         v_expires := v_now + make_interval(secs => greatest(coalesce(p_lease_seconds, c.lease_time), 1));
+        IF NOT v_fast THEN  -- the offsets of the range the group passes over (none on the fast path)
+            v_passed := ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
+                               WHERE lp.partition_id = c.partition_id AND lp.consumer_group = p_group
+                                 AND lp.msg_offset >= c.cursor_offset AND lp.msg_offset < v_end ORDER BY 1);
+        END IF;
 
         -- The claim, written once for both paths: leased, the row takes the lease and the lease its
         -- queen.log_leases row (lease id -> cursor row); auto-ack (at-most-once), the cursor moves at
@@ -281,8 +284,8 @@ BEGIN
                    delivered_end = greatest(lc.delivered_end, v_end),
                    claimed_at = v_now
              WHERE lc.partition_id = c.partition_id AND lc.consumer_group = p_group
-               AND NOT (v_fast AND EXISTS (SELECT 1 FROM queen.log_passes lp
-                                            WHERE lp.partition_id = c.partition_id AND lp.consumer_group = p_group))
+               AND NOT EXISTS (SELECT 1 FROM queen.log_passes lp
+                                WHERE v_fast AND lp.partition_id = c.partition_id AND lp.consumer_group = p_group)
             RETURNING lc.partition_id
         ), lease AS (  -- the lease by id (queen.log_leases, schema.sql), with the claim
             INSERT INTO queen.log_leases (lease_id, partition_id, consumer_group)
@@ -290,10 +293,7 @@ BEGIN
         )
         SELECT c.qname, c.partition_id, c.pname, c.cursor_offset, v_end,
                least(c.delivered_end, v_end), v_attempt,
-               CASE WHEN v_fast THEN '{}'::bigint[] ELSE
-               ARRAY(SELECT lp.msg_offset FROM queen.log_passes lp
-                      WHERE lp.partition_id = c.partition_id AND lp.consumer_group = p_group
-                        AND lp.msg_offset >= c.cursor_offset AND lp.msg_offset < v_end ORDER BY 1) END,
+               v_passed,
                CASE WHEN p_auto_ack THEN NULL ELSE v_expires END,
                s.base_offset, s.end_offset, s.created_at, s.dropped, s.codec, s.payload
           FROM queen.log_segments s
