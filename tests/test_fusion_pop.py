@@ -193,3 +193,21 @@ async def test_pop_many_answers_pop_v1s_columns(conn: asyncpg.Connection) -> Non
     )
     assert len(one["names"]) == 15
     assert (many["names"], many["types"]) == (["member", *one["names"]], ["integer", *one["types"]])
+
+
+async def test_a_pop_that_goes_away_gives_its_lease_back(db: Database, conn: asyncpg.Connection) -> None:
+    await fill(db, "q")
+    fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
+    gone = asyncio.create_task(fuser.pop("default", pop_engine.PopCall(request("q", "gone"), uuid.uuid4()), False))
+    lane = fuser.pop_lane("default", "q", False)
+    await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
+    gone.cancel()  # its request goes away while it waits for the fused call
+    stays = await fuser.pop("default", pop_engine.PopCall(request("q", "stays"), uuid.uuid4()), False)
+    await fuser.close()  # the give-backs done
+    assert (lane.stats.calls, lane.stats.requests) == (1, 2)
+    assert shape(stays) == [("p0", 0, 4, 0, 1, 0)]
+    rows = await conn.fetch(
+        "SELECT consumer_group, count(*) FILTER (WHERE lease_id IS NOT NULL) AS leased FROM queen.log_consumers"
+        " GROUP BY 1 ORDER BY 1"
+    )
+    assert [(r["consumer_group"], r["leased"]) for r in rows] == [("gone", 0), ("stays", 1)]

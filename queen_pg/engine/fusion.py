@@ -16,7 +16,8 @@ Invariants:
   wakes every group parked on its queue) become one ``queen.pop_many_v1`` call, each answered what
   ``pop_v1`` would have answered it alone. A group has at most one pop in its lane at a time; its
   other concurrent pops go alone at once (two pops of one group never share a call, and one busy
-  group is never held to the lane's ``max_calls``).
+  group is never held to the lane's ``max_calls``). A pop whose request went away while its fused call
+  ran gets nothing, and the lease that call took for it is given back at once (``Lane.orphaned``).
 - Isolation: when a fused call fails, nothing of it was written (one statement, one transaction),
   so every member is retried ALONE and only the culprit gets the error. The exception: a
   ``db_unavailable`` failure (connection lost, timeout) may hide a commit, so it is passed to every
@@ -114,6 +115,9 @@ class Lane(Generic[T, R]):
         self._pending: deque[_Batch[T, R]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.idle_since: float | None = clock()  # when it last became idle (created idle); None = busy
+        # called with a member's items and result when its request went away before the fused call
+        # returned (a pop gives its lease back); None: the result is dropped
+        self.orphaned: Callable[[list[T], R], None] | None = None
 
     @property
     def queued(self) -> int:
@@ -198,6 +202,8 @@ class Lane(Generic[T, R]):
                 await asyncio.gather(*(self._alone(m) for m in members))
                 return
             for m, res in zip(members, results, strict=True):
+                if m.future.done() and self.orphaned is not None:
+                    self.orphaned(m.items, res)
                 _settle(m, res)
         except asyncio.CancelledError:
             for m in members:
@@ -270,6 +276,7 @@ class Fuser:
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self._pop: dict[tuple[str, str, bool], Lane[pop_engine.PopCall, list[Record]]] = {}
         self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
+        self._releases: set[asyncio.Task[int]] = set()  # leases of pops that went away, given back
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
@@ -324,6 +331,17 @@ class Fuser:
                     return await pop_engine.pop_many(self.db, tenant, queue, sealed, requests)
 
             lane = self._pop[(tenant, queue, sealed)] = Lane("pop", call, self.config, self.clock)
+
+            def orphaned(calls: list[pop_engine.PopCall], rows: list[Record]) -> None:
+                """A pop that went away while its fused call ran: its lease goes back at once."""
+                (c,) = calls
+                if rows and not c.req.auto_ack:
+                    got = pop_engine.claimed(c.lease_id, rows)
+                    task = asyncio.get_running_loop().create_task(pop_engine.release(self.db, tenant, c.req, got))
+                    self._releases.add(task)
+                    task.add_done_callback(self._releases.discard)
+
+            lane.orphaned = orphaned
         return lane
 
     async def pop(self, tenant: str, call: pop_engine.PopCall, sealed: bool) -> list[Record]:
@@ -369,3 +387,5 @@ class Fuser:
     async def close(self) -> None:
         for lane in self.lanes():
             await lane.close()
+        while self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)

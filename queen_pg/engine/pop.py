@@ -130,7 +130,8 @@ class Claim:
     queues: frozenset[str] = frozenset()  # the queues of the claimed partitions (woken on release)
 
 
-def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+def claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+    """What the claim that returned ``rows`` leased, to give it back with :func:`release`."""
     seen: dict[int, Record] = {}
     for row in rows:
         seen.setdefault(row["partition_id"], row)
@@ -222,7 +223,7 @@ async def _claim(
         schedule_lease_wakes(waiters, tenant, rows)
     if not req.auto_ack:
         leases.book_of(db).remember(lease_id, rows)  # its ack then needs no hash look-up
-    got = None if req.auto_ack else _claimed(lease_id, rows)
+    got = None if req.auto_ack else claimed(lease_id, rows)
     try:
         if req.frames:
             lease = "" if req.auto_ack else str(lease_id)
