@@ -20,7 +20,7 @@ from queen_pg.engine import push as push_engine
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.errors import QueenError
 from tests.conftest import Broker
-from tests.helpers import eventually
+from tests.helpers import eventually, until
 from tests.test_pop_engine import request as engine_request
 
 FULL_ONLY = dict(hold_us=60_000_000, inflight=0)  # a batch leaves only when full
@@ -125,13 +125,15 @@ async def test_pops_of_one_group_never_share_a_call(db: Database) -> None:
 
 async def test_a_push_wakes_the_groups_long_polls_into_one_call(start_broker: Any, conn: asyncpg.Connection) -> None:
     groups = [f"fan{n}" for n in range(5)]
+    # PostgreSQL counts the procedure calls too, from the broker's connections on (opened after this)
+    await conn.execute(f"ALTER DATABASE {await conn.fetchval('SELECT current_database()')} SET track_functions = 'pl'")
     broker: Broker = await start_broker(
         fuse_inflight=0, fuse_hold_us=300_000, fuse_max_items=len(groups), jobs_enabled=False
     )
     fuser = broker.app.state.queen.fuser
     waiters = broker.app.state.queen.waiters
     async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
-        for g in groups:  # the groups exist, and find the queue empty
+        for g in groups:  # no queue yet: each finds nothing
             r = await http.get("/api/v1/pop/queue/fan", params={"consumerGroup": g})
             assert r.status_code == 204
         params: list[dict[str, Any]] = [
@@ -150,8 +152,31 @@ async def test_a_push_wakes_the_groups_long_polls_into_one_call(start_broker: An
         assert [m["transactionId"] for m in body["messages"]] == ["t0", "t1", "t2"]
     # the five woken pops made ONE procedure call
     assert (lane.stats.calls - calls0, lane.stats.requests - requests0, lane.stats.isolated) == (1, 5, 0)
+    # PostgreSQL's count of the whole test: the five pops before the queue existed (one pop_v1 call each),
+    # the five claims before parking (one pop_many_v1 call, which finds no queue and calls no pop_v1) and
+    # the five woken ones (one pop_many_v1 call, running pop_v1 for each)
+    want = {"pop_v1": 5 + 5, "pop_many_v1": 2}
+    await until(lambda: function_calls(conn, broker, want), "PostgreSQL to count the calls", within=20)
     leases = await conn.fetch("SELECT consumer_group, lease_end FROM queen.log_consumers ORDER BY 1")
     assert [(r["consumer_group"], r["lease_end"]) for r in leases] == [(g, 3) for g in groups]
+
+
+async def function_calls(conn: asyncpg.Connection, broker: Broker, want: dict[str, int]) -> bool:
+    """Whether pg_stat_user_functions counts ``want`` calls of pop_v1 and pop_many_v1 (never more); each
+    broker connection is asked to report its counters first."""
+    db = broker.app.state.queen.db
+    await db.fetch("SELECT pg_stat_force_next_flush()")  # the broker's hot connection
+    for _ in range(db.pool.get_size()):
+        async with db.pool.acquire() as c:
+            await c.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = await conn.fetch(
+        "SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = 'queen'"
+        " AND funcname IN ('pop_v1', 'pop_many_v1')"
+    )
+    got = {"pop_v1": 0, "pop_many_v1": 0} | {r["funcname"]: r["calls"] for r in rows}
+    assert all(got[f] <= n for f, n in want.items()), got
+    return got == want
 
 
 async def test_pop_fusion_off(start_broker: Any) -> None:
