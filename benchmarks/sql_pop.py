@@ -10,12 +10,20 @@ comes from /proc/<pid>/schedstat. Also prints log_consumers' updates and HOT upd
 Shapes: ``q100`` queue mode batch 100 (no partition named), ``g100`` one consumer group batch 100,
 ``q1`` queue mode batch 1, ``q1a`` the same with autoAck (benchmarks' pop_latency).
 Usage: ``python -m benchmarks.sql_pop [--base DIR] [--rounds 3] [--pops 300] [--shapes q100,g100,q1,q1a]``.
+
+``--many N`` (pop fusion, queen_pg/engine/fusion.py) compares instead, on the worktree's ``sql/``, N
+groups' claims made as N ``queen.pop_v1`` calls one after the other (N woken long polls unfused) with
+one ``queen.pop_many_v1`` call for the N (other groups, so each arm reads the queue from its start):
+autoAck, 100 messages per claim, ``--pops`` N-group claims per arm and round; the backend's CPU and the
+client's wall time per N claims.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
+import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +37,7 @@ from queen_pg.engine import codec
 from queen_pg.engine.ack import ACK_SQL
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
-from queen_pg.engine.pop import POP_SQL, QUEUE_MODE
+from queen_pg.engine.pop import POP_MANY_SQL, POP_SQL, QUEUE_MODE
 from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
 
 SHAPES = {
@@ -120,19 +128,68 @@ async def bench(pg: EmbeddedPostgres, trees: dict[str, Path | None], shapes: lis
     print_load()
 
 
+async def _alone(conn: asyncpg.Connection, groups: list[str], batch: int) -> int:
+    rows = 0
+    for g in groups:
+        got = await conn.fetch(POP_SQL, "default", "fan", None, None, None, g, batch, 1, uuid.uuid4(), True,
+                               "all", None, None)  # fmt: skip
+        rows += len(got)
+    return rows
+
+
+async def _fused(conn: asyncpg.Connection, groups: list[str], batch: int) -> int:
+    n = len(groups)
+    got = await conn.fetch(POP_MANY_SQL, "default", "fan", [None] * n, groups, [batch] * n, [1] * n,
+                           [uuid.uuid4() for _ in groups], [True] * n, ["all"] * n, [None] * n, [None] * n)  # fmt: skip
+    return len(got)
+
+
+async def bench_many(pg: EmbeddedPostgres, rounds: int, pops: int, ngroups: int, batch: int = 100) -> None:
+    conn = await asyncpg.connect(pg.admin_dsn())
+    await apply_sql(conn, None)
+    await _fill(conn, "fan", (rounds * pops * batch + 99) // 100 + 10)
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    arms = {"alone": _alone, "fused": _fused}
+    cpu: dict[str, list[float]] = {a: [] for a in arms}
+    wall: dict[str, list[float]] = {a: [] for a in arms}
+    for r in range(rounds):
+        for arm, run in arms.items():
+            groups = [f"{arm}-{g}" for g in range(ngroups)]
+            await run(conn, groups, batch)  # creates the groups (not measured)
+            c0, w0, rows = backend_cpu_ns(pid), time.perf_counter(), 0
+            for _ in range(pops):
+                rows += await run(conn, groups, batch)
+            c, w = (backend_cpu_ns(pid) - c0) / 1000 / pops, (time.perf_counter() - w0) * 1e6 / pops
+            cpu[arm].append(c)
+            wall[arm].append(w)
+            print(f"round {r} {arm:<5} {ngroups} groups x {pops}: pg {c:8.1f} us, wall {w:8.1f} us per {ngroups} "
+                  f"claims ({rows} segment rows in the round)")  # fmt: skip
+    await conn.close()
+    for arm in arms:
+        print(f"{arm:<5} median per {ngroups} claims: pg {statistics.median(cpu[arm]):.0f} us, "
+              f"wall {statistics.median(wall[arm]):.0f} us")  # fmt: skip
+    print_load()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sql_pop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, default=None, help="a sql/ tree to compare with (database 'base')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pops", type=int, default=300, help="pops per shape per round")
     ap.add_argument("--shapes", default="q100,g100,q1,q1a")
+    ap.add_argument(
+        "--many", type=int, default=0, help="instead: N groups' claims, N pop_v1 calls against one pop_many_v1"
+    )
     args = ap.parse_args(argv)
     trees: dict[str, Path | None] = {}
     if args.base is not None:
         trees["base"] = args.base
     trees["new"] = None
     with scratch_postgres("queen-sqlpop-") as pg:
-        asyncio.run(bench(pg, trees, args.shapes.split(","), args.rounds, args.pops))
+        if args.many:
+            asyncio.run(bench_many(pg, args.rounds, args.pops, args.many))
+        else:
+            asyncio.run(bench(pg, trees, args.shapes.split(","), args.rounds, args.pops))
 
 
 if __name__ == "__main__":

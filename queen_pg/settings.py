@@ -291,6 +291,11 @@ class Settings(BaseSettings):
         "whose hold is over waits for one of them to return, gathering more requests, instead of adding a "
         "call that would contend with the running ones for the same rows.",
     )
+    fuse_pops: bool = Field(
+        True,
+        description="Pops of different consumer groups on one queue that arrive together (woken by the same "
+        "push) share one procedure call (queen.pop_many_v1), each answered as alone; needs fuse_hold_us > 0.",
+    )
     request_id_window_s: int = Field(
         60,
         ge=1,

@@ -227,3 +227,14 @@ async def test_usual_pop_runs_two_statements(conn: asyncpg.Connection) -> None:
     auto = await statements(POP, "q", "__QUEUE_MODE__", 5, uuid.uuid4(), T0, None, True)
     assert "fq AS" in auto[0] and "claim AS" in auto[-1], auto
     assert not [t for t in auto if "array_agg" in t], auto  # no general-path lookup, no _pass_over
+
+
+def test_the_claim_is_written_once() -> None:
+    """Both paths (and leased and auto-ack alike) claim through ONE statement of pop_v1: a path that
+    states the claim again would fail here before the comparisons above must find the difference."""
+    from queen_pg.db.apply import sql_dir
+
+    text = (sql_dir() / "procedures" / "030_pop.sql").read_text()
+    claims = re.findall(r"UPDATE queen\.log_consumers lc\s+SET [^;]*?lease_id =", text)
+    assert len(claims) == 1, claims
+    assert text.count("INSERT INTO queen.log_leases") == 1

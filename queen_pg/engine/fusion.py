@@ -1,5 +1,5 @@
-"""Request fusion: concurrent pushes (and acks) merged into ONE stored-procedure call, results split
-back per request.
+"""Request fusion: concurrent pushes (and acks, and pops of different consumer groups) merged into ONE
+stored-procedure call, results split back per request.
 
 Each (family, tenant) has a :class:`Lane`. A request that finds fewer than ``inflight`` calls of its
 lane running and nothing queued is sent at once, alone: under no concurrency fusion adds nothing.
@@ -12,6 +12,12 @@ Invariants:
 - One fused call is exactly the requests run one after the other in arrival order (the engine's
   ``*_many`` functions split the results back, each request indexed from 0). Acks of requests that
   share a cursor row never share a call (``conflicts``), because ack_v1 charges retries per call.
+  Pops fuse per (tenant, queue): the pops of DIFFERENT consumer groups that arrive together (a push
+  wakes every group parked on its queue) become one ``queen.pop_many_v1`` call, each answered what
+  ``pop_v1`` would have answered it alone. A group has at most one pop in its lane at a time; its
+  other concurrent pops go alone at once (two pops of one group never share a call, and one busy
+  group is never held to the lane's ``max_calls``). A pop whose request went away while its fused call
+  ran gets nothing, and the lease that call took for it is given back at once (``Lane.orphaned``).
 - Isolation: when a fused call fails, nothing of it was written (one statement, one transaction),
   so every member is retried ALONE and only the culprit gets the error. The exception: a
   ``db_unavailable`` failure (connection lost, timeout) may hide a commit, so it is passed to every
@@ -48,8 +54,9 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from queen_pg.db.pool import Database
+from queen_pg.db.pool import Database, Record
 from queen_pg.engine import ack as ack_engine
+from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.outcomes import Once
 from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
@@ -108,6 +115,9 @@ class Lane(Generic[T, R]):
         self._pending: deque[_Batch[T, R]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.idle_since: float | None = clock()  # when it last became idle (created idle); None = busy
+        # called with a member's items and result when its request went away before the fused call
+        # returned (a pop gives its lease back); None: the result is dropped
+        self.orphaned: Callable[[list[T], R], None] | None = None
 
     @property
     def queued(self) -> int:
@@ -192,6 +202,8 @@ class Lane(Generic[T, R]):
                 await asyncio.gather(*(self._alone(m) for m in members))
                 return
             for m, res in zip(members, results, strict=True):
+                if m.future.done() and self.orphaned is not None:
+                    self.orphaned(m.items, res)
                 _settle(m, res)
         except asyncio.CancelledError:
             for m in members:
@@ -262,14 +274,18 @@ class Fuser:
         self.limiters: Mapping[str, Limiter] = limiters or {}
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
+        self._pop: dict[tuple[str, str, bool], Lane[pop_engine.PopCall, list[Record]]] = {}
+        self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
+        self._releases: set[asyncio.Task[int]] = set()  # leases of pops that went away, given back
         self.dropped = 0  # idle lanes dropped so far
 
     def sweep(self) -> None:
         """Drop the lanes idle for ``lane_idle_s`` or longer."""
         now = self.clock()
-        for lanes in (self._push, self._ack):
-            for tenant in [t for t, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
-                del lanes[tenant]
+        every: list[dict[Any, Lane[Any, Any]]] = [self._push, self._ack, self._pop]
+        for lanes in every:
+            for key in [k for k, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
+                del lanes[key]
                 self.dropped += 1
 
     @property
@@ -305,6 +321,48 @@ class Fuser:
             lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
         return lane
 
+    def pop_lane(self, tenant: str, queue: str, sealed: bool) -> Lane[pop_engine.PopCall, list[Record]]:
+        lane = self._pop.get((tenant, queue, sealed))
+        if lane is None:
+            self.sweep()
+
+            async def call(requests: list[list[pop_engine.PopCall]]) -> list[list[Record]]:
+                async with self.permit("pop"):
+                    return await pop_engine.pop_many(self.db, tenant, queue, sealed, requests)
+
+            lane = self._pop[(tenant, queue, sealed)] = Lane("pop", call, self.config, self.clock)
+
+            def orphaned(calls: list[pop_engine.PopCall], rows: list[Record]) -> None:
+                """A pop that went away while its fused call ran: its lease goes back at once."""
+                (c,) = calls
+                if rows and not c.req.auto_ack:
+                    got = pop_engine.claimed(c.lease_id, rows)
+                    task = asyncio.get_running_loop().create_task(pop_engine.release(self.db, tenant, c.req, got))
+                    self._releases.add(task)
+                    task.add_done_callback(self._releases.discard)
+
+            lane.orphaned = orphaned
+        return lane
+
+    async def pop(self, tenant: str, call: pop_engine.PopCall, sealed: bool) -> list[Record]:
+        """``pop_engine.fetch_alone`` (one pop's claim), fused with concurrent pops of OTHER consumer groups
+        on the same queue; a pop across queues (namespace/task), or one whose group already has a pop
+        in the lane, calls alone at once."""
+        queue = call.req.queue
+        if not self.enabled or queue is None:
+            async with self.permit("pop"):
+                return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
+        group = call.req.group or pop_engine.QUEUE_MODE
+        mine = (tenant, queue, sealed, group)
+        if self._pop_groups.get(mine):
+            async with self.permit("pop"):
+                return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
+        self._pop_groups[mine] = 1
+        try:
+            return await self.pop_lane(tenant, queue, sealed).submit([call], frozenset((group,)))
+        finally:
+            del self._pop_groups[mine]
+
     async def push(
         self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None
     ) -> push_engine.Answer:
@@ -324,8 +382,10 @@ class Fuser:
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
     def lanes(self) -> list[Lane[Any, Any]]:
-        return [*self._push.values(), *self._ack.values()]
+        return [*self._push.values(), *self._ack.values(), *self._pop.values()]
 
     async def close(self) -> None:
         for lane in self.lanes():
             await lane.close()
+        while self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,11 +38,15 @@ POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $
 # that it decodes only segments that may hold sealed frames (sealing.opened_rows). The lookup reads the
 # statement's snapshot, taken before pop_v1's own statements: a segment committed in between is not
 # seen there, its NULL reads as "may be sealed" and it is decoded, so a sealed frame is never shipped.
-POP_SEALED_SQL = (
+_SEALED = (
     "SELECT p.*, (SELECT s.sealed FROM queen.log_segments s"
-    " WHERE s.partition_id = p.partition_id AND s.base_offset = p.base_offset) AS sealed"
-    " FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13) AS p"
+    " WHERE s.partition_id = p.partition_id AND s.base_offset = p.base_offset) AS sealed FROM "
 )
+POP_SEALED_SQL = _SEALED + "queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13) AS p"
+# Several consumer groups' pops of one queue in one call (request fusion: :func:`pop_many`)
+_POP_MANY = "queen.pop_many_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS p"
+POP_MANY_SQL = "SELECT p.* FROM " + _POP_MANY
+POP_MANY_SEALED_SQL = _SEALED + _POP_MANY
 RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
 NEXT_AT_SQL = "SELECT queen.pop_next_at_v1($1, $2, $3, $4)"
 QUEUE_MODE = "__QUEUE_MODE__"
@@ -126,7 +130,8 @@ class Claim:
     queues: frozenset[str] = frozenset()  # the queues of the claimed partitions (woken on release)
 
 
-def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+def claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
+    """What the claim that returned ``rows`` leased, to give it back with :func:`release`."""
     seen: dict[int, Record] = {}
     for row in rows:
         seen.setdefault(row["partition_id"], row)
@@ -142,13 +147,22 @@ def _claimed(lease_id: uuid.UUID, rows: list[Record]) -> Claim:
     )
 
 
-async def _claim(
-    db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None
-) -> tuple[Answer | None, Claim | None]:
-    lease_id = uuid.uuid4()
-    v = crypto.vault(db)
-    rows = await db.fetch(
-        POP_SEALED_SQL if req.frames and v.can_open else POP_SQL,
+@dataclass(frozen=True, slots=True)
+class PopCall:
+    """One pop's claim as a procedure call: the request and the lease id minted for it."""
+
+    req: PopRequest
+    lease_id: uuid.UUID
+
+
+Fetch = Callable[[PopCall, bool], Awaitable[list[Record]]]  # (call, sealed) -> pop_v1's rows for it
+
+
+async def fetch_alone(db: Database, tenant: str, call: PopCall, sealed: bool) -> list[Record]:
+    """One pop's claim: one ``queen.pop_v1`` call (``sealed``: each segment's ``sealed`` too)."""
+    req = call.req
+    return await db.fetch(
+        POP_SEALED_SQL if sealed else POP_SQL,
         tenant,
         req.queue,
         req.namespace,
@@ -157,19 +171,59 @@ async def _claim(
         req.group or QUEUE_MODE,
         req.batch,
         req.partitions,
-        lease_id,
+        call.lease_id,
         req.auto_ack,
         req.subscription_mode,
         req.subscription_from,
         req.lease_seconds,
     )
+
+
+async def pop_many(
+    db: Database, tenant: str, queue: str, sealed: bool, requests: Sequence[Sequence[PopCall]]
+) -> list[list[Record]]:
+    """Several pops of one named queue, each of its own consumer group, in ONE ``queen.pop_many_v1``
+    call (request fusion, queen_pg/engine/fusion.py); each request gets the rows ``pop_v1`` would have
+    given it alone (same messages, leases, cursors: the procedure runs it for each member in turn). One
+    request is one ``pop_v1`` call, as unfused."""
+    calls = [c for req in requests for c in req]
+    if len(requests) == 1 and len(calls) == 1:
+        return [await fetch_alone(db, tenant, calls[0], sealed)]
+    assert len(calls) == len(requests), "one claim per fused request"
+    rows = await db.fetch(
+        POP_MANY_SEALED_SQL if sealed else POP_MANY_SQL,
+        tenant,
+        queue,
+        [c.req.partition for c in calls],
+        [c.req.group or QUEUE_MODE for c in calls],
+        [c.req.batch for c in calls],
+        [c.req.partitions for c in calls],
+        [c.lease_id for c in calls],
+        [c.req.auto_ack for c in calls],
+        [c.req.subscription_mode for c in calls],
+        [c.req.subscription_from for c in calls],
+        [c.req.lease_seconds for c in calls],
+    )
+    out: list[list[Record]] = [[] for _ in calls]
+    for row in rows:
+        out[row["member"] - 1].append(row)
+    return out
+
+
+async def _claim(
+    db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None, fetch: Fetch | None = None
+) -> tuple[Answer | None, Claim | None]:
+    lease_id = uuid.uuid4()
+    v = crypto.vault(db)
+    call, sealed = PopCall(req, lease_id), req.frames and v.can_open
+    rows = await (fetch(call, sealed) if fetch is not None else fetch_alone(db, tenant, call, sealed))
     if not rows:
         return None, None
     if waiters is not None and not req.auto_ack:
         schedule_lease_wakes(waiters, tenant, rows)
     if not req.auto_ack:
         leases.book_of(db).remember(lease_id, rows)  # its ack then needs no hash look-up
-    got = None if req.auto_ack else _claimed(lease_id, rows)
+    got = None if req.auto_ack else claimed(lease_id, rows)
     try:
         if req.frames:
             lease = "" if req.auto_ack else str(lease_id)
@@ -189,8 +243,10 @@ async def _claim(
     return answer, got
 
 
-async def claim(db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None) -> Answer | None:
-    return (await _claim(db, tenant, req, waiters))[0]
+async def claim(
+    db: Database, tenant: str, req: PopRequest, waiters: Waiters | None = None, fetch: Fetch | None = None
+) -> Answer | None:
+    return (await _claim(db, tenant, req, waiters, fetch))[0]
 
 
 async def release(db: Database, tenant: str, req: PopRequest, got: Claim, waiters: Waiters | None = None) -> int:
@@ -226,13 +282,16 @@ async def pop(
     paused: Callable[[], bool] = lambda: False,
     wake: asyncio.Event | None = None,
     gone: Callable[[], bool] = lambda: False,
+    fetch: Fetch | None = None,
 ) -> Answer | None:
     """Claim now, or (with wait) park until a push wakes us or the claim window closes. ``permit()``
     (the pop family's concurrency limiter) is held around each claim only, never while parked;
     ``paused()`` (pop maintenance) is asked before every claim, so a parked pop claims nothing once
     it turned on. ``gone()`` says the client went away (whoever knows sets ``wake`` too): no claim
     after it, and a claim made while it happened is released at once. Shutdown
-    (``waiters.drain``) ends the wait: the pop answers what it has, or nothing."""
+    (``waiters.drain``) ends the wait: the pop answers what it has, or nothing. ``fetch`` makes the
+    claim's procedure call instead of a ``pop_v1`` call of its own (the fuser's, which holds the
+    family's permit around each call: pass no ``permit`` with it)."""
     timeout = max(req.timeout_ms, 0) / 1000.0
     stop_claiming = clock() + timeout - min(MAX_MARGIN_S, timeout / 4)
     wake_key = req.queue if req.queue is not None else ANY_QUEUE
@@ -266,7 +325,7 @@ async def pop(
                         first_empty = False
                         try:
                             async with permit():
-                                answer, got = await _claim(db, tenant, req, waiters)
+                                answer, got = await _claim(db, tenant, req, waiters, fetch)
                         finally:
                             if probe is not None:
                                 first_empty = probe.end(token, answer is not None, probing, clock())

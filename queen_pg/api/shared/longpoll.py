@@ -4,18 +4,21 @@ While a waiting pop (``wait=true``) is parked or claiming, one small task reads 
 ``receive`` channel; the server puts ``http.disconnect`` there when the connection closes. It then
 marks the client gone and wakes the pop, which stops without claiming, or gives back at once the
 lease a claim just took (queen_pg/engine/pop.py). A pop without ``wait`` answers at once and is not
-watched.
+watched. With request fusion on (``QUEEN_FUSE_POPS``), each claim goes through the fuser's pop lane
+(queen_pg/engine/fusion.py): pops of other consumer groups on the same queue share its call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from contextlib import nullcontext
 
 from fastapi import Request
 
 from queen_pg.api.shared.common import permit, state, tenant
 from queen_pg.api.shared.gates import pop_in_maintenance
+from queen_pg.db.pool import Record
 from queen_pg.engine import pop as pop_engine
 
 
@@ -54,18 +57,27 @@ async def run_pop(request: Request, req: pop_engine.PopRequest) -> pop_engine.An
     """``pop_engine.pop`` for a route: the pop family's permit, pop maintenance, and (with wait) the
     client watched for a disconnect."""
     st = state(request)
+    ten = tenant(request)
+    fuser = st.fuser if st.fuser is not None and st.fuser.enabled and st.settings.fuse_pops else None
+    fetch: pop_engine.Fetch | None = None
+    if fuser is not None:  # the fuser holds a pop permit around each procedure call, fused or alone
+
+        async def fetch(call: pop_engine.PopCall, sealed: bool) -> list[Record]:
+            return await fuser.pop(ten, call, sealed)
 
     async def pop(watch: ClientWatch | None) -> pop_engine.Answer | None:
         return await pop_engine.pop(
             st.db,
             st.waiters,
-            tenant(request),
+            ten,
             req,
             st.settings.pop_poll_interval_ms / 1000,
-            permit=lambda: permit(request, "pop"),  # held around each claim, not while parked
+            # held around each claim, not while parked (the fuser's own with fusion)
+            permit=(lambda: permit(request, "pop")) if fetch is None else nullcontext,
             paused=lambda: pop_in_maintenance(request),
             wake=watch.wake if watch is not None else None,
             gone=watch.is_gone if watch is not None else (lambda: False),
+            fetch=fetch,
         )
 
     if not req.wait:
