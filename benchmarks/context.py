@@ -7,8 +7,8 @@ scenario needs a pre-fill it calibrates: it fills ``pop_prefill`` messages, cons
 scenario's own consumers, and takes the rate; every run then gets ``rate × (warm-up + window) ×
 PREFILL_MARGIN`` messages (at least ``pop_prefill``), raised for the next runs when a run's own rate
 needs more (a calibration on a busy machine underestimates). A run that still drains its queue inside the
-window (``ran_dry`` from the load generator) is run again once with twice the messages, and the
-scenario fails if that one drains too: a dry window is never quoted.
+window (``ran_dry`` from the load generator) is run again once with what its own rate needs (at least twice
+the messages), and the scenario fails if that one drains too: a dry window is never quoted.
 """
 
 from __future__ import annotations
@@ -140,14 +140,17 @@ def prefill_size(ctx: Context, key: str, pop_run: PopRun) -> int:
 
 def full_window(ctx: Context, key: str, run: int, pop_run: PopRun) -> dict[str, Any]:
     """One measured pop run whose queue lasts the whole window: sized by ``prefill_size``, run again with
-    twice the messages if it drained, a ``BenchError`` if it drained again."""
+    what its rate needs (at least twice the messages) if it drained, a ``BenchError`` if it drained again."""
     size = prefill_size(ctx, key, pop_run)
     r = pop_run(size, str(run), {})
     if r.get("ran_dry"):
-        print(f"  [{key}] run {run + 1} drained its {size:,} messages after {r['elapsed_s']} s of the window: "
-              f"again with {2 * size:,}", flush=True)  # fmt: skip
+        # what the dry run's own rate needs, at least twice what it had: a calibration over a small
+        # pre-fill is mostly ramp-up and can fall short by more than half
+        size = min(PREFILL_MAX, max(2 * size, _need(ctx, rate(r))))
+        print(f"  [{key}] run {run + 1} drained its messages after {r['elapsed_s']} s of the window "
+              f"({rate(r):,.0f} msg/s): again with {size:,}", flush=True)  # fmt: skip
         dry = {k: r.get(k) for k in ("rate", "count", "elapsed_s", "prefill")}
-        size = ctx.prefill[key]["messages"] = min(PREFILL_MAX, 2 * size)
+        ctx.prefill[key]["messages"] = size
         r = pop_run(size, f"{run}b", {})
         r["dry_attempt"] = dry
         if r.get("ran_dry"):
