@@ -66,6 +66,7 @@ class Context:
     warmup: float
     tag: str
     pop_prefill: int
+    runs: int = 3  # measured runs per scenario (set-ups that are shared by the runs size for all of them)
     pg_dsn: str | None = None  # the started broker's PostgreSQL (floor scenario)
     pg_admin_dsn: str | None = None  # its bootstrap superuser (the peers' throwaway database)
     consume_wait_ms: int = 2_000  # consumers long-poll this long (wait=true); 0 = wait=false + 2 ms sleep

@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiler = Profiler(pid, args.profile_dir) if profile_keys and pid else None
         ctx = Context(url=url, root_pid=pid, duration=args.duration, warmup=args.warmup,
                       tag=f"{os.getpid()}{int(time.time()) % 100000}", pop_prefill=args.pop_prefill, pg_dsn=pg_dsn,
-                      pg_admin_dsn=pg_admin_dsn,
+                      pg_admin_dsn=pg_admin_dsn, runs=args.runs,
                       profiler=profiler, consume_wait_ms=args.consume_wait_ms)  # fmt: skip
         rows = []
         for sc in selected:

@@ -36,6 +36,7 @@ Shapes (the targets name the counts; the rest is chosen here and recorded in the
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -180,7 +181,15 @@ def partitions(ctx: Context, run: int) -> tuple[Values, Details]:
 
 
 SCALE_SIZES = (1, 1_000, 10_000, 100_000)
-SCALE_MESSAGES = 20_000  # at least this many messages per queue: the pops of a run never drain it
+SCALE_MESSAGES = 20_000  # at least this many messages per queue
+SCALE_POPS_S = 5_000  # more sequential pops a second than one client has made (0.5 ms each on a fast host)
+
+
+def scale_messages(ctx: Context) -> int:
+    """Messages per pop queue of ``partition_scale``: every run's HTTP pops (warm-up and window, at
+    SCALE_POPS_S) and its SQL pops, for all the runs the queue serves: the pops never drain it."""
+    per_run = math.ceil((ctx.warmup + ctx.duration) * SCALE_POPS_S) + SQL_POPS
+    return max(SCALE_MESSAGES, ctx.runs * per_run)
 
 
 def _with_group(ctx: Context, queue: str) -> None:
@@ -213,20 +222,36 @@ def scale_setup(ctx: Context) -> None:
         _with_group(ctx, q)
         # small segments (≤ 10 messages where a partition holds many): a pop of 1 then costs the claim,
         # not the decoding of a large segment's other frames (the segment cache's subject, not this one's)
-        _fill_progress(ctx, q, n, max(1, -(-SCALE_MESSAGES // n)), per_req=min(1000, 10 * n))
+        _fill_progress(ctx, q, n, max(1, -(-scale_messages(ctx) // n)), per_req=min(1000, 10 * n))
     for n in (1, 10_000):
         q = ctx.shared[f"push{n}"] = ctx.queue(f"scale-push{n}-")
         _with_group(ctx, q)
         _fill_progress(ctx, q, n, 1)
+    _vacuum_filled(ctx)
 
 
+def _vacuum_filled(ctx: Context) -> None:
+    """VACUUM (ANALYZE) the tables a large fill wrote, so that autovacuum does not start on them inside
+    the first measured window (seen: a first run whose pops waited 19 ms on a PostgreSQL busy with it)."""
+    if ctx.pg_dsn is None:
+        return
+    import psycopg
+
+    t0 = time.monotonic()
+    with psycopg.connect(ctx.pg_dsn, autocommit=True) as conn:
+        for table in ("queues", "log_partitions", "log_consumers", "log_segments", "log_txns"):
+            conn.execute(f"VACUUM (ANALYZE) queen.{table}")
+    print(f"  [partition_scale] VACUUM (ANALYZE) of the filled tables: {time.monotonic() - t0:.1f} s", flush=True)
+
+
+SQL_POPS = 200  # pop_v1 calls straight per queue and run (_sql_pop_p50)
 SQL_POP = (
     "SELECT count(*) FROM queen.pop_v1('default', %s, NULL, NULL, NULL, '__QUEUE_MODE__', 1, 1, gen_random_uuid(), "
     "true, NULL, NULL)"
 )
 
 
-def _sql_pop_p50(ctx: Context, queue: str, pops: int = 200) -> float:
+def _sql_pop_p50(ctx: Context, queue: str, pops: int = SQL_POPS) -> float:
     """p50 in ms of queen.pop_v1 called straight (psycopg, Unix socket): discovery and claim without the
     HTTP hop and the broker's rendering. NaN without the started broker's PostgreSQL."""
     if ctx.pg_dsn is None:
