@@ -18,7 +18,7 @@ import pytest
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.fusion import FuseConfig, Fuser
+from queen_pg.engine.fusion import FuseConfig, Fuser, Lane
 from queen_pg.errors import QueenError
 from tests.conftest import Broker
 from tests.helpers import eventually, until
@@ -240,23 +240,39 @@ async def hold_queue_row(conn: asyncpg.Connection, queue: str) -> None:
     await conn.execute("SELECT 1 FROM queen.queues WHERE name = $1 FOR UPDATE", queue)
 
 
-async def test_a_pop_that_goes_away_while_its_fused_call_runs_gives_its_lease_back(
-    db: Database, conn: asyncpg.Connection
-) -> None:
+def pop_task(fuser: Fuser, group: str, auto_ack: bool = False) -> asyncio.Task[list[Record]]:
+    call = pop_engine.PopCall(request("q", group, auto_ack=auto_ack), uuid.uuid4())
+    return asyncio.create_task(fuser.pop("default", call, False))
+
+
+async def waiting_in_lane(
+    db: Database, group: str, auto_ack: bool = False
+) -> tuple[Fuser, Lane[pop_engine.PopCall, list[Record]], asyncio.Task[list[Record]]]:
+    """Queue "q" filled, and a fuser whose pop lane holds a pop of ``group`` waiting for a second member."""
     await fill(db, "q")
     fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
     lane = fuser.pop_lane("default", "q", False)
+    task = pop_task(fuser, group, auto_ack)
+    await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
+    return fuser, lane, task
+
+
+async def goes_away(task: asyncio.Task[list[Record]]) -> None:
+    """The request of ``task`` goes away (cancelled, as when its handler is)."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_pop_that_goes_away_while_its_fused_call_runs_gives_its_lease_back(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    fuser, lane, gone = await waiting_in_lane(db, "gone")
     async with conn.transaction():
         await hold_queue_row(conn, "q")  # both groups are new: the fused call waits to create them
-        gone = asyncio.create_task(fuser.pop("default", pop_engine.PopCall(request("q", "gone"), uuid.uuid4()), False))
-        await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
-        stays = asyncio.create_task(
-            fuser.pop("default", pop_engine.PopCall(request("q", "stays"), uuid.uuid4()), False)
-        )
+        stays = pop_task(fuser, "stays")
         await until(lambda: lock_waits(conn), "the fused call to wait for the queue row")
-        gone.cancel()  # its request goes away while its fused call runs
-        with pytest.raises(asyncio.CancelledError):
-            await gone
+        await goes_away(gone)  # while its fused call runs
     got = await stays
     await fuser.close()  # the give-backs done
     assert (lane.stats.calls, lane.stats.requests, lane.stats.isolated) == (1, 2, 0)
@@ -264,23 +280,13 @@ async def test_a_pop_that_goes_away_while_its_fused_call_runs_gives_its_lease_ba
     assert await leases(conn) == [("gone", 0), ("stays", 1)]
 
 
-async def test_an_auto_ack_pop_that_goes_away_before_its_call_takes_nothing(
-    db: Database, conn: asyncpg.Connection
-) -> None:
+async def test_an_auto_ack_pop_that_goes_away_before_its_call_takes_nothing(db: Database) -> None:
     # Under autoAck the claim is the delivery: a pop whose request went away while it waited in the lane
     # must not be claimed for (as an unfused pop cancelled before its call claims nothing), or its
     # messages are acked for nobody.
-    await fill(db, "q")
-    fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
-    lane = fuser.pop_lane("default", "q", False)
-    gone = asyncio.create_task(
-        fuser.pop("default", pop_engine.PopCall(request("q", "gone", auto_ack=True), uuid.uuid4()), False)
-    )
-    await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
-    gone.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await gone
-    stays = await fuser.pop("default", pop_engine.PopCall(request("q", "stays", auto_ack=True), uuid.uuid4()), False)
+    fuser, lane, gone = await waiting_in_lane(db, "gone", auto_ack=True)
+    await goes_away(gone)
+    stays = await pop_task(fuser, "stays", auto_ack=True)
     await fuser.close()
     assert shape(stays) == [("p0", 0, 4, 0, 1, 0)]
     again = await pop_engine.fetch_alone(
@@ -293,21 +299,13 @@ async def test_an_auto_ack_pop_that_goes_away_before_its_call_takes_nothing(
 async def test_a_pop_that_goes_away_during_its_retry_alone_gives_its_lease_back(
     db: Database, conn: asyncpg.Connection
 ) -> None:
-    await fill(db, "q")
-    fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
-    lane = fuser.pop_lane("default", "q", False)
+    fuser, lane, gone = await waiting_in_lane(db, "gone")
     async with conn.transaction():
         await hold_queue_row(conn, "q")  # "gone" is a new group: its claim alone waits to create it
-        gone = asyncio.create_task(fuser.pop("default", pop_engine.PopCall(request("q", "gone"), uuid.uuid4()), False))
-        await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
-        # fills the batch; the fused call fails at once (a NUL byte: PostgreSQL refuses the argument)
-        bad_call = pop_engine.PopCall(request("q", "b\x00ad"), uuid.uuid4())
-        bad = asyncio.create_task(fuser.pop("default", bad_call, False))
+        bad = pop_task(fuser, "b\x00ad")  # fills the batch; the fused call fails at once (a NUL byte)
         await until(lambda: lock_waits(conn), "the retry alone to wait for the queue row")
         assert lane.stats.isolated == 1
-        gone.cancel()  # its request goes away while its retry alone runs
-        with pytest.raises(asyncio.CancelledError):
-            await gone
+        await goes_away(gone)  # while its retry alone runs
     with pytest.raises(QueenError):
         await bad
     await fuser.close()  # the give-backs done
