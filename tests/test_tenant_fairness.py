@@ -242,7 +242,7 @@ async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) ->
     fuser.push_lane("early")  # no pass within half the idle time of the last one
     assert fuser.dropped == 0
     now[0] = 89.0
-    fuser.push_lane("new")  # creating a lane sweeps: the 20 idle lanes go ("late" and "early", idle under a minute, stay)
+    fuser.push_lane("new")  # a pass: the 20 idle lanes go ("late" and "early", idle under a minute, stay)
     assert sorted(t for t in fuser._push) == ["busy", "early", "late", "new"]
     assert fuser.dropped == 20
     release.set()
