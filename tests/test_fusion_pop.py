@@ -13,11 +13,12 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.fusion import FuseConfig, Fuser
+from queen_pg.engine.fusion import FuseConfig, Fuser, Lane
 from queen_pg.errors import QueenError
 from tests.conftest import Broker
 from tests.helpers import eventually, until
@@ -220,19 +221,114 @@ async def test_pop_many_answers_pop_v1s_columns(conn: asyncpg.Connection) -> Non
     assert (many["names"], many["types"]) == (["member", *one["names"]], ["integer", *one["types"]])
 
 
-async def test_a_pop_that_goes_away_gives_its_lease_back(db: Database, conn: asyncpg.Connection) -> None:
-    await fill(db, "q")
-    fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
-    gone = asyncio.create_task(fuser.pop("default", pop_engine.PopCall(request("q", "gone"), uuid.uuid4()), False))
-    lane = fuser.pop_lane("default", "q", False)
-    await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
-    gone.cancel()  # its request goes away while it waits for the fused call
-    stays = await fuser.pop("default", pop_engine.PopCall(request("q", "stays"), uuid.uuid4()), False)
-    await fuser.close()  # the give-backs done
-    assert (lane.stats.calls, lane.stats.requests) == (1, 2)
-    assert shape(stays) == [("p0", 0, 4, 0, 1, 0)]
+async def leases(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    """Each group's leased cursor rows."""
     rows = await conn.fetch(
         "SELECT consumer_group, count(*) FILTER (WHERE lease_id IS NOT NULL) AS leased FROM queen.log_consumers"
         " GROUP BY 1 ORDER BY 1"
     )
-    assert [(r["consumer_group"], r["leased"]) for r in rows] == [("gone", 0), ("stays", 1)]
+    return [(r["consumer_group"], r["leased"]) for r in rows]
+
+
+async def lock_waits(conn: asyncpg.Connection) -> bool:
+    """Whether some backend waits for a lock (here: for the queue row the test holds)."""
+    return bool(await conn.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+
+
+async def hold_queue_row(conn: asyncpg.Connection, queue: str) -> None:
+    """Inside ``conn``'s transaction: a claim that creates a group on ``queue`` waits until it ends."""
+    await conn.execute("SELECT 1 FROM queen.queues WHERE name = $1 FOR UPDATE", queue)
+
+
+def pop_task(fuser: Fuser, group: str, auto_ack: bool = False) -> asyncio.Task[list[Record]]:
+    call = pop_engine.PopCall(request("q", group, auto_ack=auto_ack), uuid.uuid4())
+    return asyncio.create_task(fuser.pop("default", call, False))
+
+
+async def waiting_in_lane(
+    db: Database, group: str, auto_ack: bool = False
+) -> tuple[Fuser, Lane[pop_engine.PopCall, list[Record]], asyncio.Task[list[Record]]]:
+    """Queue "q" filled, and a fuser whose pop lane holds a pop of ``group`` waiting for a second member."""
+    await fill(db, "q")
+    fuser = Fuser(db, FuseConfig(max_items=2, **FULL_ONLY))
+    lane = fuser.pop_lane("default", "q", False)
+    task = pop_task(fuser, group, auto_ack)
+    await eventually(lambda: lane.queued == 1, "the pop to wait in the lane")
+    return fuser, lane, task
+
+
+async def goes_away(task: asyncio.Task[list[Record]]) -> None:
+    """The request of ``task`` goes away (cancelled, as when its handler is)."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_pop_that_goes_away_while_its_fused_call_runs_gives_its_lease_back(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    fuser, lane, gone = await waiting_in_lane(db, "gone")
+    async with conn.transaction():
+        await hold_queue_row(conn, "q")  # both groups are new: the fused call waits to create them
+        stays = pop_task(fuser, "stays")
+        await until(lambda: lock_waits(conn), "the fused call to wait for the queue row")
+        await goes_away(gone)  # while its fused call runs
+    got = await stays
+    await fuser.close()  # the give-backs done
+    assert (lane.stats.calls, lane.stats.requests, lane.stats.isolated) == (1, 2, 0)
+    assert shape(got) == [("p0", 0, 4, 0, 1, 0)]
+    assert await leases(conn) == [("gone", 0), ("stays", 1)]
+
+
+async def test_an_auto_ack_pop_that_goes_away_before_its_call_takes_nothing(db: Database) -> None:
+    # Under autoAck the claim is the delivery: a pop whose request went away while it waited in the lane
+    # must not be claimed for (as an unfused pop cancelled before its call claims nothing), or its
+    # messages are acked for nobody.
+    fuser, lane, gone = await waiting_in_lane(db, "gone", auto_ack=True)
+    await goes_away(gone)
+    stays = await pop_task(fuser, "stays", auto_ack=True)
+    await fuser.close()
+    assert shape(stays) == [("p0", 0, 4, 0, 1, 0)]
+    again = await pop_engine.fetch_alone(
+        db, "default", pop_engine.PopCall(request("q", "gone", auto_ack=True), uuid.uuid4()), False
+    )
+    assert shape(again) == [("p0", 0, 4, 0, 1, 0)]  # nothing of "gone"'s was consumed
+    assert (lane.stats.calls, lane.stats.requests) == (1, 1)  # the batch left with "stays" alone
+
+
+async def test_a_pop_that_goes_away_during_its_retry_alone_gives_its_lease_back(
+    db: Database, conn: asyncpg.Connection
+) -> None:
+    fuser, lane, gone = await waiting_in_lane(db, "gone")
+    async with conn.transaction():
+        await hold_queue_row(conn, "q")  # "gone" is a new group: its claim alone waits to create it
+        bad = pop_task(fuser, "b\x00ad")  # fills the batch; the fused call fails at once (a NUL byte)
+        await until(lambda: lock_waits(conn), "the retry alone to wait for the queue row")
+        assert lane.stats.isolated == 1
+        await goes_away(gone)  # while its retry alone runs
+    with pytest.raises(QueenError):
+        await bad
+    await fuser.close()  # the give-backs done
+    assert lane.stats.calls == 3  # the fused call, then each member alone
+    assert await leases(conn) == [("gone", 0)]
+
+
+async def test_idle_lanes_are_dropped_by_one_pass_per_half_idle_time(db: Database) -> None:
+    # Pop lanes are per queue, so a broker may hold thousands; a pass over all of them on every new lane
+    # (every first pop of a queue, or after a minute idle) made the creation cost grow with the queues.
+    now = [0.0]
+    fuser = Fuser(db, FuseConfig(lane_idle_s=60.0), clock=lambda: now[0])
+    for n in range(100):
+        fuser.pop_lane("default", f"q{n}", False)
+    assert fuser.sweeps == 1  # the first creation's pass; the 99 after it within the half idle time: none
+    now[0] = 59.0
+    fuser.pop_lane("default", "young", False)
+    assert (fuser.sweeps, fuser.dropped) == (2, 0)  # a pass, but nothing idle for the whole minute yet
+    now[0] = 61.0
+    late = fuser.pop_lane("default", "late", False)
+    assert (fuser.sweeps, fuser.dropped) == (2, 0)  # within half the idle time of the last pass: none
+    now[0] = 89.0
+    fuser.pop_lane("default", "later", False)
+    assert (fuser.sweeps, fuser.dropped) == (3, 100)  # the first hundred went; "young" (idle 30 s) stays
+    assert {lane.name for lane in fuser.lanes()} == {"pop"} and len(fuser.lanes()) == 3
+    assert fuser.pop_lane("default", "late", False) is late

@@ -239,8 +239,11 @@ async def test_idle_fusion_lanes_are_dropped_and_busy_ones_kept(db: Database) ->
     fuser.push_lane("late")  # a sweep: nothing idle long enough yet
     assert len(fuser.lanes()) == 22
     now[0] = 61.0
-    fuser.push_lane("new")  # creating a lane sweeps: the 20 idle lanes (and "late": 2 s idle) go
-    assert sorted(t for t in fuser._push) == ["busy", "late", "new"]
+    fuser.push_lane("early")  # no pass within half the idle time of the last one
+    assert fuser.dropped == 0
+    now[0] = 89.0
+    fuser.push_lane("new")  # a pass: the 20 idle lanes go ("late" and "early", idle under a minute, stay)
+    assert sorted(t for t in fuser._push) == ["busy", "early", "late", "new"]
     assert fuser.dropped == 20
     release.set()
     await call

@@ -16,8 +16,12 @@ Invariants:
   wakes every group parked on its queue) become one ``queen.pop_many_v1`` call, each answered what
   ``pop_v1`` would have answered it alone. A group has at most one pop in its lane at a time; its
   other concurrent pops go alone at once (two pops of one group never share a call, and one busy
-  group is never held to the lane's ``max_calls``). A pop whose request went away while its fused call
-  ran gets nothing, and the lease that call took for it is given back at once (``Lane.orphaned``).
+  group is never held to the lane's ``max_calls``). A pop whose request went away before its call left
+  is not called for (``Lane.skip_gone``); one whose request went away while its fused call (or its
+  retry alone) ran gets nothing, and the lease that call took for it is given back at once
+  (``Lane.orphaned``). An autoAck pop's claim cannot be given back: one whose request went away while
+  its fused call ran has its messages acked unseen (at-most-once), where an unfused pop's own
+  cancelled statement is usually rolled back.
 - Isolation: when a fused call fails, nothing of it was written (one statement, one transaction),
   so every member is retried ALONE and only the culprit gets the error. The exception: a
   ``db_unavailable`` failure (connection lost, timeout) may hide a commit, so it is passed to every
@@ -39,9 +43,9 @@ Invariants:
   rows ("Lock tuple") instead of sharing one bigger call. Two exceptions, both on rare paths: a fused
   call that failed retries its members alone side by side inside its own slot, and :meth:`Lane.close`
   (the broker stopping) sends every waiting batch at once.
-- Lanes are per tenant, so they are dropped once idle for ``lane_idle_s`` (swept whenever a lane is
-  created): tenants that come and go do not grow the map. A lane with a call running or a batch
-  waiting is never idle.
+- Lanes are per tenant (pop lanes per queue), so they are dropped once idle for ``lane_idle_s`` (swept
+  when a lane is created, one pass at most every half ``lane_idle_s``): tenants and queues that come
+  and go do not grow the map. A lane with a call running or a batch waiting is never idle.
 """
 
 from __future__ import annotations
@@ -115,9 +119,13 @@ class Lane(Generic[T, R]):
         self._pending: deque[_Batch[T, R]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.idle_since: float | None = clock()  # when it last became idle (created idle); None = busy
-        # called with a member's items and result when its request went away before the fused call
-        # returned (a pop gives its lease back); None: the result is dropped
+        # called with a member's items and result when its request went away before the fused call (or
+        # its retry alone) returned (a pop gives its lease back); None: the result is dropped
         self.orphaned: Callable[[list[T], R], None] | None = None
+        # a member whose request went away before its call left is not called (a pop claims nothing for
+        # nobody: under autoAck the claim is the delivery); False: it is called all the same (a push
+        # is written, as it came)
+        self.skip_gone = False
 
     @property
     def queued(self) -> int:
@@ -189,6 +197,10 @@ class Lane(Generic[T, R]):
 
     async def _run(self, members: list[_Member[T, R]]) -> None:
         try:
+            if self.skip_gone:
+                members = [m for m in members if not m.future.done()]
+                if not members:
+                    return
             self.stats.calls += 1
             self.stats.requests += len(members)
             try:
@@ -202,9 +214,7 @@ class Lane(Generic[T, R]):
                 await asyncio.gather(*(self._alone(m) for m in members))
                 return
             for m, res in zip(members, results, strict=True):
-                if m.future.done() and self.orphaned is not None:
-                    self.orphaned(m.items, res)
-                _settle(m, res)
+                self._answer(m, res)
         except asyncio.CancelledError:
             for m in members:
                 _settle(m, exc=QueenError(DB_UNAVAILABLE, detail="the broker is stopping"))
@@ -224,14 +234,22 @@ class Lane(Generic[T, R]):
         elif not self.running and not self._pending:
             self.idle_since = self.clock()
 
+    def _answer(self, member: _Member[T, R], res: R) -> None:
+        """A call's result for ``member``: to its request, or to ``orphaned`` when the request went away."""
+        if member.future.done() and self.orphaned is not None:
+            self.orphaned(member.items, res)
+        _settle(member, res)
+
     async def _alone(self, member: _Member[T, R]) -> None:
+        if self.skip_gone and member.future.done():
+            return
         self.stats.calls += 1
         try:
             (res,) = await self.call([member.items])
         except Exception as exc:
             _settle(member, exc=exc)
         else:
-            _settle(member, res)
+            self._answer(member, res)
 
     async def close(self) -> None:
         for batch in list(self._pending):
@@ -278,10 +296,17 @@ class Fuser:
         self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
         self._releases: set[asyncio.Task[int]] = set()  # leases of pops that went away, given back
         self.dropped = 0  # idle lanes dropped so far
+        self.sweeps = 0  # passes over the lanes so far
+        self._next_sweep = clock()  # no pass before then
 
     def sweep(self) -> None:
-        """Drop the lanes idle for ``lane_idle_s`` or longer."""
+        """Drop the lanes idle for ``lane_idle_s`` or longer: one pass over them at most every half
+        ``lane_idle_s`` (pop lanes are per queue: a pass on every new lane cost in proportion to the queues)."""
         now = self.clock()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self.config.lane_idle_s / 2
+        self.sweeps += 1
         every: list[dict[Any, Lane[Any, Any]]] = [self._push, self._ack, self._pop]
         for lanes in every:
             for key in [k for k, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
@@ -342,6 +367,7 @@ class Fuser:
                     task.add_done_callback(self._releases.discard)
 
             lane.orphaned = orphaned
+            lane.skip_gone = True
         return lane
 
     async def pop(self, tenant: str, call: pop_engine.PopCall, sealed: bool) -> list[Record]:
