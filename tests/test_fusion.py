@@ -12,8 +12,10 @@ import asyncpg
 import httpx
 import pytest
 
+from benchmarks.loadgen_binary import binary_push_request
 from queen_pg.api.shared.items import AckItem
 from queen_pg.db.pool import Database
+from queen_pg.engine import binary
 from queen_pg.engine.fusion import FuseConfig, Fuser
 from queen_pg.engine.push import NewMessage
 from queen_pg.errors import QueenError
@@ -289,3 +291,28 @@ async def test_a_full_batch_waits_for_a_call_slot_too(db: Database, conn: asyncp
 async def test_fuse_max_calls_reaches_the_lanes(start_broker: Any) -> None:
     broker: Broker = await start_broker(fuse_max_calls=1, jobs_enabled=False)
     assert broker.app.state.queen.fuser.push_lane("default").config.max_calls == 1
+
+
+def binary_groups(queue: str, partition: int, items: int = 3) -> list[binary.Group]:
+    """The groups of one flag-8 binary push body (a framed, zstd blob), as the client sends them."""
+    raw = binary_push_request({"queue": queue, "items": items, "tag": f"b{partition}"}, 0, 0, partition)
+    return binary.parse_push(raw.split(b"\r\n\r\n", 1)[1], 1 << 20).groups
+
+
+async def test_binary_pushes_fuse_in_a_lane_the_fuser_owns(db: Database, conn: asyncpg.Connection) -> None:
+    """Stored-as-is binary pushes share one call through the fuser's own lane: swept when idle and
+    closed with the others (it lived beside the fuser, never dropped, never closed)."""
+    now = [0.0]
+    fuser = Fuser(db, FuseConfig(max_items=3, lane_idle_s=60, **FULL_ONLY), clock=lambda: now[0])
+    answers = await asyncio.gather(*(fuser.push_stored("default", binary_groups("bq", p)) for p in range(3)))
+    lane = fuser.push_binary_lane("default")
+    assert (lane.stats.calls, lane.stats.requests) == (1, 3)
+    assert lane in fuser.lanes()
+    for p, answer in enumerate(answers):
+        assert [a["partition"] for a in answer] == [f"p{p:05d}"] * 3
+        assert [a["offset"] for a in answer] == [0, 1, 2] and {a["status"] for a in answer} == {"queued"}
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_segments") == 3  # one segment per partition
+    now[0] = 100.0
+    fuser.push_lane("other")  # a new lane sweeps: the idle binary lane goes
+    assert lane not in fuser.lanes() and fuser.dropped >= 1
+    await fuser.close()

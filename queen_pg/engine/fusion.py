@@ -62,6 +62,8 @@ from queen_pg.db.pool import Database, Record
 from queen_pg.engine import ack as ack_engine
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
+from queen_pg.engine import push_binary
+from queen_pg.engine.binary import Group
 from queen_pg.engine.outcomes import Once
 from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
 from queen_pg.limiter import Limiter
@@ -275,7 +277,8 @@ def _settle(member: _Member[Any, R], res: R | None = None, exc: BaseException | 
 
 
 class Fuser:
-    """The lanes of one broker process: ``push`` and ``ack`` fuse, everything else calls directly.
+    """The lanes of one broker process: ``push`` (JSON, and binary stored as it came), ``ack`` and ``pop``
+    fuse, everything else calls directly.
     With ``limiters`` (family -> its limiter) every procedure call of a family, fused or not, holds
     one permit of it: the caller takes no permit of its own around :meth:`push` and :meth:`ack`."""
 
@@ -291,6 +294,7 @@ class Fuser:
         self.clock = clock
         self.limiters: Mapping[str, Limiter] = limiters or {}
         self._push: dict[str, Lane[push_engine.NewMessage, push_engine.Answer]] = {}
+        self._push_binary: dict[str, Lane[Group, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self._pop: dict[tuple[str, str, bool], Lane[pop_engine.PopCall, list[Record]]] = {}
         self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
@@ -307,7 +311,7 @@ class Fuser:
             return
         self._next_sweep = now + self.config.lane_idle_s / 2
         self.sweeps += 1
-        every: list[dict[Any, Lane[Any, Any]]] = [self._push, self._ack, self._pop]
+        every: list[dict[Any, Lane[Any, Any]]] = [self._push, self._push_binary, self._ack, self._pop]
         for lanes in every:
             for key in [k for k, lane in lanes.items() if lane.idle_for(now) >= self.config.lane_idle_s]:
                 del lanes[key]
@@ -332,6 +336,20 @@ class Fuser:
                     return await push_engine.push_many(self.db, tenant, requests)
 
             lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
+        return lane
+
+    def push_binary_lane(self, tenant: str) -> Lane[Group, push_engine.Answer]:
+        """Stored-as-is binary pushes (engine/push_binary.py): concurrent bodies share one ``push_v3``
+        call when they name different partitions (a call appends one segment per partition)."""
+        lane = self._push_binary.get(tenant)
+        if lane is None:
+            self.sweep()
+
+            async def call(requests: list[list[Group]]) -> list[push_engine.Answer]:
+                async with self.permit("push"):
+                    return await push_binary.push_many(self.db, tenant, requests)
+
+            lane = self._push_binary[tenant] = Lane("push-binary", call, self.config, self.clock)
         return lane
 
     def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, ack_engine.AckResults]:
@@ -399,6 +417,14 @@ class Fuser:
                 return await push_engine.push(self.db, tenant, items, once)
         return await self.push_lane(tenant).submit(items)
 
+    async def push_stored(self, tenant: str, groups: list[Group], once: Once | None = None) -> push_engine.Answer:
+        """``push_binary.push`` (flag-8 groups stored as they came), fused with concurrent ones of the
+        tenant naming other partitions; a keyed request (``once``) is never fused."""
+        if once is not None or not self.enabled:
+            async with self.permit("push"):
+                return await push_binary.push(self.db, tenant, groups, once)
+        return await self.push_binary_lane(tenant).submit(groups, frozenset((g.queue, g.partition) for g in groups))
+
     async def ack(self, tenant: str, items: list[ack_engine.AckLike], once: Once | None = None) -> Result:
         """``ack_engine.ack``, fused with concurrent acks of the tenant on other cursor rows; a keyed
         request (``once``) is never fused."""
@@ -408,7 +434,7 @@ class Fuser:
         return await self.ack_lane(tenant).submit(items, ack_engine.cursor_keys(items))
 
     def lanes(self) -> list[Lane[Any, Any]]:
-        return [*self._push.values(), *self._ack.values(), *self._pop.values()]
+        return [*self._push.values(), *self._push_binary.values(), *self._ack.values(), *self._pop.values()]
 
     async def close(self) -> None:
         for lane in self.lanes():

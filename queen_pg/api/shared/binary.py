@@ -13,7 +13,6 @@ as the producerSub (a client's frame carrying one is refused, never trusted). A 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,6 @@ from queen_pg.api.shared.counting import count_push
 from queen_pg.api.shared.request_key import replay_headers, request_once
 from queen_pg.engine import binary, push_binary
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.fusion import Fuser, Lane
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
 from queen_pg.engine.pop_frames import FramedPop
@@ -101,34 +99,12 @@ def _check_names(groups: list[binary.Group]) -> None:
             check_name("partition", g.partition)
 
 
-_lanes: weakref.WeakKeyDictionary[Fuser, dict[str, Lane[binary.Group, push_engine.Answer]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _lane(fuser: Fuser, ten: str) -> Lane[binary.Group, push_engine.Answer]:
-    """The fusion lane of stored-as-is binary pushes (engine/fusion.py): concurrent bodies go in one
-    ``push_v3`` call when they name different partitions (a call appends one segment per partition),
-    results split back per body, each indexed from 0."""
-    lanes = _lanes.setdefault(fuser, {})
-    lane = lanes.get(ten)
-    if lane is None:
-
-        async def call(requests: list[list[binary.Group]]) -> list[push_engine.Answer]:
-            async with fuser.permit("push"):  # one permit per call, as the fuser's own lanes
-                return await push_binary.push_many(fuser.db, ten, requests)
-
-        lane = lanes[ten] = Lane("push-binary", call, fuser.config)
-    return lane
-
-
 async def _stored(request: Request, ten: str, groups: list[binary.Group], once: Once | None) -> push_engine.Answer:
     st = state(request)
-    fuser = st.fuser
-    if once is not None or fuser is None or not fuser.enabled:
+    if st.fuser is None:
         async with permit(request, "push"):
             return await push_binary.push(st.db, ten, groups, once)
-    return await _lane(fuser, ten).submit(groups, frozenset((g.queue, g.partition) for g in groups))
+    return await st.fuser.push_stored(ten, groups, once)
 
 
 async def push(request: Request) -> Response:
