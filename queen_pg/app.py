@@ -126,7 +126,13 @@ def create_app(settings: Settings) -> FastAPI:
         pop_render.bind(db, pop_render.SegmentCache(settings.pop_cache_mb * 1024 * 1024))
         fuser = app.state.queen.fuser = Fuser(
             db,
-            FuseConfig(settings.fuse_hold_us, settings.fuse_max_items, settings.fuse_inflight, settings.fuse_max_calls),
+            FuseConfig(
+                settings.fuse_hold_us,
+                settings.fuse_max_items,
+                settings.fuse_inflight,
+                settings.fuse_max_calls,
+                pops=settings.fuse_pops,
+            ),
             limiters=app.state.queen.limiters,  # one permit per procedure call, fused or not
         )
         jobs = app.state.jobs = Supervisor()

@@ -81,6 +81,7 @@ class FuseConfig:
     inflight: int = 1  # calls of one lane running before new requests queue (natural batching)
     max_calls: int = 2  # calls of one lane running at most; a ready batch waits for one to return
     lane_idle_s: float = 60.0  # a lane idle this long is dropped (swept when a lane is created)
+    pops: bool = True  # pops of different consumer groups on one queue fuse (QUEEN_FUSE_POPS); off: alone
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
@@ -297,7 +298,7 @@ class Fuser:
         self._push_binary: dict[str, Lane[Group, push_engine.Answer]] = {}
         self._ack: dict[str, Lane[ack_engine.AckLike, ack_engine.AckResults]] = {}
         self._pop: dict[tuple[str, str, bool], Lane[pop_engine.PopCall, list[Record]]] = {}
-        self._pop_groups: dict[tuple[str, str, bool, str], int] = {}  # pops in a pop lane, per group
+        self._pop_groups: set[tuple[str, str, bool, str]] = set()  # the groups with a pop in a pop lane
         self._releases: set[asyncio.Task[int]] = set()  # leases of pops that went away, given back
         self.dropped = 0  # idle lanes dropped so far
         self.sweeps = 0  # passes over the lanes so far
@@ -391,21 +392,18 @@ class Fuser:
     async def pop(self, tenant: str, call: pop_engine.PopCall, sealed: bool) -> list[Record]:
         """``pop_engine.fetch_alone`` (one pop's claim), fused with concurrent pops of OTHER consumer groups
         on the same queue; a pop across queues (namespace/task), or one whose group already has a pop
-        in the lane, calls alone at once."""
+        in the lane, calls alone at once; so does every pop with pop fusion off (``FuseConfig.pops``)."""
         queue = call.req.queue
-        if not self.enabled or queue is None:
-            async with self.permit("pop"):
-                return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
         group = call.req.group or pop_engine.QUEUE_MODE
-        mine = (tenant, queue, sealed, group)
-        if self._pop_groups.get(mine):
+        mine = (tenant, queue or "", sealed, group)
+        if not self.enabled or not self.config.pops or queue is None or mine in self._pop_groups:
             async with self.permit("pop"):
                 return await pop_engine.fetch_alone(self.db, tenant, call, sealed)
-        self._pop_groups[mine] = 1
+        self._pop_groups.add(mine)
         try:
             return await self.pop_lane(tenant, queue, sealed).submit([call], frozenset((group,)))
         finally:
-            del self._pop_groups[mine]
+            self._pop_groups.discard(mine)
 
     async def push(
         self, tenant: str, items: list[push_engine.NewMessage], once: Once | None = None

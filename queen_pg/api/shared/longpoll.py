@@ -58,7 +58,7 @@ async def run_pop(request: Request, req: pop_engine.PopRequest) -> pop_engine.An
     client watched for a disconnect."""
     st = state(request)
     ten = tenant(request)
-    fuser = st.fuser if st.fuser is not None and st.fuser.enabled and st.settings.fuse_pops else None
+    fuser = st.fuser
     fetch: pop_engine.Fetch | None = None
     if fuser is not None:  # the fuser holds a pop permit around each procedure call, fused or alone
 
