@@ -199,6 +199,12 @@ HEAD_TIMEOUT = _timed_out("the request head did not arrive in time")
 BODY_TIMEOUT = _timed_out("the request body stopped arriving")
 
 
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    """Stop a clock if one is armed (a fired or cancelled one takes it as a no-op)."""
+    if timer is not None:
+        timer.cancel()
+
+
 class _Guard:
     """Mixed into uvicorn's protocol classes; relies on their ``connections``, ``tasks``, ``cycle``,
     ``transport`` and ``loop`` attributes (uvicorn >= 0.30, both implementations)."""
@@ -239,9 +245,8 @@ class _Guard:
             self._head_timer = self.loop.call_later(self._queen.header_timeout_s, self._head_expired)
 
     def _disarm_head(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        _cancel(self._head_timer)
+        self._head_timer = None
 
     def _before_data(self) -> None:
         if self._waiting_for_head():
@@ -278,9 +283,8 @@ class _Guard:
             self._body_timer = self.loop.call_later(self._queen.body_idle_timeout_s, self._body_expired)
 
     def _disarm_body(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        _cancel(self._body_timer)
+        self._body_timer = None
 
     def _body_expired(self) -> None:
         self._body_timer = None

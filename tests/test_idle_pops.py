@@ -223,7 +223,7 @@ async def test_a_lease_taken_elsewhere_wakes_the_parked_pop_when_it_expires(star
         await push(http, "elsewhere", [{"payload": "x"}])
         req = pop_engine.PopRequest("elsewhere", None, None, None, None, 1, 1, False, 0, False, None, None, False)
         taken = await pop_engine.claim(b.app.state.queen.db, b.settings.default_tenant, req)  # no waiters
-        assert taken is not None and taken.messages == 1  # a JsonPop: the rendered answer and its count
+        assert taken is not None and taken.messages == 1  # a RenderedPop: the rendered answer and its count
         again = await http.get("/api/v1/pop/queue/elsewhere", params={"wait": "true", "timeout": 10_000})
     assert again.status_code == 200
     assert again.json()["messages"][0]["deliveryAttempt"] == 2

@@ -10,7 +10,7 @@ import orjson
 from queen_pg.db.pool import Database
 from queen_pg.engine import pop as pop_engine
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.pop_render import JsonPop
+from queen_pg.engine.pop_render import RenderedPop
 from queen_pg.engine.waiters import Waiters
 from tests.helpers import eventually
 
@@ -66,6 +66,6 @@ async def test_wake_inside_the_margin_claims_nothing(db: Database, conn: asyncpg
 
 async def test_wake_before_the_margin_claims(db: Database, conn: asyncpg.Connection) -> None:
     answer, lease = await _wake_at(db, conn, 0.74)
-    assert isinstance(answer, JsonPop)  # rendered to bytes (queen_pg/engine/pop_render.py)
+    assert isinstance(answer, RenderedPop)  # rendered to bytes (queen_pg/engine/pop_render.py)
     assert [m["transactionId"] for m in orjson.loads(answer.body)["messages"]] == ["late"]
     assert lease is not None

@@ -22,7 +22,6 @@ from queen_pg.api.shared.gates import pop_in_maintenance
 from queen_pg.api.shared.longpoll import run_pop
 from queen_pg.api.shared.schemas import PopAnswer
 from queen_pg.engine import pop as pop_engine
-from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.engine.waiters import TooManyWaiters
 from queen_pg.errors import bad_request
 from queen_pg.security.access import level
@@ -177,9 +176,7 @@ async def _pop(request: Request, queue: str | None, partition: str | None) -> Re
     count_pop(request, answer)
     if answer is None:
         return Response(status_code=204)
-    if isinstance(answer, FramedPop):
-        return binary.pop_response(answer)
-    return Response(answer.body, media_type="application/json")
+    return Response(answer.body, media_type=answer.media_type)
 
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Awaitable[Response]])

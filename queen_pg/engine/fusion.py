@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from queen_pg.db.pool import Database, Record
@@ -69,6 +70,7 @@ from queen_pg.errors import DB_UNAVAILABLE, OVERLOADED, QueenError
 from queen_pg.limiter import Limiter
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # what a lane is kept under (a tenant; a pop lane: tenant, queue, sealed)
 R = TypeVar("R")  # one request's answer (push: push_engine.Answer, its bytes rendered once; ack: result dicts)
 Result = Sequence[dict[str, Any]]  # ack: a list, or AckResults (rendered straight to bytes)
 Call = Callable[[list[list[T]]], Awaitable[list[R]]]
@@ -327,54 +329,39 @@ class Fuser:
         limiter = self.limiters.get(family)
         return limiter.acquire() if limiter is not None else nullcontext()
 
+    def _lane(
+        self, lanes: dict[K, Lane[T, R]], key: K, name: str, family: str, fused: Call[T, R]
+    ) -> tuple[Lane[T, R], bool]:
+        """The lane under ``key`` (and whether it is new): ``fused`` makes its one procedure call, under
+        one permit of ``family``'s limiter. A new lane first sweeps the idle ones."""
+        lane = lanes.get(key)
+        if lane is not None:
+            return lane, False
+        self.sweep()
+
+        async def call(requests: list[list[T]]) -> list[R]:
+            async with self.permit(family):
+                return await fused(requests)
+
+        lane = lanes[key] = Lane(name, call, self.config, self.clock)
+        return lane, True
+
     def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage, push_engine.Answer]:
-        lane = self._push.get(tenant)
-        if lane is None:
-            self.sweep()
-
-            async def call(requests: list[list[push_engine.NewMessage]]) -> list[push_engine.Answer]:
-                async with self.permit("push"):
-                    return await push_engine.push_many(self.db, tenant, requests)
-
-            lane = self._push[tenant] = Lane("push", call, self.config, self.clock)
-        return lane
+        return self._lane(self._push, tenant, "push", "push", partial(push_engine.push_many, self.db, tenant))[0]
 
     def push_binary_lane(self, tenant: str) -> Lane[Group, push_engine.Answer]:
         """Stored-as-is binary pushes (engine/push_binary.py): concurrent bodies share one ``push_v3``
         call when they name different partitions (a call appends one segment per partition)."""
-        lane = self._push_binary.get(tenant)
-        if lane is None:
-            self.sweep()
-
-            async def call(requests: list[list[Group]]) -> list[push_engine.Answer]:
-                async with self.permit("push"):
-                    return await push_binary.push_many(self.db, tenant, requests)
-
-            lane = self._push_binary[tenant] = Lane("push-binary", call, self.config, self.clock)
-        return lane
+        fused = partial(push_binary.push_many, self.db, tenant)
+        return self._lane(self._push_binary, tenant, "push-binary", "push", fused)[0]
 
     def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, ack_engine.AckResults]:
-        lane = self._ack.get(tenant)
-        if lane is None:
-            self.sweep()
-
-            async def call(requests: list[list[ack_engine.AckLike]]) -> list[ack_engine.AckResults]:
-                async with self.permit("ack"):
-                    return await ack_engine.ack_many(self.db, tenant, requests)
-
-            lane = self._ack[tenant] = Lane("ack", call, self.config, self.clock)
-        return lane
+        return self._lane(self._ack, tenant, "ack", "ack", partial(ack_engine.ack_many, self.db, tenant))[0]
 
     def pop_lane(self, tenant: str, queue: str, sealed: bool) -> Lane[pop_engine.PopCall, list[Record]]:
-        lane = self._pop.get((tenant, queue, sealed))
-        if lane is None:
-            self.sweep()
-
-            async def call(requests: list[list[pop_engine.PopCall]]) -> list[list[Record]]:
-                async with self.permit("pop"):
-                    return await pop_engine.pop_many(self.db, tenant, queue, sealed, requests)
-
-            lane = self._pop[(tenant, queue, sealed)] = Lane("pop", call, self.config, self.clock)
+        fused = partial(pop_engine.pop_many, self.db, tenant, queue, sealed)
+        lane, new = self._lane(self._pop, (tenant, queue, sealed), "pop", "pop", fused)
+        if new:
 
             def orphaned(calls: list[pop_engine.PopCall], rows: list[Record]) -> None:
                 """A pop that went away while its fused call ran: its lease goes back at once."""

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import leases, pop_render, sealing
-from queen_pg.engine.pop_frames import FramedPop, render_frames
-from queen_pg.engine.pop_render import JsonPop
+from queen_pg.engine.pop_frames import render_frames
+from queen_pg.engine.pop_render import RenderedPop
 from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
 from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError
@@ -73,12 +73,12 @@ class PopRequest:
     frames: bool = False  # answer QPF1 (docs/wire.md#framed-pop, queen_pg/engine/pop_frames.py) instead of JSON
 
 
-Answer = JsonPop | FramedPop  # the JSON answer, or the framed one (``frames``)
+Answer = RenderedPop  # the JSON answer, or the framed one (``frames``): its media_type says which
 
 
 def render(
     req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None, db: object = None
-) -> JsonPop | None:
+) -> RenderedPop | None:
     """Slice the claimed segments into the JSON pop answer (docs/wire.md#pop, rendered to bytes by
     ``pop_render.py``, decoded segments shared through ``db``'s segment cache); None when empty.
     Sealed payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any
@@ -32,7 +31,7 @@ import orjson
 
 from queen_pg.db.pool import Record
 from queen_pg.engine import codec
-from queen_pg.engine.pop_render import NO_CACHE, SegmentCache
+from queen_pg.engine.pop_render import NO_CACHE, RenderedPop, SegmentCache
 
 MAGIC = b"QPF1"
 CONTENT_TYPE = "application/x-queen-pop"
@@ -50,15 +49,6 @@ def needs_rewrite(row: Record) -> bool:
     reach the client as stored (encrypted payloads: the client refuses frame flag 4, so they are
     decrypted and framed again through ``codec.unpack``). Nothing needs it today."""
     return False
-
-
-@dataclass(slots=True)
-class FramedPop:
-    """A framed pop answer: the bytes, and what the metrics count (queue, partitionId, messages)."""
-
-    body: bytes
-    messages: int
-    claimed: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def _text(value: str) -> bytes:
@@ -123,7 +113,7 @@ def render_frames(
     autopilot: bool,
     rows: Sequence[Record],
     cache: SegmentCache = NO_CACHE,
-) -> FramedPop | None:
+) -> RenderedPop | None:
     """The QPF1 answer for pop_v1's rows (``pop.render``'s twin); None when nothing is delivered.
     ``cache`` holds the decompressed segments a cut needs (never pass it rows holding opened plaintext)."""
     parts: list[bytes] = []
@@ -176,7 +166,7 @@ def render_frames(
     else:
         out.append(b"\x00")
     out += [_text(first_queue), _text(lease), _text(group), _U32.pack(claims), *parts]
-    return FramedPop(b"".join(out), total, claimed)
+    return RenderedPop(b"".join(out), total, claimed, CONTENT_TYPE)
 
 
 _pid: Callable[[Record], int] = lambda row: row["partition_id"]  # noqa: E731

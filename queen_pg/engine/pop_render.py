@@ -55,12 +55,14 @@ TXN_OVERHEAD = 64  # bytes charged per transactionId read for the lease book bey
 
 
 @dataclass(slots=True)
-class JsonPop:
-    """A JSON pop answer: the bytes, and what the metrics count (queue, partitionId, messages)."""
+class RenderedPop:
+    """A pop answer, JSON or framed (``pop_frames.py``): the bytes, their media type, and what the metrics
+    count (queue, partitionId, messages)."""
 
     body: bytes
     messages: int
     claimed: list[tuple[str, str, int]] = field(default_factory=list)
+    media_type: str = "application/json"
 
 
 def iso_ms(ts: datetime) -> str:
@@ -251,7 +253,7 @@ def render(
     autopilot: bool,
     cache: SegmentCache,
     vault: crypto.Vault | None = None,
-) -> JsonPop | None:
+) -> RenderedPop | None:
     """pop_v1's rows as the JSON pop answer; None when nothing is delivered. ``lease`` None = autoAck
     (each message says ``"leaseId": null``, the answer ``""``). Sealed payloads are opened with
     ``vault`` (409 when it has no key for them), per pop."""
@@ -315,4 +317,4 @@ def render(
            + b"".join(parts)[:-1] + b"]")  # fmt: skip
     if autopilot:
         out += b',"autopilot":{"partitions":%d,"batch":%d,"waitMs":0}' % (len(claims), n)
-    return JsonPop(out + b"}", n, [c for c in claimed if c[2]])
+    return RenderedPop(out + b"}", n, [c for c in claimed if c[2]])

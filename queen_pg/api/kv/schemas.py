@@ -14,24 +14,25 @@ from queen_pg.api.shared.schemas import Answer
 # --- KV answers ----------------------------------------------------------------------------------
 
 
-class KvRow(Answer):
-    key: str
-    value: Any = Field(None, description="absent with keysOnly")
+class KvEntry(Answer):
+    """A stored entry as a read answers it (get, and each row of getMany/getPrefix)."""
+
+    value: Any = Field(None, description="absent in rows read with keysOnly")
     version: int | None = None
     expiresAt: str | None = None
     updatedAt: str | None = None
 
 
-class KvGetResult(Answer):
+class KvRow(KvEntry):
+    key: str
+
+
+class KvGetResult(KvEntry):
     index: int
     op: Literal["get"]
     ns: str
     key: str
     found: bool = Field(description="a miss is found: false; {found: true, value: null} is a stored null")
-    value: Any = None
-    version: int | None = None
-    expiresAt: str | None = None
-    updatedAt: str | None = None
 
 
 class KvGetManyResult(Answer):

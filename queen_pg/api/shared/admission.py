@@ -32,8 +32,9 @@ import random
 from dataclasses import dataclass, field
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from queen_pg.api.shared.middleware import HttpMiddleware
 from queen_pg.errors import OVERLOADED, STORAGE_FULL, QueenError
 from queen_pg.limiter import FairSemaphore, OverloadLog, QueueFull, retry_after, tenant_part
 from queen_pg.security.middleware import STATE_KEY as PRINCIPAL_KEY
@@ -218,16 +219,10 @@ async def admit(scope: Scope, send: Send) -> tuple[bool, Permit | None]:
     return True, Permit(budget, family, charged, ten, length is None)
 
 
-class Admission:
+class Admission(HttpMiddleware):
     """Byte-budget admission and the storage_full refusal for pushes and transactions."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         go, permit = await admit(scope, send)
         if not go:
             return

@@ -37,7 +37,6 @@ from queen_pg.engine import binary, push_binary
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop_frames import CONTENT_TYPE as POP_FRAMES
-from queen_pg.engine.pop_frames import FramedPop
 from queen_pg.errors import BAD_BINARY, DECODED_TOO_LARGE, QueenError
 from queen_pg.security import crypto
 
@@ -165,7 +164,3 @@ def counted(answer: dict[str, Any], slots: int) -> dict[str, Any]:
     dups = sum(1 for r in ops if r.get("type") == "push" and r.get("status") == "duplicate")
     acked = sum(1 for r in ops if r.get("type") == "ack")
     return {**answer, "results": results[slots:], "pushed": pushed, "duplicate": dups, "acked": acked}
-
-
-def pop_response(answer: FramedPop) -> Response:
-    return Response(answer.body, 200, media_type=POP_FRAMES)

@@ -10,8 +10,7 @@ from fastapi import Request
 
 from queen_pg.api.shared.common import tenant
 from queen_pg.engine.ack import AckLike
-from queen_pg.engine.pop_frames import FramedPop
-from queen_pg.engine.pop_render import JsonPop
+from queen_pg.engine.pop_render import RenderedPop
 from queen_pg.engine.push import Answer
 from queen_pg.metrics import Metrics
 
@@ -28,7 +27,7 @@ def count_push(request: Request, ten: str, answer: Answer) -> None:
         m.count_push(ten, answer.queued, answer.duplicates)
 
 
-def count_pop(request: Request, answer: JsonPop | FramedPop | None) -> None:
+def count_pop(request: Request, answer: RenderedPop | None) -> None:
     """After a pop: messages delivered per tenant."""
     m = _metrics(request)
     if m is not None and answer is not None:

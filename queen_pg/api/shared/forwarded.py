@@ -17,22 +17,20 @@ from typing import Any
 
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from queen_pg.api.shared.middleware import HttpMiddleware
 from queen_pg.errors import log_value
 
 log = logging.getLogger("queen_pg.access")
 
 
-class Forwarded:
+class Forwarded(HttpMiddleware):
     def __init__(self, app: Any, trusted: str = "") -> None:
-        self.app = app
+        super().__init__(app)
         hosts = [h.strip() for h in trusted.split(",") if h.strip()]
         # uvicorn's rules, applied to the scope in place (its app is a no-op: ours is called after)
         self.proxy: Any = ProxyHeadersMiddleware(_nothing, trusted_hosts=hosts) if hosts else None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Any, receive: Any, send: Any) -> None:
         await self.apply(scope)
         if not log.isEnabledFor(logging.DEBUG):
             await self.app(scope, receive, send)

@@ -14,21 +14,16 @@ import logging
 
 import orjson
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from queen_pg.api.shared.middleware import HttpMiddleware
 from queen_pg.errors import internal, log_value
 
 log = logging.getLogger("queen_pg.app")
 
 
-class InternalErrors:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class InternalErrors(HttpMiddleware):
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         tracked = Tracked(send)
         try:
             await self.app(scope, receive, tracked)

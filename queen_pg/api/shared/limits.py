@@ -5,20 +5,18 @@ from __future__ import annotations
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from queen_pg.api.shared.middleware import HttpMiddleware
 from queen_pg.errors import BODY_TOO_LARGE, QueenError
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """413 ``body_too_large`` when Content-Length (or the bytes streamed so far) exceed ``limit``."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.limit = limit
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not await admit(scope, send, self.limit):
             return
         seen = 0

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from queen_pg.api.shared.common import state, tenant
 from queen_pg.api.shared.docs import answers, params
 from queen_pg.api.shared.internal import Tracked
+from queen_pg.api.shared.middleware import HttpMiddleware
 from queen_pg.api.shared.params import page, read_page
 from queen_pg.engine import metrics as metrics_engine
 from queen_pg.metrics import CONTENT_TYPE, UNMATCHED, Metrics, render_queues
@@ -34,17 +35,14 @@ from queen_pg.security.roles import Level
 router = APIRouter()
 
 
-class HttpMetrics:
-    """Pure ASGI middleware: request count and latency per (method, route template, status)."""
+class HttpMetrics(HttpMiddleware):
+    """Request count and latency per (method, route template, status)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         tracked = Tracked(send)
         try:
