@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.engine.pop import QUEUE_MODE, group_label
 from queen_pg.errors import NOT_FOUND, QueenError
 
 OVERVIEW_SQL = "SELECT queen.resources_overview_v1($1)"
@@ -49,8 +49,7 @@ class Window:
 
 def _not_found(kind: str, queue: str | None, group: str | None = None) -> QueenError:
     if kind == "group":
-        label = "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
-        return QueenError(NOT_FOUND, detail=f"{label} does not exist on queue {queue!r}")
+        return QueenError(NOT_FOUND, detail=f"{group_label(group)} does not exist on queue {queue!r}")
     return QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
 
 

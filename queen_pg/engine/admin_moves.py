@@ -11,16 +11,12 @@ import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import codec
-from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.engine.pop import QUEUE_MODE, group_label
 from queen_pg.errors import CONFLICT, NOT_FOUND, QueenError
 
 DLQ_SQL = "SELECT queen.message_dlq_v1($1, $2, $3, $4, $5, $6)"
 CLEAR_SQL = "SELECT queen.queue_clear_v1($1, $2, $3)"
 DEFAULT_ERROR = "moved to the dead-letter queue by an operator"
-
-
-def _group_label(group: str) -> str:
-    return "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
 
 
 async def move_to_dlq(
@@ -36,13 +32,13 @@ async def move_to_dlq(
     if status == "no_partition":
         raise QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")
     if status == "no_group":
-        raise QueenError(NOT_FOUND, detail=f"{_group_label(grp)} has no cursor on partition {partition_id}")
+        raise QueenError(NOT_FOUND, detail=f"{group_label(grp)} has no cursor on partition {partition_id}")
     if status == "no_message":
         raise QueenError(NOT_FOUND, detail=f"no message {transaction_id!r} in partition {partition_id}")
     if status in ("already_dead", "already_consumed"):
         done = "dead-lettered" if status == "already_dead" else "completed"
         raise QueenError(
-            CONFLICT, detail=f"{_group_label(grp)} already {done} message {transaction_id!r} (offset {res['offset']})"
+            CONFLICT, detail=f"{group_label(grp)} already {done} message {transaction_id!r} (offset {res['offset']})"
         )
     return {"success": True, "transactionId": transaction_id, **res}
 

@@ -12,7 +12,7 @@ import orjson
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.answers import AnswerBudget, mark_cut
-from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.engine.pop import iso_ms, wire_group
 from queen_pg.security import crypto
 
 LIST_SQL = "SELECT * FROM queen.dlq_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)"
@@ -69,7 +69,7 @@ def _dead(r: Record, frame: codec.Frame | None, vault: crypto.Vault) -> dict[str
         "queue": r["queue_name"],
         "partition": r["partition_name"],
         "partitionId": str(r["partition_id"]),
-        "consumerGroup": None if r["consumer_group"] == QUEUE_MODE else r["consumer_group"],
+        "consumerGroup": wire_group(r["consumer_group"]),
         "offset": r["msg_offset"],
         "data": _payload(r, frame, vault),
         "producerSub": r["producer_sub"] if r["producer_sub"] is not None else frame.producer_sub if frame else None,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.engine.pop import group_label
 from queen_pg.errors import NOT_FOUND, QueenError
 
 SeekTarget = Literal["end", "start", "timestamp"]
@@ -25,19 +25,15 @@ SEEK_SQL = "SELECT queen.consumer_group_seek_v1($1, $2, $3, $4, $5, $6)"
 SUBSCRIPTION_SQL = "SELECT queen.consumer_group_subscription_v1($1, $2, $3)"
 
 
-def _group_label(group: str) -> str:
-    return "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
-
-
 def _not_found(kind: str, group: str, queue: str | None, partition: str | None) -> QueenError:
     if kind == "queue":
         detail = f"queue {queue!r} not found"
     elif kind == "partition":
         detail = f"partition {partition!r} not found in queue {queue!r}"
     elif queue is not None:
-        detail = f"{_group_label(group)} does not exist on queue {queue!r}"
+        detail = f"{group_label(group)} does not exist on queue {queue!r}"
     else:
-        detail = f"{_group_label(group)} not found"
+        detail = f"{group_label(group)} not found"
     return QueenError(NOT_FOUND, detail=detail)
 
 

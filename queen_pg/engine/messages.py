@@ -17,7 +17,7 @@ import orjson
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import codec
 from queen_pg.engine.answers import AnswerBudget, mark_cut
-from queen_pg.engine.pop import QUEUE_MODE, iso_ms
+from queen_pg.engine.pop import group_label, iso_ms, wire_group
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
 
@@ -86,8 +86,7 @@ def _refused(status: str, queue: str, partition: str | None, group: str | None) 
     if status == "no_partition":
         return QueenError(NOT_FOUND, detail=f"partition {partition!r} not found in queue {queue!r}")
     if status == "no_group":
-        label = "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
-        return QueenError(NOT_FOUND, detail=f"{label} does not exist on queue {queue!r}")
+        return QueenError(NOT_FOUND, detail=f"{group_label(group)} does not exist on queue {queue!r}")
     return QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
 
 
@@ -145,7 +144,7 @@ def _page(rows: list[Record], q: MessageQuery, v: crypto.Vault) -> list[dict[str
                     return messages
                 msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"], v)
                 if q.group is not None:
-                    msg["consumerGroup"] = None if q.group == QUEUE_MODE else q.group
+                    msg["consumerGroup"] = wire_group(q.group)
                     msg["status"] = _state(row, off)
                 messages.append(msg)
     return messages

@@ -54,6 +54,16 @@ ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the t
 MAX_MARGIN_S = 0.25
 
 
+def wire_group(group: str) -> str | None:
+    """A stored group as the wire shows it (consumerGroup): None for queue mode (queen._group_out in SQL)."""
+    return None if group == QUEUE_MODE else group
+
+
+def group_label(group: str | None) -> str:
+    """A stored group as an error detail names it."""
+    return "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
+
+
 @dataclass(frozen=True, slots=True)
 class PopRequest:
     queue: str | None  # None: every queue tagged with namespace/task

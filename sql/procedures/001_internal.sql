@@ -1,4 +1,5 @@
--- Internal helpers shared by the push, pop and transaction procedures. Not called by routes.
+-- Internal helpers shared by the push, pop and transaction procedures (and, for the group names, by
+-- every procedure and view that shows a group). Not called by routes.
 --
 -- queen._create_partitions(tenant, queue_ids[], names[]) -> void
 --   Creates the (queue_id, name) partitions that do not exist yet, with a cursor row (offset 0)
@@ -51,6 +52,12 @@
 --   expires_at column, whose primary key is `keys`), oldest expiry first, FOR UPDATE SKIP LOCKED (a row
 --   a writer is rewriting is left for the next tick); the delete re-checks the expiry, so a row made
 --   live again meanwhile is never deleted. Answers how many it deleted.
+--
+-- queen._queue_mode(group) -> boolean: the stored group is queue mode, which is stored as the group
+--   '__QUEUE_MODE__' (the broker passes queen_pg/engine/pop.py QUEUE_MODE for a pop without a group).
+-- queen._group_out(group) -> text: a stored group as the wire shows it (consumerGroup, a group's
+--   name): NULL for queue mode, the name otherwise. Both are the rule written once: SQL functions the
+--   planner inlines (IMMUTABLE, not STRICT), so they cost nothing where a query uses them.
 
 CREATE OR REPLACE FUNCTION queen._create_partitions(p_tenant text, p_queue_ids bigint[], p_names text[])
 RETURNS void
@@ -287,4 +294,16 @@ BEGIN
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen._queue_mode(p_group text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_group = '__QUEUE_MODE__'
+$$;
+
+CREATE OR REPLACE FUNCTION queen._group_out(p_group text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN queen._queue_mode(p_group) THEN NULL ELSE p_group END
 $$;

@@ -212,7 +212,10 @@ BEGIN
                  LIMIT v_want
                    FOR UPDATE OF lc SKIP LOCKED;
         ELSE
-            -- discovery:candidates
+            -- discovery:candidates: the one-queue statement's rows, found by their keys. The join is not a
+            -- view the two share: FOR UPDATE OF a view locks the rows of every table in it, so a pop would
+            -- hold the queue row (a concurrent pop on the queue would skip all its partitions) and skip a
+            -- partition whose row a push holds; FOR UPDATE OF lc locks the cursor rows alone.
             OPEN v_cur FOR
                 SELECT lc.partition_id, lc.cursor_offset, lc.delivered_end, lc.attempts AS old_attempts,
                        p.name AS pname, p.next_offset, qq.name AS qname, qq.lease_time, qq.delayed_processing

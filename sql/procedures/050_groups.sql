@@ -3,7 +3,8 @@
 -- Conventions shared by every procedure here:
 --   * Results are jsonb built for the HTTP answer. Timestamps are ISO-8601 UTC with microseconds
 --     ("2026-01-01T00:00:00.123456Z", queen._iso_utc); partition ids are strings, as in pop answers.
---   * Queue mode is the group '__QUEUE_MODE__'; it is shown as "name": null, "queueMode": true.
+--   * Queue mode is the group '__QUEUE_MODE__'; it is shown as "name": null, "queueMode": true
+--     (queen._group_out, queen._queue_mode: 001_internal.sql).
 --   * Lag of a (partition, group) = next_offset - cursor_offset (an ack is an offset commit,
 --     docs/wire.md#ack-offset-commit; offsets the group passes over, queen.log_passes, count until the cursor passes them).
 --     `ackedAhead` is always [] since the offset-commit ack (kept for readers of the old shape). A lease is live when lease_id is set
@@ -82,8 +83,8 @@ $$;
 CREATE OR REPLACE FUNCTION queen._group_done(p_group text)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_build_object('success', true, 'group', nullif(p_group, '__QUEUE_MODE__'),
-                              'queueMode', p_group = '__QUEUE_MODE__')
+    SELECT jsonb_build_object('success', true, 'group', queen._group_out(p_group),
+                              'queueMode', queen._queue_mode(p_group))
 $$;
 
 CREATE OR REPLACE FUNCTION queen.consumer_groups_list_v1(
@@ -108,8 +109,8 @@ LANGUAGE sql STABLE AS $$
         'offset', p_offset,
         'consumerGroups', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
-                       'name', nullif(page.name, '__QUEUE_MODE__'),
-                       'queueMode', page.name = '__QUEUE_MODE__',
+                       'name', queen._group_out(page.name),
+                       'queueMode', queen._queue_mode(page.name),
                        'queue', page.queue, 'namespace', page.namespace, 'task', page.task,
                        'partitions', s.partitions, 'totalLag', s.lag, 'leasedPartitions', s.leased,
                        'subscriptionMode', page.subscription_mode,
@@ -170,8 +171,8 @@ LANGUAGE sql STABLE AS $$
     )
     SELECT CASE WHEN count(*) = 0 THEN NULL ELSE
            jsonb_build_object(
-               'name', nullif(p_group, '__QUEUE_MODE__'),
-               'queueMode', p_group = '__QUEUE_MODE__',
+               'name', queen._group_out(p_group),
+               'queueMode', queen._queue_mode(p_group),
                'totalLag', sum(per_queue.lag),
                'queues', jsonb_agg(per_queue.doc ORDER BY per_queue.queue)) END
       FROM per_queue

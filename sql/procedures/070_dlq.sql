@@ -167,7 +167,7 @@ BEGIN
     RETURN jsonb_build_object('status', 'requeued', 'offset', v_off, 'messageId', v_msgid,
                               'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
                               'transactionId', d.transaction_id,
-                              'consumerGroups', (SELECT jsonb_agg(nullif(g, '__QUEUE_MODE__') ORDER BY g)
+                              'consumerGroups', (SELECT jsonb_agg(queen._group_out(g) ORDER BY g)
                                                    FROM unnest(v_groups) AS g));
 END;
 $$;

@@ -129,7 +129,7 @@ BEGIN
 
     RETURN jsonb_build_object(
         'status', 'moved', 'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
-        'consumerGroup', nullif(p_group, '__QUEUE_MODE__'), 'queueMode', p_group = '__QUEUE_MODE__',
+        'consumerGroup', queen._group_out(p_group), 'queueMode', queen._queue_mode(p_group),
         'offset', t.msg_offset, 'messageId', t.message_id, 'leaseReleased', v_released);
 END;
 $$;

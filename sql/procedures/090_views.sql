@@ -11,7 +11,8 @@
 -- frames), which psql cannot read. Read messages through the API (pop, or the admin routes); the only
 -- payloads shown here are the dead letters' `payload` column of v_dlq, when the broker filled it.
 --
--- Conventions: queue mode (the group '__QUEUE_MODE__') shows as consumer_group NULL, queue_mode true.
+-- Conventions: queue mode (the group '__QUEUE_MODE__') shows as consumer_group NULL, queue_mode true
+-- (queen._group_out, queen._queue_mode: 001_internal.sql).
 -- lag = next_offset - cursor_offset (messages not yet done for the group; offsets it passes over,
 -- queen.log_passes, above the cursor still count). A lease is live while lease_expires_at > now() (the transaction's
 -- start time). The counts are exact and computed on each read: on very large queues v_queues
@@ -70,8 +71,8 @@ SELECT lp.tenant,
        lp.name                                          AS partition,
        lp.id                                            AS partition_id,
        lp.next_offset,
-       nullif(lc.consumer_group, '__QUEUE_MODE__')      AS consumer_group,
-       lc.consumer_group = '__QUEUE_MODE__'             AS queue_mode,
+       queen._group_out(lc.consumer_group)              AS consumer_group,
+       queen._queue_mode(lc.consumer_group)             AS queue_mode,
        lc.cursor_offset,
        lp.next_offset - lc.cursor_offset                AS lag,
        '{}'::bigint[]                                   AS acked_ahead,  -- always empty: an ack is an offset commit
@@ -90,8 +91,8 @@ SELECT lp.tenant,
 CREATE OR REPLACE VIEW queen.v_consumer_groups AS
 SELECT q.tenant,
        q.name                                           AS queue,
-       nullif(lg.name, '__QUEUE_MODE__')                AS consumer_group,
-       lg.name = '__QUEUE_MODE__'                       AS queue_mode,
+       queen._group_out(lg.name)                        AS consumer_group,
+       queen._queue_mode(lg.name)                       AS queue_mode,
        lg.subscription_mode,
        lg.subscribed_from,
        c.partitions,
@@ -119,8 +120,8 @@ CREATE OR REPLACE VIEW queen.v_dlq AS
 SELECT dq.tenant,
        q.name                                           AS queue,
        lp.name                                          AS partition,
-       nullif(dq.consumer_group, '__QUEUE_MODE__')      AS consumer_group,
-       dq.consumer_group = '__QUEUE_MODE__'             AS queue_mode,
+       queen._group_out(dq.consumer_group)              AS consumer_group,
+       queen._queue_mode(dq.consumer_group)             AS queue_mode,
        dq.msg_offset,
        dq.transaction_id,
        dq.message_id,

@@ -9,7 +9,8 @@
 --     no group yet, its retained messages (what a first consumer would receive).
 --   * inFlight = messages under a live lease (lease_expires_at > p_now) not yet acked:
 --     lease_end - cursor_offset, summed (offsets the group passes over inside the lease still count).
---   * Queue mode is the group '__QUEUE_MODE__', shown as "name": null, "queueMode": true.
+--   * Queue mode is the group '__QUEUE_MODE__', shown as "name": null, "queueMode": true
+--     (queen._group_out, queen._queue_mode: 001_internal.sql).
 --   * An unknown queue or group is a result: {"notFound": "queue"|"group"} (detail: NULL), turned into
 --     404 not_found by queen_pg/engine/admin.py. Inputs are validated by the broker first.
 --   * p_now: NULL = now(). Cost (but the overview's, a snapshot read): these reads visit every partition and cursor row of the queues they
@@ -77,8 +78,8 @@ LANGUAGE sql STABLE AS $$
         'inFlight', (SELECT coalesce(sum(cons.in_flight), 0) FROM cons),
         'dlq', (SELECT count(*) FROM queen.log_dlq d WHERE d.queue_id = p_queue_id),
         'groups', coalesce((SELECT jsonb_agg(jsonb_build_object(
-                                'name', nullif(grp.name, '__QUEUE_MODE__'),
-                                'queueMode', grp.name = '__QUEUE_MODE__',
+                                'name', queen._group_out(grp.name),
+                                'queueMode', queen._queue_mode(grp.name),
                                 'lag', grp.lag) ORDER BY grp.name) FROM grp), '[]'::jsonb))
 $$;
 
@@ -145,7 +146,7 @@ LANGUAGE sql STABLE AS $$
          WHERE lc.queue_id = (SELECT q.id FROM q)
     ), groups AS (
         SELECT g.name, jsonb_build_object(
-                   'name', nullif(g.name, '__QUEUE_MODE__'), 'queueMode', g.name = '__QUEUE_MODE__',
+                   'name', queen._group_out(g.name), 'queueMode', queen._queue_mode(g.name),
                    'subscriptionMode', g.subscription_mode,
                    'subscriptionFrom', queen._iso_utc(g.subscribed_from),
                    'createdAt', queen._iso_utc(g.created_at),
@@ -169,8 +170,8 @@ LANGUAGE sql STABLE AS $$
                    'createdAt', queen._iso_utc(page.created_at),
                    'groups', coalesce((
                        SELECT jsonb_agg(jsonb_build_object(
-                                  'name', nullif(c.consumer_group, '__QUEUE_MODE__'),
-                                  'queueMode', c.consumer_group = '__QUEUE_MODE__',
+                                  'name', queen._group_out(c.consumer_group),
+                                  'queueMode', queen._queue_mode(c.consumer_group),
                                   'cursor', c.cursor_offset, 'lag', c.next_offset - c.cursor_offset,
                                   'leased', c.live,
                                   'leaseExpiresAt', CASE WHEN c.live THEN queen._iso_utc(c.lease_expires_at) END,

@@ -253,8 +253,8 @@ BEGIN
            coalesce((
                SELECT jsonb_agg(jsonb_build_object(
                           'group', g.consumer_group,
-                          'name', nullif(g.consumer_group, '__QUEUE_MODE__'),
-                          'queueMode', g.consumer_group = '__QUEUE_MODE__',
+                          'name', queen._group_out(g.consumer_group),
+                          'queueMode', queen._queue_mode(g.consumer_group),
                           'cursor', g.cursor_offset,
                           'state', CASE WHEN g.dead THEN 'dead' WHEN g.consumed THEN 'consumed'
                                         WHEN g.leased THEN 'leased' ELSE 'pending' END,
@@ -279,7 +279,7 @@ BEGIN
                         WHERE lc.partition_id = p_partition_id) g), '[]'::jsonb),
            coalesce((
                SELECT jsonb_agg(jsonb_build_object(
-                          'consumerGroup', nullif(d.consumer_group, '__QUEUE_MODE__'), 'error', d.error,
+                          'consumerGroup', queen._group_out(d.consumer_group), 'error', d.error,
                           'attempts', d.attempts, 'failedAt', queen._iso_utc(d.failed_at)) ORDER BY d.id)
                  FROM queen.log_dlq d WHERE d.partition_id = p_partition_id AND d.msg_offset = t.msg_offset),
                '[]'::jsonb)

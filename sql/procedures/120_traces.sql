@@ -67,8 +67,8 @@ CREATE OR REPLACE FUNCTION queen._trace_doc(t queen.traces)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
-        'id', t.id, 'consumerGroup', nullif(t.consumer_group, '__QUEUE_MODE__'),
-        'queueMode', t.consumer_group = '__QUEUE_MODE__', 'eventType', t.event_type,
+        'id', t.id, 'consumerGroup', queen._group_out(t.consumer_group),
+        'queueMode', queen._queue_mode(t.consumer_group), 'eventType', t.event_type,
         'traceNames', to_jsonb(t.trace_names), 'data', t.data, 'createdAt', queen._iso_utc(t.created_at))
 $$;
 

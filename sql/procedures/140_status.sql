@@ -240,7 +240,7 @@ CREATE OR REPLACE FUNCTION queen._lagging_entry(
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
-        'name', nullif(p_group, '__QUEUE_MODE__'), 'queueMode', p_group = '__QUEUE_MODE__', 'queue', p_queue,
+        'name', queen._group_out(p_group), 'queueMode', queen._queue_mode(p_group), 'queue', p_queue,
         'partitions', p_partitions, 'partitionsBehind', p_behind, 'lag', p_lag,
         'oldestPendingAt', queen._iso_utc(p_oldest), 'lagSeconds', extract(epoch FROM p_now - p_oldest))
 $$;
