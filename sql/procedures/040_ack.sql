@@ -52,8 +52,12 @@
 --          below; every path that moves a cursor here calls it (ack_v3's fast path for one row and for
 --          several, step 4 of queen._ack_settle). It is a PL/pgSQL function called as an expression
 --          (a LANGUAGE sql function holding an UPDATE is planned on every call, PL/pgSQL keeps the
---          plan), so a commit is the same one UPDATE as before plus a function call
---          (tests/test_sql_written_once.py fails on a second statement stating the rule).
+--          plan), per cursor row: a commit is one UPDATE of one row plus the call. Measured against the
+--          rule written inline in each path (alternated A/B, PostgreSQL CPU per ack_v3 call): ~5 % more
+--          for the usual ack (one lease, hinted), ~10 us a row more for a fused ack of several rows (an
+--          UPDATE a row instead of one for all: +15-18 % at 8 rows). Taking arrays instead (one UPDATE
+--          over unnested rows, a CTE to aggregate the answer) made the fused ack even but the usual one
+--          20-28 % dearer. tests/test_sql_written_once.py fails on a second statement stating the rule.
 -- Plans:   _ack_settle, ack_v1 and ack_v3 run with plan_cache_mode = force_generic_plan (nested calls
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
@@ -91,7 +95,7 @@ BEGIN
 END;
 $$;
 
--- queen._ack_commit: the commit rule, the one statement of sql/ that moves an acked cursor (called by
+-- queen._ack_commit: the commit rule, the one statement of the ack that moves a cursor (called by
 -- queen._ack_settle's step 4 and queen.ack_v3's fast paths). The row's cursor goes to p_new, counting
 -- p_acked as acked (NULL: p_new - the cursor); the retry budget becomes p_fail_off/p_fails as charged
 -- (p_fails NULL: the row's own), reset once the cursor passed the charged offset; a lease that was live
@@ -99,13 +103,13 @@ $$;
 -- end past delivered_end. Result: released (this commit released the lease) and wake (then, with
 -- messages left, head_at being kept by the cursor's trigger: the queue's name, for the parked pops).
 -- Locks:   the cursor row, which the caller already holds FOR UPDATE (docs/architecture.md#lock-order #3);
---          the trigger's queen._cursor_head as in the callers' headers. Plans: no SET of its own (a
---          function's SET costs a configuration save and restore per call); its callers run with
---          plan_cache_mode = force_generic_plan and enable_seqscan = off, and it inherits both.
+--          the trigger's queen._cursor_head as in the callers' headers. Plans: enable_seqscan = off like
+--          the other ack functions (tests/test_ack_plans.py; the SET measured no dearer per ack), and
+--          plan_cache_mode = force_generic_plan inherited from its callers.
 CREATE OR REPLACE FUNCTION queen._ack_commit(p_pid bigint, p_group text, p_new bigint, p_acked bigint,
                                              p_live boolean, p_nacked boolean, p_fail_off bigint,
                                              p_fails integer, OUT released boolean, OUT wake text)
-LANGUAGE plpgsql AS $$  -- plpgsql: the UPDATE's plan is kept (a LANGUAGE sql UPDATE is planned per call)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$  -- plpgsql: the UPDATE's plan is kept (sql: planned per call)
 BEGIN
     UPDATE queen.log_consumers lc
        SET cursor_offset = p_new,
@@ -702,12 +706,12 @@ BEGIN
                 IF v_c.released THEN
                     v_relk := v_relk || v_k;
                 END IF;
-                IF v_c.wake IS NOT NULL THEN
+                IF v_c.wake IS NOT NULL AND NOT v_c.wake = ANY (o_wake) THEN
                     o_wake := o_wake || v_c.wake;
                 END IF;
             END LOOP;
-            IF cardinality(o_wake) > 1 THEN  -- distinct and sorted, as an array_agg(DISTINCT) gives them
-                o_wake := ARRAY(SELECT DISTINCT w.w FROM unnest(o_wake) AS w(w) ORDER BY w.w);
+            IF cardinality(o_wake) > 1 THEN  -- sorted, as an array_agg(DISTINCT) gives them
+                o_wake := ARRAY(SELECT w.w FROM unnest(o_wake) AS w(w) ORDER BY w.w);
             END IF;
             o_refused := '{}';
             o_errors := '{}';
