@@ -666,8 +666,8 @@ BEGIN
     END IF;
     -- Fast path, several kinds (fused requests of different leases, engine/fusion.py): the one-kind
     -- path's checks for every cursor row at once, then queen._ack_commit for each row: three statements
-    -- and a commit a row instead of queen._ack_settle's loop (~10 statements a row). It applies when every kind is `completed` under
-    -- a lease, with its hint, and no two kinds share a cursor row. The rows are locked in
+    -- and a commit a row instead of queen._ack_settle's loop (~10 statements a row). It applies when
+    -- every kind is `completed` under a lease, with its hint, and no two kinds share a cursor row. The rows are locked in
     -- queen._ack_settle's order (ascending partition, group: docs/architecture.md#lock-order #3); when any row fails a
     -- check nothing is written here and every row goes on to queen._ack_settle, which finds the rows
     -- this call already holds (tests/test_ack_hint.py compares both ways).
