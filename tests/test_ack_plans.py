@@ -29,6 +29,7 @@ from tests.test_pop_discovery import Plans
 ACK_FNS = [
     "queen.ack_v3",
     "queen._ack_settle",
+    "queen._ack_commit",
     "queen.ack_v1",
     "queen._ack_wakes",
     "queen.transaction_v1",

@@ -14,7 +14,8 @@
 --          The call itself never raises for a refused item.
 -- Locks:   (docs/architecture.md#lock-order #3) log_consumers rows FOR UPDATE, ascending (partition_id, group); under
 --          them it inserts log_dlq rows (no foreign keys: no lock on a partition or queue row) and
---          deletes the cursor's log_passes rows. A cursor it moves to the partition's end tries the
+--          deletes the cursor's log_passes rows; then it updates each row it holds (queen._ack_commit,
+--          after that row's own lock: never a new lock). A cursor it moves to the partition's end tries the
 --          partition row FOR SHARE SKIP LOCKED (queen._cursor_head, by trigger: never waits). Nothing else.
 -- Range ack: per cursor row, one statement resolves every item and checks the common batch (all
 --          `completed`, at or above the cursor, inside the live lease they name, or naming none); such a
@@ -47,15 +48,16 @@
 --   * 'dlq' dead-letters its message at once (and commits through it).
 --   The cursor then passes over the group's log_passes offsets. The lease is released when the cursor
 --   reached lease_end or a nack applied; leaseReleased is reported on the row's last item.
--- Commit:  what moving a cursor does to its row is ONE SET list, stated by the three statements that
---          commit (ack_v3's fast path for one row and for several, and step 4 below), identical byte for
---          byte but for whitespace and fed by a row x: new (the cursor), acked (NULL: new - cursor),
---          live (the lease was live), nacked (release it below its end), fail_off/fails (the retry
---          budget as charged, fails NULL: the row's own). It resets the budget once the cursor passed
---          the charged offset, releases a live lease at its end or after a nack (released_lease_id
---          keeps it) and ends the attempts past delivered_end. It stays inline: an internal function
---          holding it measured 10-15 % more PostgreSQL CPU per ack (benchmarks/sql_pop.py, ack us per
---          call); tests/test_sql_written_once.py proves the three lists equal.
+-- Commit:  what moving a cursor does to its row (the commit rule) is stated once, by queen._ack_commit
+--          below; every path that moves a cursor here calls it (ack_v3's fast path for one row and for
+--          several, step 4 of queen._ack_settle). It is a PL/pgSQL function called as an expression
+--          (a LANGUAGE sql function holding an UPDATE is planned on every call, PL/pgSQL keeps the
+--          plan), per cursor row: a commit is one UPDATE of one row plus the call. Measured against the
+--          rule written inline in each path (alternated A/B, PostgreSQL CPU per ack_v3 call): ~5 % more
+--          for the usual ack (one lease, hinted), ~10 us a row more for a fused ack of several rows (an
+--          UPDATE a row instead of one for all: +15-18 % at 8 rows). Taking arrays instead (one UPDATE
+--          over unnested rows, a CTE to aggregate the answer) made the fused ack even but the usual one
+--          20-28 % dearer. tests/test_sql_written_once.py fails on a second statement stating the rule.
 -- Plans:   _ack_settle, ack_v1 and ack_v3 run with plan_cache_mode = force_generic_plan (nested calls
 --          inherit it): PL/pgSQL kept custom plans for the array-parameter statements (the decode, the
 --          one-statement judgement, the answer) and re-planned them on every call; measured 5-21 %
@@ -90,6 +92,46 @@ BEGIN
     DELETE FROM queen.log_passes lp
      WHERE lp.partition_id = p_pid AND lp.consumer_group = p_group AND lp.msg_offset < v_cursor;
     RETURN v_cursor;
+END;
+$$;
+
+-- queen._ack_commit: the commit rule, the one statement of the ack that moves a cursor (called by
+-- queen._ack_settle's step 4 and queen.ack_v3's fast paths). The row's cursor goes to p_new, counting
+-- p_acked as acked (NULL: p_new - the cursor); the retry budget becomes p_fail_off/p_fails as charged
+-- (p_fails NULL: the row's own), reset once the cursor passed the charged offset; a lease that was live
+-- (p_live) is released at its end or after a nack (p_nacked), released_lease_id keeping it; the attempts
+-- end past delivered_end. Result: released (this commit released the lease) and wake (then, with
+-- messages left, head_at being kept by the cursor's trigger: the queue's name, for the parked pops).
+-- Locks:   the cursor row, which the caller already holds FOR UPDATE (docs/architecture.md#lock-order #3);
+--          the trigger's queen._cursor_head as in the callers' headers. Plans: enable_seqscan = off like
+--          the other ack functions (tests/test_ack_plans.py; the SET measured no dearer per ack), and
+--          plan_cache_mode = force_generic_plan inherited from its callers.
+CREATE OR REPLACE FUNCTION queen._ack_commit(p_pid bigint, p_group text, p_new bigint, p_acked bigint,
+                                             p_live boolean, p_nacked boolean, p_fail_off bigint,
+                                             p_fails integer, OUT released boolean, OUT wake text)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$  -- plpgsql: the UPDATE's plan is kept (sql: planned per call)
+BEGIN
+    UPDATE queen.log_consumers lc
+       SET cursor_offset = p_new,
+           acked_total = lc.acked_total + coalesce(p_acked, p_new - lc.cursor_offset),
+           fail_offset = CASE WHEN p_fails IS NULL AND lc.fail_offset < p_new THEN NULL
+                              WHEN p_fails IS NULL THEN lc.fail_offset
+                              WHEN p_fail_off < p_new THEN NULL ELSE p_fail_off END,
+           failures = CASE WHEN p_fails IS NULL AND lc.fail_offset < p_new THEN 0
+                           WHEN p_fails IS NULL THEN lc.failures
+                           WHEN p_fail_off < p_new THEN 0 ELSE p_fails END,
+           released_lease_id = CASE WHEN p_live AND (p_nacked OR p_new >= lc.lease_end) THEN lc.lease_id
+                                    ELSE lc.released_lease_id END,
+           lease_id = CASE WHEN p_live AND (p_nacked OR p_new >= lc.lease_end) THEN NULL ELSE lc.lease_id END,
+           lease_expires_at = CASE WHEN p_live AND (p_nacked OR p_new >= lc.lease_end) THEN NULL
+                                   ELSE lc.lease_expires_at END,
+           lease_end = CASE WHEN p_live AND (p_nacked OR p_new >= lc.lease_end) THEN NULL ELSE lc.lease_end END,
+           attempts = CASE WHEN p_new >= lc.delivered_end THEN 0 ELSE lc.attempts END
+     WHERE lc.partition_id = p_pid AND lc.consumer_group = p_group
+    RETURNING p_live AND lc.lease_id IS NULL,
+              CASE WHEN p_live AND lc.lease_id IS NULL AND lc.head_at IS NOT NULL
+                   THEN (SELECT q.name FROM queen.queues q WHERE q.id = lc.queue_id) END
+         INTO released, wake;
 END;
 $$;
 
@@ -462,28 +504,8 @@ BEGIN
         IF v_new > v_start THEN
             v_new := queen._pass_over(k.pid, k.grp, v_new);
         END IF;
-        UPDATE queen.log_consumers lc
-           SET cursor_offset = x.new,
-               acked_total = lc.acked_total + coalesce(x.acked, x.new - lc.cursor_offset),
-               fail_offset = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN NULL
-                                  WHEN x.fails IS NULL THEN lc.fail_offset
-                                  WHEN x.fail_off < x.new THEN NULL ELSE x.fail_off END,
-               failures = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN 0
-                               WHEN x.fails IS NULL THEN lc.failures
-                               WHEN x.fail_off < x.new THEN 0 ELSE x.fails END,
-               released_lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN lc.lease_id
-                                        ELSE lc.released_lease_id END,
-               lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                               ELSE lc.lease_id END,
-               lease_expires_at = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                       ELSE lc.lease_expires_at END,
-               lease_end = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                ELSE lc.lease_end END,
-               attempts = CASE WHEN x.new >= lc.delivered_end THEN 0 ELSE lc.attempts END
-          FROM (SELECT v_new AS new, v_acked AS acked, v_live AS live, cardinality(v_nacks) > 0 AS nacked,
-                       c.fail_offset AS fail_off, c.failures AS fails) AS x
-         WHERE lc.partition_id = k.pid AND lc.consumer_group = k.grp
-        RETURNING x.live AND lc.lease_id IS NULL INTO v_released;
+        v_released := (queen._ack_commit(k.pid, k.grp, v_new, v_acked, v_live, cardinality(v_nacks) > 0,
+                                         c.fail_offset, c.failures)).released;
         IF v_released THEN
             r_released[v_last] := true;
             v_rel := v_rel || v_last;
@@ -597,8 +619,8 @@ DECLARE
     v_hkinds   integer[];
     f          record;
     v_now      timestamptz;
-    v_rel      boolean;
-    v_wake     text;
+    v_c        record;     -- queen._ack_commit's answer: (released, wake)
+    v_k        integer;
     v_kn       integer := coalesce(cardinality(p_kind_pids), 0);
     v_ok       boolean;
     v_relk     integer[];  -- the several-kinds fast path: the kinds whose lease it released
@@ -608,11 +630,11 @@ BEGIN
     END IF;
     v_n := length(p_items) / 26;
     -- Fast path (the usual ack: one kind, `completed` under a lease, with its hint): queen._ack_settle's
-    -- hinted range ack (its step 0, the same checks and the same row and answer) in two statements
-    -- instead of about ten: lock the cursor row, read the clock, then commit through the hint's highest
-    -- offset under the checks that need a look (no passed-over offsets, the segment holding the hint's
-    -- lowest offset still there). Whatever it cannot decide goes on to queen._ack_settle, which finds
-    -- the row this call already holds (tests/test_ack_hint.py compares both ways).
+    -- hinted range ack (its step 0, the same checks and the same row and answer) in three statements
+    -- instead of about ten: lock the cursor row, read the clock, check what needs a look (no passed-over
+    -- offsets, the segment holding the hint's lowest offset still there), then commit through the hint's
+    -- highest offset (queen._ack_commit). Whatever it cannot decide goes on to queen._ack_settle, which
+    -- finds the row this call already holds (tests/test_ack_hint.py compares both ways).
     IF p_hint[3] IS NOT NULL AND v_n > 0 AND cardinality(p_kind_pids) = 1
        AND p_kind_statuses[1] = 'completed' AND p_kind_leases[1] IS NOT NULL THEN
         SELECT lc.cursor_offset, lc.lease_id, lc.lease_expires_at, lc.lease_end INTO f
@@ -623,54 +645,29 @@ BEGIN
         v_now := coalesce(p_now, clock_timestamp());  -- after the row lock: the lease is judged now
         IF f.lease_id = p_kind_leases[1] AND f.lease_expires_at > v_now
            AND p_hint[1] <= f.cursor_offset AND p_hint[2] >= f.cursor_offset AND p_hint[3] < f.lease_end THEN
-            UPDATE queen.log_consumers lc
-               SET cursor_offset = x.new,
-                   acked_total = lc.acked_total + coalesce(x.acked, x.new - lc.cursor_offset),
-                   fail_offset = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN NULL
-                                      WHEN x.fails IS NULL THEN lc.fail_offset
-                                      WHEN x.fail_off < x.new THEN NULL ELSE x.fail_off END,
-                   failures = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN 0
-                                   WHEN x.fails IS NULL THEN lc.failures
-                                   WHEN x.fail_off < x.new THEN 0 ELSE x.fails END,
-                   released_lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN lc.lease_id
-                                            ELSE lc.released_lease_id END,
-                   lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                   ELSE lc.lease_id END,
-                   lease_expires_at = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                           ELSE lc.lease_expires_at END,
-                   lease_end = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                    ELSE lc.lease_end END,
-                   attempts = CASE WHEN x.new >= lc.delivered_end THEN 0 ELSE lc.attempts END
-              FROM (SELECT p_hint[3] + 1 AS new, NULL::bigint AS acked, true AS live, false AS nacked,
-                           NULL::bigint AS fail_off, NULL::integer AS fails) AS x
-             WHERE lc.partition_id = p_kind_pids[1] AND lc.consumer_group = p_kind_groups[1]
-               AND NOT EXISTS (SELECT 1 FROM queen.log_passes ps
-                                WHERE ps.partition_id = p_kind_pids[1] AND ps.consumer_group = p_kind_groups[1])
-               -- (the segment holding p_hint[2]: the newest starting at or below it, one index probe)
+            -- (the segment holding p_hint[2]: the newest starting at or below it, one index probe)
+            IF NOT EXISTS (SELECT 1 FROM queen.log_passes ps
+                            WHERE ps.partition_id = p_kind_pids[1] AND ps.consumer_group = p_kind_groups[1])
                AND (SELECT s.end_offset FROM queen.log_segments s
                      WHERE s.partition_id = p_kind_pids[1] AND s.base_offset <= p_hint[2]
-                     ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2]
-            -- released with messages left (head_at: set by the cursor's trigger): its queue, to wake
-            RETURNING x.live AND lc.lease_id IS NULL,
-                      CASE WHEN lc.lease_id IS NULL AND lc.head_at IS NOT NULL
-                           THEN (SELECT q.name FROM queen.queues q WHERE q.id = lc.queue_id) END
-                 INTO v_rel, v_wake;
-            IF FOUND THEN
+                     ORDER BY s.base_offset DESC LIMIT 1) > p_hint[2] THEN
+                v_c := queen._ack_commit(p_kind_pids[1], p_kind_groups[1], p_hint[3] + 1, NULL, true, false,
+                                         NULL, NULL);
                 o_refused := '{}';
                 o_errors := '{}';
-                o_released := CASE WHEN v_rel THEN ARRAY[v_n] ELSE '{}'::integer[] END;
+                o_released := CASE WHEN v_c.released THEN ARRAY[v_n] ELSE '{}'::integer[] END;
                 o_dlq := '{}';
                 o_noop := '{}';
-                o_wake := CASE WHEN v_wake IS NULL THEN '{}'::text[] ELSE ARRAY[v_wake] END;
+                o_wake := CASE WHEN v_c.wake IS NULL THEN '{}'::text[] ELSE ARRAY[v_c.wake] END;
                 RETURN NEXT;
                 RETURN;
             END IF;
         END IF;
     END IF;
     -- Fast path, several kinds (fused requests of different leases, engine/fusion.py): the one-kind
-    -- path's checks and row update for every cursor row at once, in four statements instead of
-    -- queen._ack_settle's loop (~10 statements a row). It applies when every kind is `completed` under
-    -- a lease, with its hint, and no two kinds share a cursor row. The rows are locked in
+    -- path's checks for every cursor row at once, then queen._ack_commit for each row: three statements
+    -- and a commit a row instead of queen._ack_settle's loop (~10 statements a row). It applies when
+    -- every kind is `completed` under a lease, with its hint, and no two kinds share a cursor row. The rows are locked in
     -- queen._ack_settle's order (ascending partition, group: docs/architecture.md#lock-order #3); when any row fails a
     -- check nothing is written here and every row goes on to queen._ack_settle, which finds the rows
     -- this call already holds (tests/test_ack_hint.py compares both ways).
@@ -701,35 +698,21 @@ BEGIN
                   JOIN queen.log_consumers lc ON lc.partition_id = x.pid AND lc.consumer_group = x.grp
                   JOIN queen.log_partitions p ON p.id = lc.partition_id AND p.tenant = p_tenant) AS c;
         IF v_ok THEN
-            WITH up AS (
-                UPDATE queen.log_consumers lc
-                   SET cursor_offset = x.new,
-                       acked_total = lc.acked_total + coalesce(x.acked, x.new - lc.cursor_offset),
-                       fail_offset = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN NULL
-                                          WHEN x.fails IS NULL THEN lc.fail_offset
-                                          WHEN x.fail_off < x.new THEN NULL ELSE x.fail_off END,
-                       failures = CASE WHEN x.fails IS NULL AND lc.fail_offset < x.new THEN 0
-                                       WHEN x.fails IS NULL THEN lc.failures
-                                       WHEN x.fail_off < x.new THEN 0 ELSE x.fails END,
-                       released_lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN lc.lease_id
-                                                ELSE lc.released_lease_id END,
-                       lease_id = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                       ELSE lc.lease_id END,
-                       lease_expires_at = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                               ELSE lc.lease_expires_at END,
-                       lease_end = CASE WHEN x.live AND (x.nacked OR x.new >= lc.lease_end) THEN NULL
-                                        ELSE lc.lease_end END,
-                       attempts = CASE WHEN x.new >= lc.delivered_end THEN 0 ELSE lc.attempts END
-                  FROM (SELECT u.pid, u.grp, u.k::integer AS k, p_hint[3 * u.k] + 1 AS new, NULL::bigint AS acked,
-                               true AS live, false AS nacked, NULL::bigint AS fail_off, NULL::integer AS fails
-                          FROM unnest(p_kind_pids, p_kind_groups) WITH ORDINALITY AS u(pid, grp, k)) AS x
-                 WHERE lc.partition_id = x.pid AND lc.consumer_group = x.grp
-                RETURNING x.k, x.live AND lc.lease_id IS NULL AS rel, lc.head_at IS NOT NULL AS pending, lc.queue_id
-            )
-            SELECT coalesce(array_agg(up.k) FILTER (WHERE up.rel), '{}'),
-                   coalesce(array_agg(DISTINCT q.name) FILTER (WHERE up.rel AND up.pending), '{}')
-              INTO v_relk, o_wake
-              FROM up JOIN queen.queues q ON q.id = up.queue_id;
+            v_relk := '{}';
+            o_wake := '{}';
+            FOR v_k IN 1 .. v_kn LOOP  -- (kind order; every row is held already)
+                v_c := queen._ack_commit(p_kind_pids[v_k], p_kind_groups[v_k], p_hint[3 * v_k] + 1, NULL, true,
+                                         false, NULL, NULL);
+                IF v_c.released THEN
+                    v_relk := v_relk || v_k;
+                END IF;
+                IF v_c.wake IS NOT NULL AND NOT v_c.wake = ANY (o_wake) THEN
+                    o_wake := o_wake || v_c.wake;
+                END IF;
+            END LOOP;
+            IF cardinality(o_wake) > 1 THEN  -- sorted, as an array_agg(DISTINCT) gives them
+                o_wake := ARRAY(SELECT w.w FROM unnest(o_wake) AS w(w) ORDER BY w.w);
+            END IF;
             o_refused := '{}';
             o_errors := '{}';
             o_dlq := '{}';
