@@ -141,12 +141,13 @@ QUEUE_COUNT = "SELECT count(*) FROM queen.queues q WHERE $1::text IS NULL OR q.t
 SYSTEM_SETTINGS = call("system_settings_v1", 0)
 SYSTEM_SETTING_SET = call("system_setting_set_v1", "$1, $2::text::jsonb")
 
-# The background jobs (queen_pg/jobs/, 060_jobs.sql and the files of their nouns): one bounded call each
+# The background jobs (queen_pg/jobs/): one bounded call each, in the order of their files (060_jobs.sql,
+# 080_kv.sql, 096_outcomes.sql, 098_stats_snapshot.sql, 120_traces.sql, 130_system.sql)
 LEASE_EXPIRY = call("lease_expiry_v1", 2, "*")
 RETENTION = call("retention_v1", 2, "*")
 DLQ_FILL = call("dlq_fill_v2", 6, "*")
 KV_SWEEP = call("kv_sweep_v1", 2)
 OUTCOMES_PRUNE = call("outcomes_prune_v1", 2)
+STATS_SNAPSHOT = call("stats_snapshot_v1", 3)
 TRACES_RETENTION = call("traces_retention_v1", 3)
 STATS_SAMPLE = call("stats_sample_v1", 4, "*")
-STATS_SNAPSHOT = call("stats_snapshot_v1", 3)
