@@ -2,11 +2,12 @@
 
 An entry is written by :func:`call` from the procedure's name and its arguments: a count ``n`` gives
 ``$1, ..., $n``; an argument list with a cast or a literal (``$2::text::jsonb``, a ``NULL`` for an
-argument the broker leaves at its default) is written out. :func:`call` records each entry's procedure
-and argument count in :data:`CALLS`; ``tests/test_sql_callers.py`` checks them against ``pg_proc`` of a
-database with ``sql/`` applied (the procedure exists in schema ``queen`` and takes that many arguments;
-a written-out list numbers its parameters ``$1`` to ``$k`` in order) and that no other module of
-``queen_pg`` sends a SQL text that calls a procedure. The engine modules and jobs make the calls.
+argument the broker leaves to the database: mostly ``p_now``, the clock) is written out. :func:`call`
+records each entry's procedure and argument count in :data:`CALLS`; ``tests/test_sql_callers.py``
+checks them against ``pg_proc`` of a database with ``sql/`` applied (the procedure exists in schema
+``queen`` and takes that many arguments; a written-out list numbers its parameters ``$1`` to ``$k`` in
+order; PostgreSQL prepares the text) and that no other module of ``queen_pg`` sends a SQL text that
+calls a procedure. The engine modules and jobs make the calls.
 
 The texts are the statements asyncpg prepares and caches by their text: the same call is always the
 same text.
@@ -31,16 +32,15 @@ def call(name: str, args: int | str, select: str | None = None, alias: str | Non
     return sql
 
 
-# Push (sql/procedures/020_push.sql): v3 when the request carries no key; v2 keeps its outcome (NULL:
-# the dedup window's default)
+# Push (sql/procedures/020_push.sql); a request with a key: push_v2 keeps its outcome (096_outcomes.sql)
 PUSH = call("push_v3", "$1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8", "*")
 PUSH_ONCE = call("push_v2", "$1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12", "*")
 
 # Pop (030_pop.sql, 031_pop_next_at.sql, 045_lease_release.sql). A framed pop on a broker holding keys
 # also reads each segment's `sealed` (revision 0012), by key, so that it decodes only segments that may
-# hold sealed frames (sealing.opened_rows). The lookup reads the statement's snapshot, taken before pop_v1's own
-# statements: a segment committed in between is not seen there, its NULL reads as "may be sealed" and
-# it is decoded, so a sealed frame is never shipped.
+# hold sealed frames (sealing.opened_rows). The lookup reads the statement's snapshot, taken before
+# pop_v1's own statements: a segment committed in between is not seen there, its NULL reads as "may be
+# sealed" and it is decoded, so a sealed frame is never shipped.
 _POP_ARGS = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13"
 _SEALED = (
     "p.*, (SELECT s.sealed FROM queen.log_segments s"
@@ -58,7 +58,8 @@ POP_NEXT_AT = call("pop_next_at_v1", 4)
 # (engine/leases.py) or NULL; one row of sparse verdicts (1-based indexes): refused + their errors,
 # leaseReleased, dlq, noop; and the queues whose parked pops to wake (a cursor row left claimable: its
 # lease released with messages left, a nack). ack_v1 takes more kinds than ack_v3's u16 holds; ack_v2
-# keeps its outcome; after either, _ack_wakes names the queues to wake (ack_v3 answers it itself).
+# keeps its outcome for a request key (096_outcomes.sql); after either, _ack_wakes names the queues to
+# wake (ack_v3 answers it itself).
 _ACK_VERDICTS = "o_refused, o_errors, o_released, o_dlq, o_noop, o_wake"
 ACK = call("ack_v3", "$1, $2, $3, $4, $5, $6, $7, $8, NULL, $9", _ACK_VERDICTS)
 ACK_ROWS = call("ack_v1", 8, "*")
@@ -67,6 +68,7 @@ ACK_WAKES = call("_ack_wakes", 3)
 LEASE_EXTEND = call("lease_extend_v1", 2, "*")
 
 # Transaction (095_transaction.sql): the KV and timer operations as JSON text; v2 keeps its outcome
+# (096_outcomes.sql)
 _TX_ARGS = (
     "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
     " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26"
@@ -74,7 +76,8 @@ _TX_ARGS = (
 TRANSACTION = call("transaction_v1", _TX_ARGS)
 TRANSACTION_ONCE = call("transaction_v2", _TX_ARGS + ", $27, $28, $29, $30, $31", "*")
 
-# KV and locks (080_kv.sql, 085_locks.sql): the operations as JSON text
+# KV and locks: the operations as JSON text (kv_v3 and locks_v2 keep their outcome: 096_outcomes.sql;
+# the browse: 081_kv_browse.sql; locks_v1: 085_locks.sql)
 KV = call("kv_v3", "$1, $2::text::jsonb, $3, $4, $5, $6, $7, $8", "*")
 KV_NAMESPACES = call("kv_namespaces_v1", 3, "ns")
 KV_KEYS = call("kv_keys_v2", 8)
@@ -101,7 +104,7 @@ QUEUE_CLEAR = call("queue_clear_v1", 3)
 DLQ_LIST = call("dlq_list_v2", 9, "*")
 DLQ_REQUEUE = call("dlq_requeue_v1", 4)
 
-# Consumer groups (050_groups.sql)
+# Consumer groups (050_groups.sql; the lagging ones: 140_status.sql)
 GROUPS_LIST = call("consumer_groups_list_v1", 3)
 GROUP_GET = call("consumer_group_get_v1", 2)
 GROUP_DELETE = call("consumer_group_delete_v1", 4)
@@ -109,8 +112,8 @@ GROUP_SEEK = call("consumer_group_seek_v1", 6)
 GROUP_SUBSCRIPTION = call("consumer_group_subscription_v1", 3)
 GROUPS_LAGGING = call("consumer_groups_lagging_v1", 4)
 
-# Resources and status (100_resources.sql, 140_status.sql); a tenant's snapshot refreshed now: one
-# tenant (limit 1, no minimum gap, the sampled history kept as configured: NULL), then the time of its
+# Resources and status (100_resources.sql, 140_status.sql); a tenant's snapshot refreshed now (limit 1,
+# no minimum gap, the database's clock, that tenant: 098_stats_snapshot.sql), then the time of its
 # tenant_stats row (a read, no procedure call)
 RESOURCES_OVERVIEW = call("resources_overview_v1", 1)
 RESOURCES_QUEUES = call("resources_queues_v1", 6)
