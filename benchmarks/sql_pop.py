@@ -33,12 +33,11 @@ from benchmarks.broker import print_load, scratch_postgres
 from benchmarks.sql_push import PAYLOAD, backend_cpu_ns
 from queen_pg.db.apply import apply_sql
 from queen_pg.embedded_pg import EmbeddedPostgres
-from queen_pg.engine import codec
-from queen_pg.engine.ack import ACK_SQL
+from queen_pg.engine import calls, codec
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
-from queen_pg.engine.pop import POP_MANY_SQL, POP_SQL, QUEUE_MODE
-from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
+from queen_pg.engine.pop import QUEUE_MODE
+from queen_pg.engine.push import NewMessage, prepare
 
 SHAPES = {
     "q100": (QUEUE_MODE, 100, False),
@@ -49,7 +48,7 @@ SHAPES = {
 
 
 async def _fill(conn: asyncpg.Connection, queue: str, segments: int) -> None:
-    stmt = await conn.prepare(PUSH_SQL)
+    stmt = await conn.prepare(calls.PUSH)
     for s in range(segments):
         items = [NewMessage(queue, f"p{s % 10}", PAYLOAD, f"{queue}-{s}-{i}", None) for i in range(100)]
         await stmt.fetchrow("default", *prepare(items).args_v3(), [False])
@@ -66,7 +65,7 @@ async def _pops(
     for _ in range(n):
         lease = uuid.uuid4()
         t0 = backend_cpu_ns(pop_pid)
-        rows = await popc.fetch(POP_SQL, "default", queue, None, None, None, group, batch, 1, lease, auto_ack,
+        rows = await popc.fetch(calls.POP, "default", queue, None, None, None, group, batch, 1, lease, auto_ack,
                                 "all", None, None)  # fmt: skip
         pop_ns += backend_cpu_ns(pop_pid) - t0
         if not rows:
@@ -83,7 +82,7 @@ async def _pops(
         book = LeaseBook()
         book.remember(lease, rows)
         t0 = backend_cpu_ns(ack_pid)
-        res = await ackc.fetch(ACK_SQL, "default", *pack.args(), pack.hint(book))
+        res = await ackc.fetch(calls.ACK, "default", *pack.args(), pack.hint(book))
         ack_ns += backend_cpu_ns(ack_pid) - t0
         assert not res[0]["o_refused"], res
     return done, pop_ns, ack_ns
@@ -131,7 +130,7 @@ async def bench(pg: EmbeddedPostgres, trees: dict[str, Path | None], shapes: lis
 async def _alone(conn: asyncpg.Connection, groups: list[str], batch: int) -> int:
     rows = 0
     for g in groups:
-        got = await conn.fetch(POP_SQL, "default", "fan", None, None, None, g, batch, 1, uuid.uuid4(), True,
+        got = await conn.fetch(calls.POP, "default", "fan", None, None, None, g, batch, 1, uuid.uuid4(), True,
                                "all", None, None)  # fmt: skip
         rows += len(got)
     return rows
@@ -139,7 +138,7 @@ async def _alone(conn: asyncpg.Connection, groups: list[str], batch: int) -> int
 
 async def _fused(conn: asyncpg.Connection, groups: list[str], batch: int) -> int:
     n = len(groups)
-    got = await conn.fetch(POP_MANY_SQL, "default", "fan", [None] * n, groups, [batch] * n, [1] * n,
+    got = await conn.fetch(calls.POP_MANY, "default", "fan", [None] * n, groups, [batch] * n, [1] * n,
                            [uuid.uuid4() for _ in groups], [True] * n, ["all"] * n, [None] * n, [None] * n)  # fmt: skip
     return len(got)
 

@@ -39,7 +39,8 @@ import asyncpg
 
 from benchmarks.broker import print_load, scratch_postgres
 from queen_pg.db.apply import apply_sql
-from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
+from queen_pg.engine.calls import PUSH
+from queen_pg.engine.push import NewMessage, prepare
 
 PAYLOAD = json.dumps(
     {
@@ -99,7 +100,7 @@ def items_for(case: Case, tag: str, call: int, prev: list[str], run: int = 0) ->
 
 
 async def run_case(conn: asyncpg.Connection, pid: int, key: str, case: Case, calls: int, warmup: int) -> dict[str, Any]:
-    stmt = await conn.prepare(PUSH_SQL)
+    stmt = await conn.prepare(PUSH)
     prev: list[str] = []
     walls: list[float] = []
     cpu0 = 0
@@ -175,7 +176,7 @@ async def bench_ab(
         for key in cases:
             case = CASES[key]
             n = case.groups * case.per_group
-            stmts = [await c.prepare(PUSH_SQL) for c, _ in ab]
+            stmts = [await c.prepare(PUSH) for c, _ in ab]
             prev: list[list[str]] = [[], []]
             cpu = [0, 0]
             wal0 = [0, 0]

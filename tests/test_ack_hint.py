@@ -15,11 +15,10 @@ import httpx
 import pytest
 
 from queen_pg.api.shared.items import AckItem
-from queen_pg.engine import leases
-from queen_pg.engine.ack import ACK_SQL, ack_many
+from queen_pg.engine import calls, leases
+from queen_pg.engine.ack import ack_many
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
-from queen_pg.engine.pop import POP_SQL
 from tests.conftest import Broker
 from tests.helpers import push, rolled_back
 from tests.test_ack_range import ROW, verdicts
@@ -37,7 +36,7 @@ async def settle(
         for t, status in items:
             pack.add(pid, t, lease, "g", status, None)
         args = list(pack.args())
-        row = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *args, now, hint)
+        row = await conn.fetchrow(calls.ACK.replace("NULL, $9", "$9, $10"), "default", *args, now, hint)
         after = dict(await conn.fetchrow(ROW, pid))
     return verdicts(row, len(items)), after
 
@@ -60,12 +59,12 @@ async def leased(http: httpx.AsyncClient, conn: asyncpg.Connection) -> tuple[int
         res = await push(http, "q", [{"payload": {"i": i}, "transactionId": f"t{b * 100 + i}"} for i in range(100)])
     pid = int(res[0]["partitionId"])
     first = uuid.uuid4()
-    await conn.fetch(POP_SQL, "default", "q", None, None, None, "g", 10, 1, first, False, "all", None, None)
+    await conn.fetch(calls.POP, "default", "q", None, None, None, "g", 10, 1, first, False, "all", None, None)
     pack = Packed()
     pack.add(pid, "t9", first, "g", "completed", None)
-    await conn.fetch(ACK_SQL, "default", *pack.args(), None)
+    await conn.fetch(calls.ACK, "default", *pack.args(), None)
     lease = uuid.uuid4()
-    rows = await conn.fetch(POP_SQL, "default", "q", None, None, None, "g", 100, 1, lease, False, "all", None, None)
+    rows = await conn.fetch(calls.POP, "default", "q", None, None, None, "g", 100, 1, lease, False, "all", None, None)
     assert (rows[0]["lease_start"], rows[0]["lease_end"]) == (10, 110)
     return pid, lease, rows, [f"t{i}" for i in range(10, 110)]
 
@@ -231,7 +230,7 @@ async def test_the_usual_hinted_ack_never_judges_item_by_item(
         pack = Packed()
         for t, status in every:
             pack.add(pid, t, lease, "g", status, None)
-        res = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
+        res = await conn.fetchrow(calls.ACK.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
                                   book.hint(lease, pid, txns))  # fmt: skip
         out = verdicts(res, len(every))
         assert all(v["success"] and not v["noop"] for v in out) and [v["released"] for v in out][-2:] == [False, True]
@@ -239,7 +238,7 @@ async def test_the_usual_hinted_ack_never_judges_item_by_item(
         assert (row["cursor_offset"], row["lease_id"], row["acked_total"], row["attempts"]) == (110, None, 110, 0)
         assert row["released_lease_id"] == lease
         with pytest.raises(asyncpg.UndefinedFunctionError):  # the lease is gone: only _ack_settle can say so
-            await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
+            await conn.fetchrow(calls.ACK.replace("NULL, $9", "$9, $10"), "default", *pack.args(), None,
                                 book.hint(lease, pid, txns))  # fmt: skip
 
 
@@ -259,7 +258,9 @@ async def test_fused_hinted_acks_of_several_rows_settle_without_the_item_loop(
     got: dict[str, tuple[int, uuid.UUID]] = {}
     for part in parts:
         lease = uuid.uuid4()
-        rows = await conn.fetch(POP_SQL, "default", "mq", part, None, None, "g", 30, 1, lease, False, "all", None, None)
+        rows = await conn.fetch(
+            calls.POP, "default", "mq", part, None, None, "g", 30, 1, lease, False, "all", None, None
+        )
         assert (rows[0]["lease_start"], rows[0]["lease_end"]) == (0, 30)
         book.remember(lease, rows)
         got[part] = (int(rows[0]["partition_id"]), lease)
@@ -280,7 +281,7 @@ async def test_fused_hinted_acks_of_several_rows_settle_without_the_item_loop(
         async with rolled_back(conn):
             if away:
                 await conn.execute("ALTER FUNCTION queen._ack_settle RENAME TO _ack_settle_away")
-            res = await conn.fetchrow(ACK_SQL.replace("NULL, $9", "$9, $10"), "default", *pack_of().args(), now, hint)
+            res = await conn.fetchrow(calls.ACK.replace("NULL, $9", "$9, $10"), "default", *pack_of().args(), now, hint)
             rows = [dict(await conn.fetchrow(ROW, pid)) for pid in pids]
             return verdicts(res, len(plan)), (rows, sorted(res["o_wake"]))
 

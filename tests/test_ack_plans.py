@@ -17,13 +17,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from queen_pg.engine import codec
+from queen_pg.engine import calls, codec
 from queen_pg.engine import push as push_engine
-from queen_pg.engine.ack import ACK_ROWS_SQL, ACK_SQL
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import LeaseBook
-from queen_pg.engine.pop import POP_SQL
-from queen_pg.engine.transaction import TX_SQL
 from tests.test_pop_discovery import Plans
 
 ACK_FNS = [
@@ -42,12 +39,14 @@ KEYED = {"log_txns", "log_partitions", "log_consumers", "log_segments", "queues"
 async def _push(conn: asyncpg.Connection, queue: str, partition: str, n: int, tag: str) -> None:
     msgs = [push_engine.NewMessage(queue, partition, b'{"n":1}', f"{tag}-{i}", None) for i in range(n)]
     p = push_engine.prepare(msgs)
-    await conn.fetch(push_engine.PUSH_SQL, "default", *p.args_v3(), p.sealed)
+    await conn.fetch(calls.PUSH, "default", *p.args_v3(), p.sealed)
 
 
 async def _lease(conn: asyncpg.Connection, queue: str, batch: int) -> tuple[uuid.UUID, list[Any]]:
     lease = uuid.uuid4()
-    rows = await conn.fetch(POP_SQL, "default", queue, None, None, None, "g", batch, 1, lease, False, "all", None, None)
+    rows = await conn.fetch(
+        calls.POP, "default", queue, None, None, None, "g", batch, 1, lease, False, "all", None, None
+    )
     assert rows
     return lease, rows
 
@@ -68,7 +67,7 @@ async def _ack(conn: asyncpg.Connection, lease: uuid.UUID, rows: list[Any], stat
     pack = Packed()
     for pid, txn in _txns(rows):
         pack.add(pid, txn, lease, "g", status, None)
-    return await conn.fetchrow(ACK_SQL, "default", *pack.args(), pack.hint(book) if hinted else None)
+    return await conn.fetchrow(calls.ACK, "default", *pack.args(), pack.hint(book) if hinted else None)
 
 
 async def _ack_fused(conn: asyncpg.Connection, leased: list[tuple[uuid.UUID, list[Any]]]) -> Any:
@@ -81,7 +80,7 @@ async def _ack_fused(conn: asyncpg.Connection, leased: list[tuple[uuid.UUID, lis
             pack.add(pid, txn, lease, "g", "completed", None)
     hint = pack.hint(book)
     assert hint is not None and None not in hint
-    return await conn.fetchrow(ACK_SQL, "default", *pack.args(), hint)
+    return await conn.fetchrow(calls.ACK, "default", *pack.args(), hint)
 
 
 @pytest.mark.parametrize("fn", ACK_FNS)
@@ -110,7 +109,7 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
     ]
     pack = Packed()
     pack.add(rows[0]["partition_id"], "nobody", None, "g", "retry", None)
-    await conn.fetch(ACK_ROWS_SQL, "default", *pack.arrays())
+    await conn.fetch(calls.ACK_ROWS, "default", *pack.arrays())
     for p in range(40):  # then the tables grow
         await _push(conn, "q", f"p{p}", 150, f"grow{p}")
     leased = [await _lease(conn, "q", 100) for _ in range(6)]  # six partitions' 100 each
@@ -121,12 +120,12 @@ async def test_ack_plans_made_on_small_statistics_read_by_key(conn: asyncpg.Conn
         pid, first = _txns(rows)[0]
         pack = Packed()
         pack.add(pid, first, lease, "g", "failed", "boom")
-        nack = await conn.fetch(ACK_ROWS_SQL, "default", *pack.arrays())
+        nack = await conn.fetch(calls.ACK_ROWS, "default", *pack.arrays())
         lease, rows = leased[3]
         pid, first = _txns(rows)[0]
         tx = await conn.fetchval(
-            TX_SQL, "default", [pid], [codec.txn_hash(first)], [first], [lease], ["g"], ["completed"], [0], [],
-            [], [], [], [], [], [], [], [], "[]", 1, "[]", [], [], [], 1, None, None,
+            calls.TRANSACTION, "default", [pid], [codec.txn_hash(first)], [first], [lease], ["g"], ["completed"],
+            [0], [], [], [], [], [], [], [], [], [], "[]", 1, "[]", [], [], [], 1, None, None,
         )  # fmt: skip
         fused = await _ack_fused(conn, leased[4:6])
     assert list(hinted["o_released"]) == [100] and list(hinted["o_wake"]) == ["q"]

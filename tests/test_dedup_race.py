@@ -12,8 +12,9 @@ import asyncio
 import asyncpg
 import pytest
 
+from queen_pg.engine import calls
 from queen_pg.engine.codec import txn_hash
-from queen_pg.engine.push import PUSH_SQL, NewMessage, prepare
+from queen_pg.engine.push import NewMessage, prepare
 from tests.helpers import until
 
 SHAPES = {
@@ -30,7 +31,7 @@ def items(shape: list[tuple[str, str]], tag: str) -> list[NewMessage]:
 
 async def push_v3(conn: asyncpg.Connection, batch: list[NewMessage]) -> asyncpg.Record:
     prepared = prepare(batch)
-    row = await conn.fetchrow(PUSH_SQL, "default", *prepared.args_v3(), prepared.sealed)
+    row = await conn.fetchrow(calls.PUSH, "default", *prepared.args_v3(), prepared.sealed)
     assert row is not None
     return row
 

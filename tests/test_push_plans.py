@@ -16,10 +16,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from queen_pg.engine import calls
 from queen_pg.engine import push as push_engine
 from tests.test_pop_discovery import Plans
 
-PUSH = push_engine.PUSH_SQL
+PUSH = calls.PUSH
 PUSH_FNS = ["queen.push_v3", "queen._push_core"]
 KEYED = {"log_txns", "log_partitions", "log_consumers", "log_segments", "queues"}
 

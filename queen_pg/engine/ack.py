@@ -17,24 +17,13 @@ from typing import Any, Protocol, overload
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.engine.ack_pack import Packed
 from queen_pg.engine.leases import book_of
 from queen_pg.engine.outcomes import Once
 from queen_pg.engine.pop import QUEUE_MODE, iso_ms
 from queen_pg.engine.pop_render import cache_of
 from queen_pg.errors import QueenError
-
-# the items packed (:class:`Packed`), $9 the lease book's hint (queen_pg/engine/leases.py) or NULL; one row
-# of sparse verdicts (1-based indexes): refused + their errors, leaseReleased, dlq, noop; and the queues
-# whose parked pops to wake (a cursor row left claimable: its lease released with messages left, a nack)
-ACK_SQL = (
-    "SELECT o_refused, o_errors, o_released, o_dlq, o_noop, o_wake"
-    " FROM queen.ack_v3($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9)"
-)
-ACK_ROWS_SQL = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8)"  # more kinds than ack_v3's u16 holds
-ACK_ONCE_SQL = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12)"
-EXTEND_SQL = "SELECT * FROM queen.lease_extend_v1($1, $2)"
-WAKES_SQL = "SELECT queen._ack_wakes($1, $2, $3)"  # after an ack_v1/ack_v2 call: ack_v3 answers it itself
 
 log = logging.getLogger("queen_pg.ack")
 
@@ -95,7 +84,7 @@ async def _wakes(db: Database, tenant: str, pack: Packed) -> Sequence[str]:
     failed look-up answers none (the parked pops' re-check covers it) rather than turning the committed
     ack into an error."""
     try:
-        got: Sequence[str] = await db.fetchval(WAKES_SQL, tenant, *pack.rows())
+        got: Sequence[str] = await db.fetchval(calls.ACK_WAKES, tenant, *pack.rows())
     except QueenError as exc:
         log.warning("event=ack_wakes_error error=%s", exc)
         return ()
@@ -328,7 +317,7 @@ async def ack_many(
     if sent and once is None and pack.packable:
         book = book_of(db)
         hint = pack.hint(book, cache_of(db))
-        refused, errors, released, dead, noop, wake = (await db.fetch(ACK_SQL, tenant, *pack.args(), hint))[0]
+        refused, errors, released, dead, noop, wake = (await db.fetch(calls.ACK, tenant, *pack.args(), hint))[0]
         if hint is not None:
             pack.settled(book)
         at = sent.__getitem__  # 1-based position among the sent items -> the call's item index
@@ -339,9 +328,9 @@ async def ack_many(
         v.noop.update(at(n - 1) for n in noop)
     elif sent:
         if once is None:  # a batch naming more (partition, group, lease, status) kinds than ack_v3 holds
-            rows = await db.fetch(ACK_ROWS_SQL, tenant, *pack.arrays())
+            rows = await db.fetch(calls.ACK_ROWS, tenant, *pack.arrays())
         else:
-            rows = await db.fetch(ACK_ONCE_SQL, tenant, *pack.arrays(), *once.args())
+            rows = await db.fetch(calls.ACK_ONCE, tenant, *pack.arrays(), *once.args())
             once.replayed = bool(rows) and rows[0]["replayed"]
         if once is None or not once.replayed:
             wake = await _wakes(db, tenant, pack)
@@ -393,7 +382,7 @@ async def extend_lease(db: Database, tenant: str, lease_id: str) -> dict[str, An
         lid = None
     renewed, expires = 0, None
     if lid is not None:
-        rows = await db.fetch(EXTEND_SQL, tenant, lid)
+        rows = await db.fetch(calls.LEASE_EXTEND, tenant, lid)
         renewed, expires = rows[0]["renewed"], rows[0]["expires_at"]
     stamp = iso_ms(expires) if isinstance(expires, datetime) else None
     answer: dict[str, Any] = {

@@ -10,12 +10,10 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine import codec
+from queen_pg.engine import calls, codec
 from queen_pg.engine.pop import QUEUE_MODE, group_label
 from queen_pg.errors import CONFLICT, NOT_FOUND, QueenError
 
-DLQ_SQL = "SELECT queen.message_dlq_v1($1, $2, $3, $4, $5, $6)"
-CLEAR_SQL = "SELECT queen.queue_clear_v1($1, $2, $3)"
 DEFAULT_ERROR = "moved to the dead-letter queue by an operator"
 
 
@@ -24,9 +22,8 @@ async def move_to_dlq(
 ) -> dict[str, Any]:
     """Dead-letter the message for one group (None: queue mode); see ``queen.message_dlq_v1``."""
     grp = group or QUEUE_MODE
-    raw = await db.fetchval(
-        DLQ_SQL, tenant, partition_id, codec.txn_hash(transaction_id), transaction_id, grp, error or DEFAULT_ERROR
-    )
+    txn = codec.txn_hash(transaction_id)
+    raw = await db.fetchval(calls.MESSAGE_DLQ, tenant, partition_id, txn, transaction_id, grp, error or DEFAULT_ERROR)
     res: dict[str, Any] = orjson.loads(raw)
     status = res["status"]
     if status == "no_partition":
@@ -45,7 +42,7 @@ async def move_to_dlq(
 
 async def clear_queue(db: Database, tenant: str, queue: str, partition: str | None) -> dict[str, Any]:
     """Drop every message of the queue (or one partition), keep the queue; see ``queen.queue_clear_v1``."""
-    res: dict[str, Any] = orjson.loads(await db.fetchval(CLEAR_SQL, tenant, queue, partition))
+    res: dict[str, Any] = orjson.loads(await db.fetchval(calls.QUEUE_CLEAR, tenant, queue, partition))
     if res["status"] == "no_queue":
         raise QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
     if res["status"] == "no_partition":

@@ -10,13 +10,10 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import codec
+from queen_pg.engine import calls, codec
 from queen_pg.engine.answers import AnswerBudget, mark_cut
 from queen_pg.engine.pop import iso_ms, wire_group
 from queen_pg.security import crypto
-
-LIST_SQL = "SELECT * FROM queen.dlq_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-REQUEUE_SQL = "SELECT queen.dlq_requeue_v1($1, $2, $3, $4)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +89,7 @@ async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
     """A page of dead letters, newest first. The procedure stops at the answer budget by stored bytes;
     a dead letter decoded out of a zstd segment is measured here, and the page stops there too."""
     rows = await db.fetch(
-        LIST_SQL, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset, q.max_bytes
+        calls.DLQ_LIST, tenant, q.queue, q.group, q.partition, q.since, q.until, q.limit, q.offset, q.max_bytes
     )
     v = crypto.vault(db)
     budget = AnswerBudget(q.max_bytes) if q.max_bytes is not None else None
@@ -109,6 +106,6 @@ async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
 
 
 async def requeue(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
-    raw = await db.fetchval(REQUEUE_SQL, tenant, partition_id, codec.txn_hash(transaction_id), codec.uuid7())
+    raw = await db.fetchval(calls.DLQ_REQUEUE, tenant, partition_id, codec.txn_hash(transaction_id), codec.uuid7())
     result: dict[str, Any] = orjson.loads(raw)
     return result

@@ -13,16 +13,11 @@ from typing import Any, Literal
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.engine.pop import group_label
 from queen_pg.errors import NOT_FOUND, QueenError
 
 SeekTarget = Literal["end", "start", "timestamp"]
-
-LIST_SQL = "SELECT queen.consumer_groups_list_v1($1, $2, $3)"
-GET_SQL = "SELECT queen.consumer_group_get_v1($1, $2)"
-DELETE_SQL = "SELECT queen.consumer_group_delete_v1($1, $2, $3, $4)"
-SEEK_SQL = "SELECT queen.consumer_group_seek_v1($1, $2, $3, $4, $5, $6)"
-SUBSCRIPTION_SQL = "SELECT queen.consumer_group_subscription_v1($1, $2, $3)"
 
 
 def _not_found(kind: str, group: str, queue: str | None, partition: str | None) -> QueenError:
@@ -48,13 +43,13 @@ def _result(raw: Any, group: str, queue: str | None = None, partition: str | Non
 
 async def list_groups(db: Database, tenant: str, limit: int, offset: int) -> dict[str, Any]:
     """Every (queue, group) of the tenant, by group then queue name: ``{consumerGroups, total, ...}``."""
-    result: dict[str, Any] = orjson.loads(await db.fetchval(LIST_SQL, tenant, limit, offset))
+    result: dict[str, Any] = orjson.loads(await db.fetchval(calls.GROUPS_LIST, tenant, limit, offset))
     return result
 
 
 async def get_group(db: Database, tenant: str, group: str) -> dict[str, Any]:
     """The group's state per queue and per partition; 404 when no queue has it."""
-    return _result(await db.fetchval(GET_SQL, tenant, group), group)
+    return _result(await db.fetchval(calls.GROUP_GET, tenant, group), group)
 
 
 async def delete_group(
@@ -62,7 +57,7 @@ async def delete_group(
 ) -> dict[str, Any]:
     """Delete the group's cursors on ``queue`` (None: every queue). ``delete_metadata=False`` keeps the
     group's subscription and recreates its cursors from it."""
-    return _result(await db.fetchval(DELETE_SQL, tenant, group, queue, delete_metadata), group, queue)
+    return _result(await db.fetchval(calls.GROUP_DELETE, tenant, group, queue, delete_metadata), group, queue)
 
 
 async def seek(
@@ -75,10 +70,10 @@ async def seek(
     timestamp: datetime | None,
 ) -> dict[str, Any]:
     """Move the group's cursors on ``queue`` (one ``partition``, or all) to the end, the start or a time."""
-    raw = await db.fetchval(SEEK_SQL, tenant, group, queue, partition, target, timestamp)
+    raw = await db.fetchval(calls.GROUP_SEEK, tenant, group, queue, partition, target, timestamp)
     return _result(raw, group, queue, partition)
 
 
 async def set_subscription(db: Database, tenant: str, group: str, subscribed_from: datetime) -> dict[str, Any]:
     """Record ``subscribed_from`` on every queue of the group; cursors do not move."""
-    return _result(await db.fetchval(SUBSCRIPTION_SQL, tenant, group, subscribed_from), group)
+    return _result(await db.fetchval(calls.GROUP_SUBSCRIPTION, tenant, group, subscribed_from), group)

@@ -13,9 +13,8 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.engine.outcomes import Once
-
-KV_SQL = "SELECT * FROM queen.kv_v3($1, $2::text::jsonb, $3, $4, $5, $6, $7, $8)"
 
 
 async def run_ops(
@@ -52,25 +51,19 @@ async def apply(
     at what the ops before it left, and a batch whose answer passes it is 413 ``answer_too_large``
     (nothing applied)."""
     keyed = once.args() if once is not None else (None, "kv", None, 60)
-    rows = await db.fetch(KV_SQL, tenant, orjson.dumps(ops).decode(), now, max_bytes, *keyed)
+    rows = await db.fetch(calls.KV, tenant, orjson.dumps(ops).decode(), now, max_bytes, *keyed)
     if once is not None:
         once.replayed = rows[0]["replayed"]
     result: dict[str, Any] = orjson.loads(rows[0]["result"])
     return result
 
 
-NAMESPACES_SQL = "SELECT ns FROM queen.kv_namespaces_v1($1, $2, $3)"
-
-
 async def namespaces(db: Database, tenant: str, after: str | None, limit: int) -> dict[str, Any]:
     """A keyset page of the tenant's KV namespaces (ascending); ``nextAfter`` when truncated."""
-    rows = await db.fetch(NAMESPACES_SQL, tenant, after, limit + 1)
+    rows = await db.fetch(calls.KV_NAMESPACES, tenant, after, limit + 1)
     names = [r["ns"] for r in rows[:limit]]
     truncated = len(rows) > limit
     return {"namespaces": names, "truncated": truncated, "nextAfter": names[-1] if truncated else None}
-
-
-KEYS_SQL = "SELECT queen.kv_keys_v2($1, $2, $3, $4, $5, $6, $7, $8)"
 
 
 async def keys(
@@ -86,6 +79,6 @@ async def keys(
 ) -> dict[str, Any]:
     """A keyset page of a namespace's live keys starting with ``prefix`` (``""``: all), as getPrefix;
     it stops early (``truncated``, ``nextAfter``) at ``max_bytes``, the answer budget (None = none)."""
-    raw = await db.fetchval(KEYS_SQL, tenant, ns, prefix, after, limit, keys_only, now, max_bytes)
+    raw = await db.fetchval(calls.KV_KEYS, tenant, ns, prefix, after, limit, keys_only, now, max_bytes)
     page: dict[str, Any] = orjson.loads(raw)
     return page

@@ -16,14 +16,12 @@ from typing import Any, Literal
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 
 PUSH_KEY = "maintenance.push"
 POP_KEY = "maintenance.pop"
 Switch = Literal["push", "pop"]
 KEYS: dict[Switch, str] = {"push": PUSH_KEY, "pop": POP_KEY}
-
-READ_SQL = "SELECT queen.system_settings_v1()"
-SET_SQL = "SELECT queen.system_setting_set_v1($1, $2::text::jsonb)"
 
 
 @dataclass(slots=True)
@@ -54,7 +52,7 @@ class Maintenance:
 
 async def read(db: Database) -> dict[str, Any]:
     """Every stored switch: ``{"maintenance.push": bool, ..., "updatedAt": iso | None}``."""
-    result: dict[str, Any] = orjson.loads(await db.fetchval(READ_SQL))
+    result: dict[str, Any] = orjson.loads(await db.fetchval(calls.SYSTEM_SETTINGS))
     return result
 
 
@@ -64,4 +62,4 @@ async def refresh(db: Database, cache: Maintenance) -> None:
 
 async def set_switch(db: Database, cache: Maintenance, switch: Switch, enabled: bool) -> None:
     """Store a switch and apply the stored state to this process's cache at once."""
-    cache.apply(orjson.loads(await db.fetchval(SET_SQL, KEYS[switch], orjson.dumps(enabled).decode())))
+    cache.apply(orjson.loads(await db.fetchval(calls.SYSTEM_SETTING_SET, KEYS[switch], orjson.dumps(enabled).decode())))

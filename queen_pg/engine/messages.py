@@ -15,15 +15,11 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import codec
+from queen_pg.engine import calls, codec
 from queen_pg.engine.answers import AnswerBudget, mark_cut
 from queen_pg.engine.pop import group_label, iso_ms, wire_group
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
-
-LIST_SQL = "SELECT * FROM queen.messages_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
-GET_SQL = "SELECT * FROM queen.message_get_v2($1, $2, $3)"
-DELETE_SQL = "SELECT queen.message_delete_v1($1, $2, $3)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +88,7 @@ def _refused(status: str, queue: str, partition: str | None, group: str | None) 
 
 async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str, Any]:
     rows = await db.fetch(
-        LIST_SQL,
+        calls.MESSAGES_LIST,
         tenant,
         q.queue,
         q.partition,
@@ -195,7 +191,7 @@ def _detail(row: Record, msg: dict[str, Any]) -> dict[str, Any]:
 async def get_message(db: Database, tenant: str, partition_id: int, transaction_id: str) -> dict[str, Any]:
     """The newest message of that transactionId in the partition, decoded, with its state in every
     consumer group that has a cursor on the partition (docs/wire.md#message-detail)."""
-    rows = await db.fetch(GET_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
+    rows = await db.fetch(calls.MESSAGE_GET, tenant, partition_id, codec.txn_hash(transaction_id))
     row = rows[0] if rows else None
     if row is None or row["status"] == "no_partition":
         raise QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")
@@ -221,7 +217,7 @@ async def delete_message(db: Database, tenant: str, partition_id: int, transacti
     """Settle the message for every consumer group, drop its dead letters and its transactionId hash
     (see ``queen.message_delete_v1``: a log cannot drop bytes from its middle)."""
     result: dict[str, Any] = orjson.loads(
-        await db.fetchval(DELETE_SQL, tenant, partition_id, codec.txn_hash(transaction_id))
+        await db.fetchval(calls.MESSAGE_DELETE, tenant, partition_id, codec.txn_hash(transaction_id))
     )
     if result["status"] == "no_partition":
         raise QueenError(NOT_FOUND, detail=f"partition {partition_id} not found")

@@ -8,10 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from queen_pg.db.pool import Database
-
-TENANTS_SQL = "SELECT * FROM queen.metrics_tenants_v1()"
-QUEUES_SQL = "SELECT * FROM queen.metrics_queues_v1($1, $2, $3, $4)"
-QUEUE_COUNT_SQL = "SELECT count(*) FROM queen.queues q WHERE $1::text IS NULL OR q.tenant = $1"
+from queen_pg.engine import calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +59,15 @@ class Snapshot:
 
 
 async def tenants(db: Database) -> list[TenantRow]:
-    return [TenantRow(**dict(r)) for r in await db.fetch(TENANTS_SQL)]
+    return [TenantRow(**dict(r)) for r in await db.fetch(calls.METRICS_TENANTS)]
 
 
 async def queues_page(
     db: Database, tenant: str | None, limit: int, offset: int, now: datetime | None = None
 ) -> tuple[Snapshot, int]:
     """The rows of one page of queues by (tenant, name), and how many queues there are in all."""
-    rows = await db.fetch(QUEUES_SQL, tenant, limit, offset, now)
-    total = int(await db.fetchval(QUEUE_COUNT_SQL, tenant))
+    rows = await db.fetch(calls.METRICS_QUEUES, tenant, limit, offset, now)
+    total = int(await db.fetchval(calls.QUEUE_COUNT, tenant))
     queues: list[QueueRow] = []
     groups: list[GroupRow] = []
     for r in rows:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import leases, pop_render, sealing
+from queen_pg.engine import calls, leases, pop_render, sealing
 from queen_pg.engine.pop_frames import render_frames
 from queen_pg.engine.pop_render import RenderedPop
 from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
@@ -33,22 +33,6 @@ from queen_pg.engine.waiters import Waiters
 from queen_pg.errors import QueenError
 from queen_pg.security import crypto
 
-POP_SQL = "SELECT * FROM queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13)"
-# A framed pop on a broker holding keys also reads each segment's `sealed` (revision 0012), by key, so
-# that it decodes only segments that may hold sealed frames (sealing.opened_rows). The lookup reads the
-# statement's snapshot, taken before pop_v1's own statements: a segment committed in between is not
-# seen there, its NULL reads as "may be sealed" and it is decoded, so a sealed frame is never shipped.
-_SEALED = (
-    "SELECT p.*, (SELECT s.sealed FROM queen.log_segments s"
-    " WHERE s.partition_id = p.partition_id AND s.base_offset = p.base_offset) AS sealed FROM "
-)
-POP_SEALED_SQL = _SEALED + "queen.pop_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13) AS p"
-# Several consumer groups' pops of one queue in one call (request fusion: :func:`pop_many`)
-_POP_MANY = "queen.pop_many_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS p"
-POP_MANY_SQL = "SELECT p.* FROM " + _POP_MANY
-POP_MANY_SEALED_SQL = _SEALED + _POP_MANY
-RELEASE_SQL = "SELECT queen.lease_release_v1($1, $2, $3, $4, $5, $6, $7, $8)"
-NEXT_AT_SQL = "SELECT queen.pop_next_at_v1($1, $2, $3, $4)"
 QUEUE_MODE = "__QUEUE_MODE__"
 ANY_QUEUE = "\x00any"  # wake-up key of namespace/task pops: every push to the tenant wakes them
 MAX_MARGIN_S = 0.25
@@ -120,7 +104,7 @@ async def schedule_visible_wake(db: Database, waiters: Waiters, tenant: str, req
     assert req.queue is not None
     waiters.lookups += 1
     try:
-        at = await db.fetchval(NEXT_AT_SQL, tenant, req.queue, req.group or QUEUE_MODE, req.partition)
+        at = await db.fetchval(calls.POP_NEXT_AT, tenant, req.queue, req.group or QUEUE_MODE, req.partition)
     except QueenError:
         return
     if at is not None:
@@ -172,7 +156,7 @@ async def fetch_alone(db: Database, tenant: str, call: PopCall, sealed: bool) ->
     """One pop's claim: one ``queen.pop_v1`` call (``sealed``: each segment's ``sealed`` too)."""
     req = call.req
     return await db.fetch(
-        POP_SEALED_SQL if sealed else POP_SQL,
+        calls.POP_SEALED if sealed else calls.POP,
         tenant,
         req.queue,
         req.namespace,
@@ -196,25 +180,25 @@ async def pop_many(
     call (request fusion, queen_pg/engine/fusion.py); each request gets the rows ``pop_v1`` would have
     given it alone (same messages, leases, cursors: the procedure runs it for each member in turn). One
     request is one ``pop_v1`` call, as unfused."""
-    calls = [c for req in requests for c in req]
-    if len(requests) == 1 and len(calls) == 1:
-        return [await fetch_alone(db, tenant, calls[0], sealed)]
-    assert len(calls) == len(requests), "one claim per fused request"
+    members = [c for req in requests for c in req]
+    if len(requests) == 1 and len(members) == 1:
+        return [await fetch_alone(db, tenant, members[0], sealed)]
+    assert len(members) == len(requests), "one claim per fused request"
     rows = await db.fetch(
-        POP_MANY_SEALED_SQL if sealed else POP_MANY_SQL,
+        calls.POP_MANY_SEALED if sealed else calls.POP_MANY,
         tenant,
         queue,
-        [c.req.partition for c in calls],
-        [c.req.group or QUEUE_MODE for c in calls],
-        [c.req.batch for c in calls],
-        [c.req.partitions for c in calls],
-        [c.lease_id for c in calls],
-        [c.req.auto_ack for c in calls],
-        [c.req.subscription_mode for c in calls],
-        [c.req.subscription_from for c in calls],
-        [c.req.lease_seconds for c in calls],
+        [c.req.partition for c in members],
+        [c.req.group or QUEUE_MODE for c in members],
+        [c.req.batch for c in members],
+        [c.req.partitions for c in members],
+        [c.lease_id for c in members],
+        [c.req.auto_ack for c in members],
+        [c.req.subscription_mode for c in members],
+        [c.req.subscription_from for c in members],
+        [c.req.lease_seconds for c in members],
     )
-    out: list[list[Record]] = [[] for _ in calls]
+    out: list[list[Record]] = [[] for _ in members]
     for row in rows:
         out[row["member"] - 1].append(row)
     return out
@@ -264,7 +248,7 @@ async def release(db: Database, tenant: str, req: PopRequest, got: Claim, waiter
     partitions hold messages again, so the pops parked on their queues are woken (``waiters``), here
     and over the mesh, as after a push."""
     released = await db.fetchval(
-        RELEASE_SQL,
+        calls.LEASE_RELEASE,
         tenant,
         req.group or QUEUE_MODE,
         got.lease_id,

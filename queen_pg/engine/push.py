@@ -30,12 +30,9 @@ import orjson
 
 from queen_pg.db.pool import Database, Record
 from queen_pg.db.types import fast_uuid
-from queen_pg.engine import codec, sealing
+from queen_pg.engine import calls, codec, sealing
 from queen_pg.engine.outcomes import Once
 from queen_pg.security import crypto
-
-PUSH_SQL = "SELECT * FROM queen.push_v3($1, $2, $3, $4, $5, $6, $7, NULL, NULL, $8)"
-PUSH_ONCE_SQL = "SELECT * FROM queen.push_v2($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)"
 
 
 class NewMessage(NamedTuple):
@@ -394,7 +391,7 @@ async def push(db: Database, tenant: str, items: list[NewMessage], once: Once | 
 
     async def attempt() -> list[Record]:
         prepared = prepare(items, v, tenant)
-        return await db.fetch(PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
+        return await db.fetch(calls.PUSH_ONCE, tenant, *prepared.args(), *once.args(), prepared.sealed)
 
     rows = await sealing.push_sealed(v, tenant, (it.queue for it in items), attempt)
     once.replayed = bool(rows) and rows[0]["replayed"]
@@ -412,7 +409,7 @@ async def push_many(db: Database, tenant: str, requests: list[list[NewMessage]])
 
     async def attempt() -> list[Answer]:
         prepared = prepare(flat, v, tenant)
-        (row,) = await db.fetch(PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
+        (row,) = await db.fetch(calls.PUSH, tenant, *prepared.args_v3(), prepared.sealed)
         return answers_v3(prepared, row, requests)
 
     return await sealing.push_sealed(v, tenant, {it.queue for it in flat}, attempt)

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls, sealing
 from queen_pg.engine import push as push_engine
-from queen_pg.engine import sealing
 from queen_pg.engine.binary import Group
 from queen_pg.engine.outcomes import Once
 from queen_pg.errors import QueenError
@@ -90,10 +90,10 @@ async def push_many(
     prepared = prepare(flat)
     try:
         if once is None:
-            (row,) = await db.fetch(push_engine.PUSH_SQL, tenant, *prepared.args_v3(), prepared.sealed)
+            (row,) = await db.fetch(calls.PUSH, tenant, *prepared.args_v3(), prepared.sealed)
             placed = push_engine.placed(prepared, row)
         else:
-            rows = await db.fetch(push_engine.PUSH_ONCE_SQL, tenant, *prepared.args(), *once.args(), prepared.sealed)
+            rows = await db.fetch(calls.PUSH_ONCE, tenant, *prepared.args(), *once.args(), prepared.sealed)
             once.replayed = bool(rows) and rows[0]["replayed"]
             placed = push_engine.rows_placed(rows)
     except QueenError as err:

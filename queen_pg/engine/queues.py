@@ -7,13 +7,14 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 
 
 async def configure(
     db: Database, tenant: str, queue: str, namespace: str | None, task: str | None, options: dict[str, Any]
 ) -> dict[str, Any]:
     raw = await db.fetchval(
-        "SELECT queen.configure_queue_v1($1, $2, $3, $4, $5::text::jsonb)",
+        calls.CONFIGURE_QUEUE,
         tenant,
         queue,
         namespace,
@@ -25,4 +26,4 @@ async def configure(
 
 
 async def delete(db: Database, tenant: str, queue: str) -> bool:
-    return bool(await db.fetchval("SELECT queen.delete_queue_v1($1, $2)", tenant, queue))
+    return bool(await db.fetchval(calls.DELETE_QUEUE, tenant, queue))

@@ -21,14 +21,8 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine import sealing
+from queen_pg.engine import calls, sealing
 from queen_pg.security import crypto
-
-APPLY_SQL = "SELECT queen.timers_v1($1, $2::text::jsonb, $3, $4, $5, $6)"
-CANCEL_SQL = "SELECT queen.timer_cancel_v1($1, $2, $3, $4, $5)"
-GET_SQL = "SELECT * FROM queen.timer_get_v2($1, $2, $3)"
-LIST_SQL = "SELECT * FROM queen.timer_list_v1($1, $2, $3, $4)"
-FIRE_SQL = "SELECT queen.timers_fire_v1($1, $2)"
 
 
 def iso_us(ts: datetime) -> str:
@@ -54,7 +48,7 @@ async def apply(
 
     async def attempt() -> Any:
         sealed = timer_payloads(v, tenant, ops, payloads)
-        return await db.fetchval(APPLY_SQL, tenant, text, sealed, hashes, message_ids, now)
+        return await db.fetchval(calls.TIMERS, tenant, text, sealed, hashes, message_ids, now)
 
     raw = await sealing.push_sealed(v, tenant, [str(op.get("queue")) for op in ops], attempt)
     results: list[dict[str, Any]] = orjson.loads(raw)["results"]
@@ -83,13 +77,13 @@ async def cancel(
     db: Database, tenant: str, queue: str, timer_key: str, txn: str | None, now: datetime | None = None
 ) -> dict[str, Any]:
     """``cancelled``, ``absent`` or ``too_late`` (see queen.timer_cancel_v1)."""
-    result: dict[str, Any] = orjson.loads(await db.fetchval(CANCEL_SQL, tenant, queue, timer_key, txn, now))
+    result: dict[str, Any] = orjson.loads(await db.fetchval(calls.TIMER_CANCEL, tenant, queue, timer_key, txn, now))
     return result
 
 
 async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str, Any]:
     """The pending timer, or ``{"found": false}`` (never scheduled, cancelled, or already fired)."""
-    rows = await db.fetch(GET_SQL, tenant, queue, timer_key)
+    rows = await db.fetch(calls.TIMER_GET, tenant, queue, timer_key)
     if not rows:
         return {"found": False}
     r = rows[0]
@@ -111,7 +105,7 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
 
 async def list_pending(db: Database, tenant: str, queue: str, after: str | None, limit: int) -> dict[str, Any]:
     """A keyset page of the queue's pending timers by timerKey; ``nextAfter`` when truncated."""
-    rows = await db.fetch(LIST_SQL, tenant, queue, after, limit)
+    rows = await db.fetch(calls.TIMER_LIST, tenant, queue, after, limit)
     truncated = len(rows) > limit
     page = rows[:limit]
     return {
@@ -141,7 +135,7 @@ class FireResult:
 
 async def fire(db: Database, limit: int, now: datetime | None = None) -> FireResult:
     """Fire up to ``limit`` due timers (one call); each fired timer's row is deleted with its push."""
-    out = orjson.loads(await db.fetchval(FIRE_SQL, limit, now))
+    out = orjson.loads(await db.fetchval(calls.TIMERS_FIRE, limit, now))
     return FireResult(
         leader=bool(out["leader"]),
         fired=int(out["fired"]),

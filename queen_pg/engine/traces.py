@@ -13,14 +13,10 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.engine.admin import Page
 from queen_pg.engine.answers import mark_cut
 from queen_pg.errors import NOT_FOUND, QueenError
-
-ADD_SQL = "SELECT queen.trace_add_v1($1, $2, $3, $4, $5, $6, $7)"
-FOR_MESSAGE_SQL = "SELECT queen.traces_for_message_v2($1, $2, $3, $4, $5, $6)"
-BY_NAME_SQL = "SELECT queen.traces_by_name_v2($1, $2, $3, $4, $5, $6, $7)"
-NAMES_SQL = "SELECT queen.trace_names_v1($1, $2, $3, $4)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +35,7 @@ def _no_partition(partition_id: int) -> QueenError:
 
 async def record(db: Database, tenant: str, ev: TraceEvent) -> dict[str, Any]:
     raw = await db.fetchval(
-        ADD_SQL, tenant, ev.partition_id, ev.transaction_id, ev.group, ev.names, ev.event_type, ev.data.decode()
+        calls.TRACE_ADD, tenant, ev.partition_id, ev.transaction_id, ev.group, ev.names, ev.event_type, ev.data.decode()
     )
     result: dict[str, Any] = orjson.loads(raw)
     if result["status"] == "no_partition":
@@ -51,7 +47,9 @@ async def for_message(
     db: Database, tenant: str, partition_id: int, transaction_id: str, page: Page, max_bytes: int | None = None
 ) -> dict[str, Any]:
     """A message's timeline, oldest first; the page stops at ``max_bytes`` (the answer budget)."""
-    raw = await db.fetchval(FOR_MESSAGE_SQL, tenant, partition_id, transaction_id, page.limit, page.offset, max_bytes)
+    raw = await db.fetchval(
+        calls.TRACES_FOR_MESSAGE, tenant, partition_id, transaction_id, page.limit, page.offset, max_bytes
+    )
     result: dict[str, Any] = orjson.loads(raw)
     if "notFound" in result:
         raise _no_partition(partition_id)
@@ -69,11 +67,11 @@ async def by_name(
 ) -> dict[str, Any]:
     """Traces carrying ``name``, newest first; the page stops at ``max_bytes`` (the answer budget)."""
     result: dict[str, Any] = orjson.loads(
-        await db.fetchval(BY_NAME_SQL, tenant, name, since, until, page.limit, page.offset, max_bytes)
+        await db.fetchval(calls.TRACES_BY_NAME, tenant, name, since, until, page.limit, page.offset, max_bytes)
     )
     return mark_cut(result, "traces")
 
 
 async def names(db: Database, tenant: str, search: str | None, page: Page) -> dict[str, Any]:
-    result: dict[str, Any] = orjson.loads(await db.fetchval(NAMES_SQL, tenant, search, page.limit, page.offset))
+    result: dict[str, Any] = orjson.loads(await db.fetchval(calls.TRACE_NAMES, tenant, search, page.limit, page.offset))
     return result

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from queen_pg.db.pool import Database
-from queen_pg.engine import codec, sealing
+from queen_pg.engine import calls, codec, sealing
 from queen_pg.engine import push as push_engine
 from queen_pg.engine.ack import BIGINT_MAX, STATUSES
 from queen_pg.engine.outcomes import Once
@@ -21,15 +21,6 @@ from queen_pg.engine.pop import QUEUE_MODE
 from queen_pg.engine.timers import ops_text, timer_payloads
 from queen_pg.errors import Verdict
 from queen_pg.security import crypto
-
-TX_SQL = (
-    "SELECT queen.transaction_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26)"
-)
-TX_ONCE_SQL = (
-    "SELECT * FROM queen.transaction_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,"
-    " $18::text::jsonb, $19, $20::text::jsonb, $21, $22, $23, $24, NULL, $25, $26, $27, $28, $29, $30, $31)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +140,8 @@ async def commit(
             tx.slots + len(tx.kv),
         )
         if once is None:
-            return await db.fetchval(TX_SQL, *args, prepared.sealed, max_bytes), False
-        rows = await db.fetch(TX_ONCE_SQL, *args, *once.args(), txid, prepared.sealed, max_bytes)
+            return await db.fetchval(calls.TRANSACTION, *args, prepared.sealed, max_bytes), False
+        rows = await db.fetch(calls.TRANSACTION_ONCE, *args, *once.args(), txid, prepared.sealed, max_bytes)
         return rows[0]["result"], rows[0]["replayed"]
 
     queues = [it.queue for it in items] + [str(op.get("queue")) for op in tx.timers.ops]

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from queen_pg.db.pool import Database, Record
-from queen_pg.engine import codec
+from queen_pg.engine import calls, codec
 from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
-DLQ_FILL_SQL = "SELECT * FROM queen.dlq_fill_v2($1, $2, $3, $4, $5, $6)"
 CONFIG = JobConfig(name="dlq_fill", interval=5.0, limit=100)
 NULL_JSON = "null"
 
@@ -63,7 +62,9 @@ class DlqFill(Job):
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Dead letters handed out and decoded by one call (written by the next one)."""
-        rows = await db.fetch(DLQ_FILL_SQL, self._ids, self._payloads, self._sealed, self._subs, self.config.limit, now)
+        rows = await db.fetch(
+            calls.DLQ_FILL, self._ids, self._payloads, self._sealed, self._subs, self.config.limit, now
+        )
         # Written now; or, when another replica led this tick, nothing was written and those rows
         # are handed out again (still NULL) to whoever leads next.
         self._ids, self._payloads, self._sealed, self._subs = [], [], [], []

@@ -7,12 +7,12 @@ a writer is rewriting at that moment are skipped (SKIP LOCKED) and taken at a la
 
 from __future__ import annotations
 
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import JobConfig, Prune
 
-KV_SWEEP_SQL = "SELECT queen.kv_sweep_v1($1, $2)"
 CONFIG = JobConfig(name="kv_sweep", interval=30.0, limit=1000)
 
 
 class KvSweep(Prune):
-    sql = KV_SWEEP_SQL
+    sql = calls.KV_SWEEP
     default = CONFIG

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from datetime import datetime
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
-LEASE_EXPIRY_SQL = "SELECT * FROM queen.lease_expiry_v1($1, $2)"
 CONFIG = JobConfig(name="lease_expiry", interval=5.0, limit=1000)
 
 
@@ -27,7 +27,7 @@ class LeaseExpiry(Job):
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Leases cleared by one call."""
-        rows = await db.fetch(LEASE_EXPIRY_SQL, self.config.limit, now)
+        rows = await db.fetch(calls.LEASE_EXPIRY, self.config.limit, now)
         cleared = 0
         for row in rows:
             cleared += row["leases"]

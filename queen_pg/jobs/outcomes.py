@@ -7,12 +7,12 @@ a writer is replacing at that moment are skipped (SKIP LOCKED) and taken at a la
 
 from __future__ import annotations
 
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import JobConfig, Prune
 
-OUTCOMES_PRUNE_SQL = "SELECT queen.outcomes_prune_v1($1, $2)"
 CONFIG = JobConfig(name="outcomes_prune", interval=30.0, limit=1000)
 
 
 class OutcomesPrune(Prune):
-    sql = OUTCOMES_PRUNE_SQL
+    sql = calls.OUTCOMES_PRUNE
     default = CONFIG

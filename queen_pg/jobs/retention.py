@@ -10,11 +10,11 @@ import logging
 from datetime import datetime
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
-RETENTION_SQL = "SELECT * FROM queen.retention_v1($1, $2)"
 CONFIG = JobConfig(name="retention", interval=30.0, limit=50)
 
 
@@ -24,7 +24,7 @@ class Retention(Job):
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Segments deleted by one call."""
-        rows = await db.fetch(RETENTION_SQL, self.config.limit, now)
+        rows = await db.fetch(calls.RETENTION, self.config.limit, now)
         segments, txns = (rows[0]["segments"], rows[0]["txns"]) if rows else (0, 0)
         if segments:
             log.info("event=job_done job=%s segments=%d txns=%d", self.name, segments, txns)

@@ -17,11 +17,11 @@ import time
 from datetime import datetime
 
 from queen_pg.db.pool import Database
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import Job, JobConfig
 
 log = logging.getLogger("queen_pg.jobs")
 
-STATS_SQL = "SELECT * FROM queen.stats_sample_v1($1, $2, $3, $4)"
 # limit: queues sampled per call. Each call makes one hashed pass over log_partitions and log_consumers to
 # find the queues that moved (~0.3 s at 100,000 queues on the 2-core box), so a tick that must sample many
 # (the first one, or a busy world) takes few large calls rather than many small ones.
@@ -41,14 +41,13 @@ class Stats(Job):
 
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Queues sampled (or old rows pruned, whichever is more) by one call."""
-        rows = await db.fetch(STATS_SQL, self.config.limit, self.min_gap_seconds, self.keep_seconds, now)
+        rows = await db.fetch(calls.STATS_SAMPLE, self.config.limit, self.min_gap_seconds, self.keep_seconds, now)
         queues, pruned = (rows[0]["queues"], rows[0]["pruned"]) if rows else (0, 0)
         if pruned:
             log.info("event=job_done job=%s queues=%d pruned=%d", self.name, queues, pruned)
         return int(max(queues, pruned))
 
 
-SNAPSHOT_SQL = "SELECT queen.stats_snapshot_v1($1, $2, $3)"
 SNAPSHOT_CONFIG = JobConfig(name="stats_snapshot", interval=5.0, limit=100)
 SNAPSHOT_MAX_SHARE = 0.1  # the pass may keep PostgreSQL busy at most this share of the time
 
@@ -75,7 +74,7 @@ class StatsSnapshot(Job):
     async def run_once(self, db: Database, now: datetime | None = None) -> int:
         """Tenants refreshed (0: none due, or another replica holds STATS_SNAPSHOT_LOCK)."""
         started = time.monotonic()
-        n = int(await db.fetchval(SNAPSHOT_SQL, self.config.limit, self.min_gap_seconds, now) or 0)
+        n = int(await db.fetchval(calls.STATS_SNAPSHOT, self.config.limit, self.min_gap_seconds, now) or 0)
         if n:
             self.last_pass_s = time.monotonic() - started
         return n

@@ -6,14 +6,14 @@ per tick (``TRACES_RETENTION_LOCK``). Not started when the retention is 0 (trace
 
 from __future__ import annotations
 
+from queen_pg.engine import calls
 from queen_pg.jobs.supervisor import JobConfig, Prune
 
-TRACES_RETENTION_SQL = "SELECT queen.traces_retention_v1($1, $2, $3)"
 CONFIG = JobConfig(name="trace_retention", interval=60.0, limit=1000)
 
 
 class TraceRetention(Prune):
-    sql = TRACES_RETENTION_SQL
+    sql = calls.TRACES_RETENTION
     default = CONFIG
     unit = "traces"
 
