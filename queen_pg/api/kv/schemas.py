@@ -17,7 +17,7 @@ from queen_pg.api.shared.schemas import Answer
 class KvEntry(Answer):
     """A stored entry as a read answers it (get, and each row of getMany/getPrefix)."""
 
-    value: Any = Field(None, description="absent in rows read with keysOnly")
+    value: Any = Field(None, description="null for a miss or a stored null; absent in rows read with keysOnly")
     version: int | None = None
     expiresAt: str | None = None
     updatedAt: str | None = None
