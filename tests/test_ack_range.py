@@ -280,6 +280,21 @@ async def test_more_distinct_item_kinds_than_the_packed_format_holds_are_still_s
     assert cursor == 11
 
 
+async def test_an_ack_in_queue_mode_without_its_cursor_names_queue_mode(
+    http: httpx.AsyncClient, conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
+) -> None:
+    """Queue mode (no consumerGroup) has never popped this partition (only group g has): the verdict
+    names queue mode, not the stored group name, and nothing is written."""
+    pid, _, txns = leased
+    ack = {"transactionId": txns[0], "partitionId": str(pid), "status": "completed"}
+    r = await http.post("/api/v1/ack/batch", json={"acknowledgments": [ack]})
+    assert r.status_code == 200, r.text
+    (out,) = r.json()
+    assert out["success"] is False
+    assert out["error"] == f"partition {pid} has no queue-mode cursor (never popped, or deleted)"
+    assert await conn.fetchval("SELECT count(*) FROM queen.log_consumers WHERE partition_id = $1", pid) == 1
+
+
 async def test_a_large_batch_judged_item_by_item_gets_every_verdict(
     conn: asyncpg.Connection, leased: tuple[int, uuid.UUID, list[str]]
 ) -> None:

@@ -272,7 +272,7 @@ BEGIN
             v_plain := false;
             FOR it IN SELECT u AS ord FROM unnest(k.ords) AS u
             LOOP
-                r_error[it.ord] := CASE WHEN k.grp = '__QUEUE_MODE__'
+                r_error[it.ord] := CASE WHEN queen._queue_mode(k.grp)
                     THEN format('partition %s has no queue-mode cursor (never popped, or deleted)', k.pid)
                     ELSE format('consumer group %s has no cursor on partition %s', k.grp, k.pid) END;
             END LOOP;
