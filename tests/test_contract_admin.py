@@ -173,6 +173,27 @@ async def test_move_to_dlq_for_a_named_group_releases_a_lease_it_empties(
     assert (row["cursor_offset"], row["acked_total"]) == (1, 1)
 
 
+async def test_move_to_dlq_drops_the_retry_budget_spent_on_that_message(
+    http: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    """A message nacked once (its retry budget in use: fail_offset, failures) and then dead-lettered by
+    hand: the cursor passes it and the budget goes with it, as an ack's commit would leave it."""
+    await push(http, "mf", [{"payload": i, "transactionId": f"t{i}"} for i in range(2)])
+    (m,) = (await pop(http, "mf", consumerGroup="g", batch=1))["messages"]
+    pid = m["partitionId"]
+    nack = {"transactionId": "t0", "partitionId": pid, "leaseId": m["leaseId"], "status": "failed"}
+    assert (await http.post("/api/v1/ack", json={**nack, "consumerGroup": "g"})).json()[0]["success"] is True
+    budget = (
+        "SELECT cursor_offset, fail_offset, failures, acked_total, lease_id"
+        " FROM queen.log_consumers WHERE consumer_group = 'g'"
+    )
+    assert tuple(await conn.fetchrow(budget)) == (0, 0, 1, 0, None)
+    r = await http.post(f"/api/v1/messages/{pid}/t0/dlq?consumerGroup=g")
+    assert r.status_code == 200, r.text
+    assert (r.json()["offset"], r.json()["leaseReleased"]) == (0, False)  # the nack had released the lease
+    assert tuple(await conn.fetchrow(budget)) == (1, None, 0, 1, None)
+
+
 async def test_move_to_dlq_above_the_cursor_is_passed_over_not_committed_through(
     http: httpx.AsyncClient, conn: asyncpg.Connection
 ) -> None:

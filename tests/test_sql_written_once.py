@@ -14,8 +14,8 @@ import re
 
 from queen_pg.db.apply import sql_dir
 
-# the columns the commit rule sets (seek, clear, message_dlq and pop move cursors under rules of their own,
-# in files of their own)
+# the columns the commit rule sets (seek, clear and pop move cursors under rules of their own, in files of
+# their own; message_dlq_v1 commits through queen._ack_commit too)
 RULE_COLUMNS = ("cursor_offset", "acked_total", "fail_offset", "failures", "released_lease_id", "lease_id",
                 "lease_expires_at", "lease_end", "attempts")  # fmt: skip
 ACK_SQL = sql_dir() / "procedures" / "040_ack.sql"

@@ -15,8 +15,8 @@
 --   follow (queen._pass_over); above the cursor, a log_passes row (the messages before it stay
 --   pending, nothing is committed through it; pop and ack pass over it when the cursor gets there).
 --   acked_total + 1; the retry budget cleared when it was spent on this message. A lease whose whole
---   range is now behind the cursor (only settled messages) is released (released_lease_id, as an ack
---   does); a live lease that still holds pending messages stays: its holder's later ack of this
+--   range is now behind the cursor (only settled messages) is released (released_lease_id: the cursor
+--   row is written by the ack's own commit rule, queen._ack_commit in 040_ack.sql); a live lease that still holds pending messages stays: its holder's later ack of this
 --   message is an ordinary one (a completed ack commits the cursor through it; a nack of it clamps the
 --   cursor at it and the next claim passes over it).
 --   Result: {"status": "moved", "queue", "partition", "partitionId", "consumerGroup" (NULL for queue
@@ -111,21 +111,14 @@ BEGIN
         VALUES (p_partition_id, p_group, t.msg_offset);
         v_cursor := c.cursor_offset;
     END IF;
-    v_released := c.lease_id IS NOT NULL AND c.lease_expires_at > v_now AND v_cursor >= c.lease_end;
-
-    UPDATE queen.log_consumers lc
-       SET cursor_offset = v_cursor,
-           acked_total = lc.acked_total + 1,
-           attempts = CASE WHEN v_cursor >= lc.delivered_end THEN 0 ELSE lc.attempts END,
-           fail_offset = CASE WHEN lc.fail_offset = t.msg_offset OR lc.fail_offset < v_cursor THEN NULL
-                              ELSE lc.fail_offset END,
-           failures = CASE WHEN lc.fail_offset = t.msg_offset OR lc.fail_offset < v_cursor THEN 0
-                           ELSE lc.failures END,
-           released_lease_id = CASE WHEN v_released THEN lc.lease_id ELSE lc.released_lease_id END,
-           lease_id = CASE WHEN v_released THEN NULL ELSE lc.lease_id END,
-           lease_expires_at = CASE WHEN v_released THEN NULL ELSE lc.lease_expires_at END,
-           lease_end = CASE WHEN v_released THEN NULL ELSE lc.lease_end END
-     WHERE lc.partition_id = p_partition_id AND lc.consumer_group = p_group;
+    -- the ack's commit rule (queen._ack_commit, 040_ack.sql): one message settled (counted as acked),
+    -- a live lease released once the cursor reaches its end; the retry budget spent on this message is
+    -- dropped with it (as its fail offset and count, passed as the ones to keep)
+    SELECT r.released INTO v_released
+      FROM queen._ack_commit(p_partition_id, p_group, v_cursor, 1,
+                             c.lease_id IS NOT NULL AND c.lease_expires_at > v_now, false,
+                             CASE WHEN c.fail_offset = t.msg_offset THEN NULL ELSE c.fail_offset END,
+                             CASE WHEN c.fail_offset = t.msg_offset THEN 0 ELSE c.failures END) AS r;
 
     RETURN jsonb_build_object(
         'status', 'moved', 'queue', p.qname, 'partition', p.name, 'partitionId', p.id::text,
