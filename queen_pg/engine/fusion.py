@@ -330,14 +330,21 @@ class Fuser:
         return limiter.acquire() if limiter is not None else nullcontext()
 
     def _lane(
-        self, lanes: dict[K, Lane[T, R]], key: K, name: str, family: str, fused: Call[T, R]
+        self,
+        lanes: dict[K, Lane[T, R]],
+        key: K,
+        name: str,
+        family: str,
+        many: Callable[..., Awaitable[list[R]]],
+        *args: Any,
     ) -> tuple[Lane[T, R], bool]:
-        """The lane under ``key`` (and whether it is new): ``fused`` makes its one procedure call, under
-        one permit of ``family``'s limiter. A new lane first sweeps the idle ones."""
+        """The lane under ``key`` (and whether it is new); a new one's call is ``many(db, *args, requests)``,
+        one procedure call under one permit of ``family``'s limiter, and it first sweeps the idle lanes."""
         lane = lanes.get(key)
         if lane is not None:
             return lane, False
         self.sweep()
+        fused = partial(many, self.db, *args)
 
         async def call(requests: list[list[T]]) -> list[R]:
             async with self.permit(family):
@@ -347,20 +354,19 @@ class Fuser:
         return lane, True
 
     def push_lane(self, tenant: str) -> Lane[push_engine.NewMessage, push_engine.Answer]:
-        return self._lane(self._push, tenant, "push", "push", partial(push_engine.push_many, self.db, tenant))[0]
+        return self._lane(self._push, tenant, "push", "push", push_engine.push_many, tenant)[0]
 
     def push_binary_lane(self, tenant: str) -> Lane[Group, push_engine.Answer]:
         """Stored-as-is binary pushes (engine/push_binary.py): concurrent bodies share one ``push_v3``
         call when they name different partitions (a call appends one segment per partition)."""
-        fused = partial(push_binary.push_many, self.db, tenant)
-        return self._lane(self._push_binary, tenant, "push-binary", "push", fused)[0]
+        return self._lane(self._push_binary, tenant, "push-binary", "push", push_binary.push_many, tenant)[0]
 
     def ack_lane(self, tenant: str) -> Lane[ack_engine.AckLike, ack_engine.AckResults]:
-        return self._lane(self._ack, tenant, "ack", "ack", partial(ack_engine.ack_many, self.db, tenant))[0]
+        return self._lane(self._ack, tenant, "ack", "ack", ack_engine.ack_many, tenant)[0]
 
     def pop_lane(self, tenant: str, queue: str, sealed: bool) -> Lane[pop_engine.PopCall, list[Record]]:
-        fused = partial(pop_engine.pop_many, self.db, tenant, queue, sealed)
-        lane, new = self._lane(self._pop, (tenant, queue, sealed), "pop", "pop", fused)
+        key = (tenant, queue, sealed)
+        lane, new = self._lane(self._pop, key, "pop", "pop", pop_engine.pop_many, tenant, queue, sealed)
         if new:
 
             def orphaned(calls: list[pop_engine.PopCall], rows: list[Record]) -> None:
