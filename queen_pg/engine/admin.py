@@ -15,8 +15,7 @@ import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import calls
-from queen_pg.engine.pop import QUEUE_MODE, group_label
-from queen_pg.errors import NOT_FOUND, QueenError
+from queen_pg.engine.pop import QUEUE_MODE, not_found
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +33,12 @@ class Window:
     bucket_seconds: int = 60
 
 
-def _not_found(kind: str, queue: str | None, group: str | None = None) -> QueenError:
-    if kind == "group":
-        return QueenError(NOT_FOUND, detail=f"{group_label(group)} does not exist on queue {queue!r}")
-    return QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
-
-
 def _result(raw: Any, queue: str | None = None, group: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] | None = orjson.loads(raw) if raw is not None else None
     if result is None:
-        raise _not_found("queue", queue)
+        raise not_found("queue", queue)
     if "notFound" in result:
-        raise _not_found(str(result["notFound"]), queue, group)
+        raise not_found(str(result["notFound"]), queue, group=group)
     return result
 
 

@@ -11,7 +11,7 @@ import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import calls, codec
-from queen_pg.engine.pop import QUEUE_MODE, group_label
+from queen_pg.engine.pop import QUEUE_MODE, group_label, not_found
 from queen_pg.errors import CONFLICT, NOT_FOUND, QueenError
 
 DEFAULT_ERROR = "moved to the dead-letter queue by an operator"
@@ -43,8 +43,6 @@ async def move_to_dlq(
 async def clear_queue(db: Database, tenant: str, queue: str, partition: str | None) -> dict[str, Any]:
     """Drop every message of the queue (or one partition), keep the queue; see ``queen.queue_clear_v1``."""
     res: dict[str, Any] = orjson.loads(await db.fetchval(calls.QUEUE_CLEAR, tenant, queue, partition))
-    if res["status"] == "no_queue":
-        raise QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
-    if res["status"] == "no_partition":
-        raise QueenError(NOT_FOUND, detail=f"partition {partition!r} not found in queue {queue!r}")
+    if res["status"] in ("no_queue", "no_partition"):
+        raise not_found(res["status"], queue, partition)
     return {"success": True, **res}

@@ -14,30 +14,17 @@ import orjson
 
 from queen_pg.db.pool import Database
 from queen_pg.engine import calls
-from queen_pg.engine.pop import group_label
-from queen_pg.errors import NOT_FOUND, QueenError
+from queen_pg.engine.pop import not_found
 
 SeekTarget = Literal["end", "start", "timestamp"]
-
-
-def _not_found(kind: str, group: str, queue: str | None, partition: str | None) -> QueenError:
-    if kind == "queue":
-        detail = f"queue {queue!r} not found"
-    elif kind == "partition":
-        detail = f"partition {partition!r} not found in queue {queue!r}"
-    elif queue is not None:
-        detail = f"{group_label(group)} does not exist on queue {queue!r}"
-    else:
-        detail = f"{group_label(group)} not found"
-    return QueenError(NOT_FOUND, detail=detail)
 
 
 def _result(raw: Any, group: str, queue: str | None = None, partition: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] | None = orjson.loads(raw) if raw is not None else None
     if result is None:
-        raise _not_found("group", group, queue, partition)
+        raise not_found("group", queue, partition, group)
     if "notFound" in result:
-        raise _not_found(str(result["notFound"]), group, queue, partition)
+        raise not_found(str(result["notFound"]), queue, partition, group)
     return result
 
 

@@ -17,7 +17,7 @@ import orjson
 from queen_pg.db.pool import Database, Record
 from queen_pg.engine import calls, codec
 from queen_pg.engine.answers import AnswerBudget, mark_cut
-from queen_pg.engine.pop import group_label, iso_ms, wire_group
+from queen_pg.engine.pop import iso_ms, not_found, wire_group
 from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
 
@@ -78,14 +78,6 @@ def _message(
     }
 
 
-def _refused(status: str, queue: str, partition: str | None, group: str | None) -> QueenError:
-    if status == "no_partition":
-        return QueenError(NOT_FOUND, detail=f"partition {partition!r} not found in queue {queue!r}")
-    if status == "no_group":
-        return QueenError(NOT_FOUND, detail=f"{group_label(group)} does not exist on queue {queue!r}")
-    return QueenError(NOT_FOUND, detail=f"queue {queue!r} not found")
-
-
 async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str, Any]:
     rows = await db.fetch(
         calls.MESSAGES_LIST,
@@ -104,7 +96,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
         q.max_bytes,
     )
     if not rows or rows[0]["status"] != "ok":
-        raise _refused(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
+        raise not_found(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
     messages = _page(rows, q, crypto.vault(db))
     return mark_cut(
         {

@@ -30,7 +30,7 @@ from queen_pg.engine.pop_frames import render_frames
 from queen_pg.engine.pop_render import RenderedPop
 from queen_pg.engine.pop_render import iso_ms as iso_ms  # re-exported: ack, dlq, messages use it
 from queen_pg.engine.waiters import Waiters
-from queen_pg.errors import QueenError
+from queen_pg.errors import NOT_FOUND, QueenError
 from queen_pg.security import crypto
 
 QUEUE_MODE = "__QUEUE_MODE__"
@@ -46,6 +46,20 @@ def wire_group(group: str) -> str | None:
 def group_label(group: str | None) -> str:
     """A stored group as an error detail names it."""
     return "queue mode (__QUEUE_MODE__)" if group == QUEUE_MODE else f"consumer group {group!r}"
+
+
+def not_found(kind: str, queue: str | None, partition: str | None = None, group: str | None = None) -> QueenError:
+    """The 404 for what a procedure answered missing: ``partition``, ``group`` or (anything else) the queue;
+    a ``no_`` prefix (a status) reads the same."""
+    kind = kind.removeprefix("no_")
+    if kind == "partition":
+        detail = f"partition {partition!r} not found in queue {queue!r}"
+    elif kind == "group":
+        on = f" does not exist on queue {queue!r}" if queue is not None else " not found"
+        detail = group_label(group) + on
+    else:
+        detail = f"queue {queue!r} not found"
+    return QueenError(NOT_FOUND, detail=detail)
 
 
 @dataclass(frozen=True, slots=True)
