@@ -66,6 +66,15 @@ class TooLarge(Malformed):
     """The decompressed bytes exceed the limit (the cap of decoded bytes): 413 ``decoded_too_large``."""
 
 
+class TooMany(Malformed):
+    """The groups' message counts add up past the item limit (QUEEN_MAX_ITEMS): 413 ``too_many_items``.
+    Raised on reading a group's count, before its messages are read."""
+
+    def __init__(self, offset: int, count: int) -> None:
+        self.count = count
+        super().__init__(offset, f"the binary body holds {count} messages or more")
+
+
 @dataclass(slots=True)
 class Group:
     """One (queue, partition) group of a body, its messages as columns (one entry per message, in
@@ -373,7 +382,7 @@ def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> tuple[list[str], l
     return txns, payloads
 
 
-def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool = False) -> list[Group]:
+def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, max_items: int, empty_ok: bool = False) -> list[Group]:
     count = inn.u32("group count")
     if count == 0 and not empty_ok:
         raise inn.fail("no groups: a push carries at least one message", inn.at - 4)
@@ -382,6 +391,7 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
     groups: list[Group] = []
     budget = [limit]
     seen: set[bytes] = set()
+    items = 0
     for g in range(count):
         start = inn.at
         queue = inn.text16(f"group {g}: queue")
@@ -389,6 +399,9 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
         n = inn.u32(f"group {g}: message count")
         if n == 0:
             raise inn.fail(f"group {g}: no messages", inn.at - 4)
+        items += n
+        if items > max_items:  # before a message of this group is read
+            raise TooMany(inn.base + inn.at - 4, items)
         if framed:
             blob, f = _group_frames(inn, g, n, budget, seen)
             groups.append(Group(queue, partition, f.txns, f.payloads, f.ids, f.hashes, f.traces, blob, start))
@@ -440,8 +453,9 @@ def _magic_and_flags(inn: _In, magic: bytes, what: str, known: int) -> int:
     return flags
 
 
-def parse_push(data: bytes, limit: int) -> Body:
-    """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES)."""
+def parse_push(data: bytes, limit: int, max_items: int) -> Body:
+    """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES), ``max_items`` its
+    messages (QUEEN_MAX_ITEMS)."""
     inn = _In(data)
     flags = _magic_and_flags(inn, PUSH_MAGIC, "push", PUSH_FLAGS)
     framed = bool(flags & FLAG_FRAMES)
@@ -465,13 +479,14 @@ def parse_push(data: bytes, limit: int) -> Body:
         if not dec.eof or len(raw) != raw_len or dec.unused_data:
             raise Malformed(inn.at, f"the zstd body is not one frame of {raw_len} bytes")
         # offsets inside a compressed body are positions in the decompressed body after byte 9
-        return Body(flags, _groups(_In(raw, 9), False, bool(flags & FLAG_TXN), limit))
-    return Body(flags, _groups(inn, framed, bool(flags & FLAG_TXN), limit))
+        return Body(flags, _groups(_In(raw, 9), False, bool(flags & FLAG_TXN), limit, max_items))
+    return Body(flags, _groups(inn, framed, bool(flags & FLAG_TXN), limit, max_items))
 
 
-def parse_transaction(data: bytes, limit: int) -> Body:
-    """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups."""
+def parse_transaction(data: bytes, limit: int, max_items: int) -> Body:
+    """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups of at most ``max_items``
+    messages (the route counts the head's items with them)."""
     inn = _In(data)
     flags = _magic_and_flags(inn, TXN_MAGIC, "transaction", FLAG_COUNTS)
     head = inn.take(inn.u32("head length"), "head")
-    return Body(flags, _groups(inn, True, True, limit, empty_ok=True), head)
+    return Body(flags, _groups(inn, True, True, limit, max_items, empty_ok=True), head)
