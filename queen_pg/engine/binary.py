@@ -27,13 +27,12 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
-import msgspec
-import orjson
 import xxhash
 import zstandard
 
 from queen_pg import text
 from queen_pg.db.types import fast_uuid
+from queen_pg.engine import json_check
 from queen_pg.engine.codec import dctx
 
 PUSH_MAGIC = b"QPB1"
@@ -45,12 +44,10 @@ FLAG_FRAMES = 8
 PUSH_FLAGS = FLAG_ZSTD | FLAG_COUNTS | FLAG_TXN | FLAG_FRAMES
 FRAME_TRACE = 1  # the only frame flag a client may set (codec.FLAG_TRACE)
 MAX_TXN_BYTES = 65_535
-MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/shared/body.py stored_json)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
-_DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
 
 
 class Malformed(Exception):
@@ -167,23 +164,11 @@ class _In:
 
 
 def check_payload(payload: bytes) -> None:
-    """Raises ValueError unless ``payload`` is one JSON document that comes back exactly (64-bit
-    integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000 is fine
-    (a payload lives in a segment, not a text column)."""
-    value = orjson.loads(payload)  # syntax, lone surrogates, trailing data
-    if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
-        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
-        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
-        try:
-            exact = msgspec.json.decode(payload)
-        except msgspec.MsgspecError as exc:
-            raise ValueError(str(exc)) from None
-        except RecursionError:  # msgspec recurses per level; orjson above reads up to 1024 of them
-            raise ValueError("nesting too deep") from None
-        orjson.dumps(exact)
-    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
-    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
-        orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
+    """Raises ValueError (or TypeError) unless ``payload`` is one JSON document that comes back exactly
+    (64-bit integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000
+    is fine (a payload lives in a segment, not a text column). A big one is checked without being
+    built (json_check.py)."""
+    json_check.check(payload, nul_ok=True)
 
 
 def _check_txn(raw: bytes) -> str:

@@ -1,0 +1,143 @@
+"""Whether bytes are one JSON document that comes back exactly once stored: the check of a payload
+the broker received as bytes (a binary push's frames and items, a timer's decoded payload).
+
+The rule (docs/wire.md#limits-and-bad-input): RFC 8259 JSON in UTF-8 (no BOM, no NaN, no lone
+surrogate), integers within 64 bits (-2^63 .. 2^64-1), no number that reads as an infinite double,
+nesting within 254 levels (what orjson writes back), and, for a timer, no U+0000.
+
+Building the document to check it costs Python objects: 25-30 times its size for ``[{},{},...]``
+(a 16 MiB payload took 475 MB). So a payload of :data:`SMALL` bytes or more is checked without being
+built: msgspec reads it as a ``msgspec.Raw`` (it checks the syntax, escapes and surrogate pairs, and
+keeps a view, no copy), then C-speed scans of the bytes check what that does not: UTF-8 (in steps),
+and, only where the bytes could break a rule, the numbers and the nesting, on a copy with the strings
+emptied. Its extra memory is at most a copy of the payload. A smaller payload is built and written
+back as before (faster there, and at most ~30 x :data:`SMALL` of objects, freed at once).
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import re
+
+import msgspec
+import orjson
+
+SMALL = 64 * 1024  # from this size on a payload is checked without being built
+MAX_DEPTH = 254  # nesting orjson can write back
+_DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
+_UTF8_STEP = 1 << 20
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+# A JSON string (already checked by msgspec), to be emptied: brackets, digits and escapes inside
+# strings are not structure.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Digit runs, found after a cheap look for a long run of zeros in a copy whose digits are all zeros.
+_ZEROS = bytes.maketrans(_DIGITS, b"0" * 10)
+_LONG_RUN = re.compile(rb"\d{19,}")
+# A double overflows past 1.8e308: with an exponent of 3 digits, or of 2 and 210 integer digits or more.
+_BIG_EXPONENTS = (b"e000", b"E000", b"e+000", b"E+000")
+_LONG_MANTISSA = b"0" * 200
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?")
+# U+0000 as an escape, not preceded by an escaping backslash (`\\u0000` is the text "\u0000").
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+# Only the brackets of the emptied copy are kept, objects' as arrays'.
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def check(payload: bytes, *, nul_ok: bool) -> None:
+    """Raises ValueError (or TypeError) unless ``payload`` follows the rule (the module doc). ``nul_ok``:
+    U+0000 is allowed (a pushed payload lives in a segment, not a text column)."""
+    if len(payload) < SMALL:
+        _built(payload, nul_ok)
+    else:
+        _scanned(payload, nul_ok)
+
+
+def _built(payload: bytes, nul_ok: bool) -> None:
+    """The rule, by building the document (small payloads)."""
+    value = orjson.loads(payload)  # syntax, UTF-8, lone surrogates, infinite doubles, trailing data
+    if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
+        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
+        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
+        try:
+            exact = msgspec.json.decode(payload)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(str(exc)) from None
+        except RecursionError:  # msgspec recurses per level; orjson above reads up to 1024 of them
+            raise ValueError("nesting too deep") from None
+        orjson.dumps(exact)
+    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
+    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+        orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
+    if not nul_ok and b"\\u0000" in payload and _NUL.search(payload) is not None:
+        raise ValueError("U+0000 in a string")
+
+
+def _scanned(payload: bytes, nul_ok: bool) -> None:
+    """The rule, without building the document (the module doc)."""
+    try:
+        msgspec.json.decode(payload, type=msgspec.Raw)  # syntax, escapes, surrogate pairs, trailing data
+    except msgspec.MsgspecError as exc:
+        raise ValueError(str(exc)) from None
+    except RecursionError:
+        raise ValueError("nesting too deep") from None
+    if not payload.isascii():
+        _utf8(payload)
+    if not nul_ok and b"\\u0000" in payload and _NUL.search(payload) is not None:
+        raise ValueError("U+0000 in a string")
+    digits = len(payload) - len(payload.translate(None, _DIGITS))
+    ints = digits >= 19
+    floats = b"e" in payload or b"E" in payload or digits >= 200
+    deep = payload.count(b"[") + payload.count(b"{") > MAX_DEPTH
+    if not (ints or floats or deep):
+        return
+    bare = _STRING.sub(b'""', payload)  # a copy with the strings emptied: what is left is structure
+    zeros = bare.translate(_ZEROS)
+    if ints and b"0" * 19 in zeros:
+        _integers(bare)
+    if floats and (_LONG_MANTISSA in zeros or any(e in zeros for e in _BIG_EXPONENTS)):
+        for m in _NUMBER.finditer(bare):
+            if math.isinf(float(m.group())):
+                raise ValueError("a number that reads as an infinite double")
+    if deep:
+        _depth(bare)
+
+
+def _integers(bare: bytes) -> None:
+    """ValueError when an integer of ``bare`` (strings emptied) is beyond 64 bits. A run of 19 digits
+    or more is an integer unless it is a fraction's, an exponent's or a float's integer part."""
+    for m in _LONG_RUN.finditer(bare):
+        start, end = m.span()
+        if bare[end : end + 1] in (b".", b"e", b"E"):
+            continue  # a float's integer part
+        before = bare[start - 1 : start] if start else b""
+        if before in (b".", b"e", b"E", b"+") or (before == b"-" and bare[start - 2 : start - 1] in (b"e", b"E")):
+            continue  # a fraction or an exponent
+        value = -int(m.group()) if before == b"-" else int(m.group())
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise ValueError("an integer beyond 64 bits")
+
+
+def _utf8(payload: bytes) -> None:
+    """Strict UTF-8 (no encoded surrogates), decoded in steps and dropped."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    view = memoryview(payload)
+    for at in range(0, len(payload), _UTF8_STEP):
+        decoder.decode(view[at : at + _UTF8_STEP])  # UnicodeDecodeError is a ValueError
+    decoder.decode(b"", final=True)
+
+
+def _depth(bare: bytes) -> None:
+    """ValueError when the brackets of ``bare`` (balanced: msgspec read it) nest past MAX_DEPTH. Each
+    pass removes the innermost pairs, one level: a document is within MAX_DEPTH levels when that many
+    passes leave nothing."""
+    left = bare.translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):
+        if not left:
+            return
+        left = left.replace(b"[]", b"")
+    if left:
+        raise ValueError(f"nesting deeper than {MAX_DEPTH} levels")
