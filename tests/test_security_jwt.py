@@ -548,7 +548,7 @@ OUT_OF_RANGE = ["1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1" + "0" * 4
 async def test_a_time_claim_out_of_a_doubles_range_is_401(jwt_broker: Broker) -> None:
     """JSON reads 1e400 as Infinity (and Python's reader takes NaN and Infinity); an integer of 400
     digits is a number no double holds. As exp, nbf or iat, each is refused with 401 naming the claim
-    (a correctly signed exp of 1e400 was a 500, an OverflowError)."""
+    (a correctly signed exp of 10^400 was a 500, an OverflowError; nbf or iat of -10^400 was accepted)."""
     later = int(time.time()) + 300
     base = f'"sub": "svc", "iss": "{ISS}", "aud": "{AUD}", "role": "read-only"'
     answers = {}
