@@ -275,3 +275,17 @@ def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
         read_owned(fifo)
     with pytest.raises(UnsafeFile, match="fifo must be a regular file"):
         open_owned(fifo, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def test_a_socket_dir_planted_as_a_link_stops_the_start(made: EmbeddedPostgres, tmp_path: Path) -> None:
+    """The socket dir is chmod-ed and chown-ed on its descriptor, never through a link."""
+    victim = tmp_path / "victim-dir"
+    victim.mkdir(mode=0o755)
+    before = victim.stat()
+    assert made.socket_dir == made.data_dir / "sock"
+    made.socket_dir.rmdir()
+    made.socket_dir.symlink_to(victim)
+    with pytest.raises(EmbeddedPostgresError, match=r"sock exists and is not ours: .* a symbolic link"):
+        made.start()
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
