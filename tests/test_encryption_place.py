@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -20,7 +21,9 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from queen.http.pop_frames import decode_pop_frames
 
+from queen_pg.db.pool import Database
 from queen_pg.engine import codec
+from queen_pg.engine import timers as timers_engine
 from queen_pg.errors import QueenError
 from queen_pg.security import crypto
 from tests.conftest import Broker
@@ -181,3 +184,54 @@ async def test_ciphertext_copied_into_another_place_with_sql_does_not_open_there
         assert r.status_code == 200 and r.json()["data"] == {"s": SECRET_WORD}, r.text
         r = await http.get("/api/v1/pop/queue/vault/partition/p1", params={"batch": 1})
         assert r.status_code == 200 and r.json()["messages"][0]["data"] == {"s": SECRET_WORD}, r.text
+
+
+async def test_every_path_that_keeps_a_payload_in_its_partition_still_opens_it(
+    start_broker: Any, db: Database, conn: asyncpg.Connection
+) -> None:
+    """Sealed for the partition it lands in: a timer (POST /timers and a transaction's rider) into a
+    named partition, fired and popped; a transaction push into a named partition; a dead letter
+    listed, then requeued and popped again (it stays in its partition)."""
+    b: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    crypto.bind(db, crypto.Vault(bytes.fromhex(K1)))  # the fire below runs on the test's handle
+
+    def b64(value: Any) -> str:
+        return base64.b64encode(orjson.dumps(value)).decode()
+
+    async with httpx.AsyncClient(base_url=b.url) as http:
+        r = await http.post("/api/v1/configure", json={"queue": "kept", "options": {"encryptionEnabled": True}})
+        assert r.status_code == 200, r.text
+        op = {"op": "schedule", "queue": "kept", "timerKey": "k1", "partition": "p9", "delayMs": 0,
+              "payload": b64({"via": "timer", "s": SECRET_WORD})}  # fmt: skip
+        assert (await http.post("/api/v1/timers", json={"operations": [op]})).status_code == 200
+        tx = {
+            "operations": [{"type": "push", "items": [
+                {"queue": "kept", "partition": "p8", "payload": {"via": "tx", "s": SECRET_WORD}, "transactionId": "d"}
+            ]}],
+            "timers": [{**op, "timerKey": "k2", "partition": "p7", "payload": b64({"via": "rider", "s": SECRET_WORD})}],
+        }  # fmt: skip
+        r = await http.post("/api/v1/transaction", json=tx)
+        assert r.status_code == 200 and r.json()["success"], r.text
+        fired = await timers_engine.fire(db, 10, datetime.now(UTC) + timedelta(seconds=1))
+        assert fired.fired == 2
+        await no_plaintext(conn)
+        got = {}
+        popped = {}
+        for part in ("p9", "p8", "p7"):
+            r = await http.get(f"/api/v1/pop/queue/kept/partition/{part}", params={"batch": 1})
+            assert r.status_code == 200, r.text
+            (popped[part],) = r.json()["messages"]
+            got[part] = popped[part]["data"]
+        assert got == {p: {"via": v, "s": SECRET_WORD} for p, v in (("p9", "timer"), ("p8", "tx"), ("p7", "rider"))}
+        # the transaction's message dead-lettered, listed, requeued into its partition and popped again
+        m = popped["p8"]
+        ack = {"transactionId": "d", "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "dlq"}
+        r = await http.post("/api/v1/ack/batch", json={"acknowledgments": [{**ack, "error": "x"}]})
+        assert r.status_code == 200 and r.json()[0]["dlq"], r.text
+        dead = (await http.get("/api/v1/dlq", params={"queue": "kept"})).json()["messages"]
+        assert [d["data"] for d in dead] == [{"via": "tx", "s": SECRET_WORD}]
+        r = await http.post(f"/api/v1/messages/{m['partitionId']}/d/retry")
+        assert r.status_code == 200 and r.json()["status"] == "requeued", r.text
+        r = await http.get("/api/v1/pop/queue/kept/partition/p8", params={"batch": 1})
+        assert r.status_code == 200 and r.json()["messages"][0]["data"] == {"via": "tx", "s": SECRET_WORD}, r.text
+    await no_plaintext(conn)
