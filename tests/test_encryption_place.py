@@ -235,3 +235,26 @@ async def test_every_path_that_keeps_a_payload_in_its_partition_still_opens_it(
         r = await http.get("/api/v1/pop/queue/kept/partition/p8", params={"batch": 1})
         assert r.status_code == 200 and r.json()["messages"][0]["data"] == {"via": "tx", "s": SECRET_WORD}, r.text
     await no_plaintext(conn)
+
+
+async def test_seal_version_1_for_a_rolling_upgrade_writes_unbound_payloads(
+    start_broker: Any, conn: asyncpg.Connection
+) -> None:
+    """QUEEN_ENCRYPTION_SEAL_VERSION=1 (brokers of an earlier release still pop): new payloads are
+    version 1, which such a broker opens; the default writes version 2. Both brokers read both."""
+    old_style: Broker = await start_broker(encryption_key=K1, encryption_seal_version=1, jobs_enabled=False)
+    default: Broker = await start_broker(encryption_key=K1, jobs_enabled=False)
+    for b, i in ((old_style, 0), (default, 1)):
+        async with httpx.AsyncClient(base_url=b.url) as http:
+            r = await http.post("/api/v1/configure", json={"queue": "roll", "options": {"encryptionEnabled": True}})
+            assert r.status_code == 200, r.text
+            item = {"queue": "roll", "payload": {"i": i, "s": SECRET_WORD}}
+            assert (await http.post("/api/v1/push", json={"items": [item]})).status_code == 201
+    rows = await conn.fetch("SELECT payload, codec FROM queen.log_segments ORDER BY base_offset")
+    assert [f.payload[1] for r in rows for f in codec.unpack(r["payload"], r["codec"])] == [1, 2]
+    await no_plaintext(conn)
+    for b, group in ((old_style, "a"), (default, "b")):
+        async with httpx.AsyncClient(base_url=b.url) as http:
+            r = await http.get("/api/v1/pop/queue/roll", params={"batch": 2, "consumerGroup": group})
+            assert r.status_code == 200, r.text
+            assert [m["data"] for m in r.json()["messages"]] == [{"i": i, "s": SECRET_WORD} for i in range(2)]

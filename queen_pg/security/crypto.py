@@ -14,7 +14,9 @@ queue's or partition's rows (SQL access, a restored dump) does not open there: 4
 partition (a dead letter, its requeue, a message's detail, a timer and the message it fires all stay
 in the (tenant, queue, partition) the payload was sealed for), so nothing is sealed again. The names
 are what the caller already holds (the push item, the pop row), never a database round trip.
-Version 1 (the first release) bound only the six head bytes; it is still opened, never written.
+Version 1 (the first release) bound only the six head bytes; it is still opened, and written only
+with ``QUEEN_ENCRYPTION_SEAL_VERSION=1`` (a rolling upgrade: brokers of the earlier release refuse
+version 2).
 
 Whether a queue is encrypted is decided by the database (``queues.encryption_enabled``):
 ``queen.push_v1`` refuses, under the partition lock, a group whose sealing disagrees with its queue
@@ -102,8 +104,11 @@ def is_sealed(payload: bytes) -> bool:
 class Vault:
     """The keys of this process and its cache of which queues are encrypted."""
 
-    def __init__(self, key: bytes | None = None, old: Sequence[bytes] = ()) -> None:
+    def __init__(self, key: bytes | None = None, old: Sequence[bytes] = (), seal_version: int = VERSION) -> None:
+        if seal_version not in (VERSION, VERSION_UNBOUND):
+            raise ValueError(f"unknown sealed format version {seal_version}")
         self._current = (key_id(key), AESGCM(key)) if key is not None else None
+        self._bound = seal_version == VERSION  # False: write version 1 (QUEEN_ENCRYPTION_SEAL_VERSION=1)
         self._keys: dict[bytes, AESGCM] = {}
         for k in (*old, *([key] if key is not None else [])):
             self._keys[key_id(k)] = AESGCM(k)
@@ -113,9 +118,9 @@ class Vault:
         return f"Vault(key={'set' if self._current else 'none'}, readable={len(self._keys)})"
 
     @classmethod
-    def from_settings(cls, key: str, old: str) -> Vault:
+    def from_settings(cls, key: str, old: str, seal_version: int = VERSION) -> Vault:
         current, olds = parse_keys(key, old)
-        return cls(current, olds)
+        return cls(current, olds, seal_version)
 
     @property
     def can_seal(self) -> bool:
@@ -127,12 +132,16 @@ class Vault:
         return bool(self._keys)
 
     def seal(self, plaintext: bytes, place: Place) -> bytes:
-        """``plaintext`` sealed for ``place`` (version 2): it opens there and nowhere else."""
+        """``plaintext`` sealed for ``place`` (version 2): it opens there and nowhere else. With
+        ``seal_version`` 1 (a rolling upgrade from a release that reads only version 1), unbound."""
         if self._current is None:
             raise QueenError(ENCRYPTION_KEY_MISSING, detail=NO_KEY)
         kid, aes = self._current
-        head = _HEAD.pack(MARK, VERSION, kid)
         nonce = os.urandom(NONCE_LEN)
+        if not self._bound:  # a rolling upgrade's old brokers read only version 1
+            head = _HEAD.pack(MARK, VERSION_UNBOUND, kid)
+            return head + nonce + aes.encrypt(nonce, plaintext, head)
+        head = _HEAD.pack(MARK, VERSION, kid)
         return head + nonce + aes.encrypt(nonce, plaintext, head + place.aad)
 
     def open(self, sealed: bytes, place: Place) -> bytes:
