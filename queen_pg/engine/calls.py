@@ -92,7 +92,7 @@ TIMER_LIST = call("timer_list_v1", 4, "*")
 TIMERS_FIRE = call("timers_fire_v1", 2)
 
 # Queues (010_queue.sql): the options as JSON text
-CONFIGURE_QUEUE = call("configure_queue_v1", "$1, $2, $3, $4, $5::text::jsonb")
+CONFIGURE_QUEUE = call("configure_queue_v2", "$1, $2, $3, $4, $5::text::jsonb, $6")
 DELETE_QUEUE = call("delete_queue_v1", 2)
 
 # Messages, dead letters and the admin moves (110_messages.sql, 070_dlq.sql, 075_admin_clear.sql)

@@ -33,7 +33,8 @@ The embedded default (``queen-pg serve`` with no database URL) needs no key to b
 it protects. A configured ``QUEEN_ENCRYPTION_KEY`` wins and the file is then never created; a file
 left by earlier runs stays readable as an old key.
 
-This module imports only ``queen_pg.errors`` and ``queen_pg.setting_values`` of queen_pg: the engine
+This module imports only ``queen_pg.errors``, ``queen_pg.setting_values`` and ``queen_pg.owned_files``
+(the key file: never through a link) of queen_pg: the engine
 calls it, never the other way round (docs/architecture.md#imports).
 """
 
@@ -53,6 +54,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from queen_pg.errors import ENCRYPTION_KEY_MISSING, ENCRYPTION_KEY_UNKNOWN, QueenError
+from queen_pg.owned_files import open_owned, read_owned
 from queen_pg.setting_values import parse_key, parse_keys
 
 MARK = 0x00
@@ -251,7 +253,7 @@ def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:
         return key, ",".join([*olds, kept])
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         kept = _read_key_file(path)
         if kept is None:  # gone in between: the next start makes one
@@ -267,18 +269,10 @@ def embedded_keys(key: str, old: str, data_dir: Path) -> tuple[str, str]:
 
 def _read_key_file(path: Path) -> str | None:
     """The key in ``path`` (None: no file); ValueError unless it is a regular file of this account
-    holding 64 hex characters. Its mode is set back to 0600."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    (one link, never read through a symbolic link) holding 64 hex characters. Its mode is set back to 0600."""
+    text = read_owned(path, chmod=0o600)
+    if text is None:
         return None
-    except OSError as exc:  # ELOOP: a symlink
-        raise ValueError(f"{path} must be a regular file ({exc.strerror})") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.geteuid():
-            raise ValueError(f"{path} is owned by uid {st.st_uid}, not by this account (uid {os.geteuid()})")
-        os.fchmod(f.fileno(), 0o600)
-        kept = f.read().strip()
+    kept = text.strip()
     parse_key(kept, str(path))
     return kept
