@@ -32,6 +32,10 @@ ATTACKS: dict[str, str] = {
     "form": '<form method="get" action="{base}"><input name="batch" value="100"><input name="wait" value="false">'
     '<input name="autoAck" value="true"></form><script>document.forms[0].submit()</script>',
     "fetch": '<script>fetch("{url}&autoAck=true", {{mode: "no-cors"}})</script>',
+    "head": '<script>fetch("{url}&autoAck=true", {{method: "HEAD", mode: "no-cors"}})</script>',
+    # a page cannot pass for a client that is not a browser: a no-cors request drops these headers
+    "agent": '<script>fetch("{url}&autoAck=true", {{mode: "no-cors", '
+    'headers: {{"User-Agent": "python-httpx/0.28", "Accept": "application/json"}}}})</script>',
 }
 
 
@@ -109,6 +113,7 @@ async def test_a_web_page_cannot_pop_from_a_broker_on_a_lan_address(browser: Bro
                 sent = await request.all_headers()
                 # the hole's shape: the browser marked nothing (no Fetch Metadata, no Origin)
                 assert "sec-fetch-site" not in sent and "origin" not in sent, (name, sent)
+                assert sent["user-agent"].startswith("Mozilla/"), (name, sent)
                 answer = await request.response()
                 if answer is not None and request.failure is None:  # an iframe, a form: the answer is seen
                     seen[name] = (answer.status, await _text(answer))
