@@ -65,11 +65,17 @@ def ops_text(ops: list[dict[str, Any]], producer_sub: str | None) -> str:
 
 def timer_payloads(v: crypto.Vault, tenant: str, ops: list[dict[str, Any]], payloads: list[bytes]) -> list[bytes]:
     """Each op's payload as ``queen.timers`` is to keep it: sealed for a schedule into a queue ``v``
-    believes encrypted."""
+    believes encrypted, for the (tenant, queue, partition) the timer fires into (its row names the
+    same place, so its peek opens it too)."""
     return [
-        v.seal_for(tenant, str(op.get("queue")), p)[0] if op.get("op") != "cancel" else p
+        v.seal_for(place(tenant, op), p)[0] if op.get("op") != "cancel" else p
         for op, p in zip(ops, payloads, strict=True)
     ]
+
+
+def place(tenant: str, op: dict[str, Any]) -> crypto.Place:
+    """Where a schedule op's message lands (``queen._timer_apply``: partition ``Default`` when none)."""
+    return crypto.Place(tenant, str(op.get("queue")), str(op.get("partition") or "Default"))
 
 
 async def cancel(
@@ -87,7 +93,7 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
         return {"found": False}
     r = rows[0]
     stored: bytes = r["payload"]
-    payload = crypto.vault(db).clear(stored)
+    payload = crypto.vault(db).clear(stored, crypto.Place(tenant, queue, r["partition"]))
     return {
         "found": True,
         "queue": queue,
