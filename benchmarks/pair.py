@@ -10,7 +10,8 @@ any change worth less than that; the block-by-block comparison does not.
 
 Per side it reports the broker's CPU per request (its Python processes, from /proc; PostgreSQL's
 apart), the median latency, and in how many blocks B was cheaper and faster. The requests:
-``push`` (a 1-item JSON push to one partition: the latency scenario's request), ``miss`` (a GET of a
+``push`` (a 1-item JSON push to one partition: the latency scenario's request), ``push100`` (100
+items in one JSON push, the throughput scenario's request shape), ``miss`` (a GET of a
 path no route has: the framework's routing and error answer, no database), ``health``.
 """
 
@@ -33,8 +34,12 @@ from benchmarks.machine import ROOT, git_state, loadavg, machine_info
 from benchmarks.procstat import tree_cpu
 
 PUSH_BODY = json.dumps({"items": [{"queue": "pair-bench", "partition": "p", "payload": {"n": 1}}]}).encode()
+PUSH100_BODY = json.dumps(
+    {"items": [{"queue": "pair-bench", "partition": "p", "payload": {"n": i}} for i in range(100)]}
+).encode()
 REQUESTS: dict[str, tuple[str, str, bytes | None]] = {
     "push": ("POST", "/api/v1/push", PUSH_BODY),
+    "push100": ("POST", "/api/v1/push", PUSH100_BODY),
     "miss": ("GET", "/no/such/route", None),
     "health": ("GET", "/health", None),
 }

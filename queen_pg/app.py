@@ -122,7 +122,12 @@ def create_app(settings: Settings) -> FastAPI:
             ),
             storage=storage,
         )
-        crypto.bind(db, crypto.Vault.from_settings(settings.encryption_key, settings.encryption_keys_old))
+        crypto.bind(
+            db,
+            crypto.Vault.from_settings(
+                settings.encryption_key, settings.encryption_keys_old, settings.encryption_seal_version
+            ),
+        )
         pop_render.bind(db, pop_render.SegmentCache(settings.pop_cache_mb * 1024 * 1024))
         fuser = app.state.queen.fuser = Fuser(
             db,

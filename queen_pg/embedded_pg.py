@@ -20,6 +20,13 @@ PostgreSQL refuses to run as root, so as root the server runs as the unprivilege
 account. It gets ``PR_SET_PDEATHSIG=SIGINT`` (fast shutdown), so it stops when the *thread* that
 started it dies, even after ``kill -9`` of the broker: start it from the main thread, before any other
 thread exists (``preexec_fn`` is not thread-safe) and before ``uvicorn.run()``.
+
+As root the data dir belongs to the ``postgres`` account, so any name in it may be a link (or a FIFO,
+or a hard link to another file) that account planted to make root act on a file elsewhere. Every file
+the broker reads, writes or opens there goes through ``queen_pg.owned_files``: opened with
+``O_NOFOLLOW`` and checked on its descriptor (a regular file of the expected owner with one link),
+or written as a new file renamed over the name (which replaces a planted link, never its target).
+A secret, the log or a directory that fails the check stops the start with an error naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import secrets
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from queen_pg.owned_files import UnsafeFile, open_owned, read_owned, write_owned
 from queen_pg.pg_binaries import Account, EmbeddedPostgresError, check_search, find_pg_bin, ids, reachable_bin
 
 log = logging.getLogger("queen_pg.embedded_pg")
@@ -50,6 +59,7 @@ _PR_SET_PDEATHSIG = 1
 # startup failures that go away by themselves: the previous postmaster (or its backends) still exiting
 _TRANSIENT = ('lock file "postmaster.pid" already exists', "is still in use")
 _NOT_INHERITED = ("PG", "QUEEN_", "JWT_", "DATABASE_URL")  # environment variables the server never gets
+_LOG_TAIL = 64 * 1024  # bytes of the server's log an error quotes from at most
 
 
 # Everything in the broker's database that the bootstrap superuser owns goes to the app role: the
@@ -101,28 +111,6 @@ def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _write_secret(path: Path, text: str, acct: Account = None) -> None:
-    """``text`` into ``path``, mode 0600 (owned by ``acct`` when given), replaced atomically: a
-    reader never sees a partial file."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    if acct is not None:
-        os.chown(tmp, *acct)
-    os.replace(tmp, path)
 
 
 def _verifier(conn: Any, user: str, password: str) -> str:
@@ -196,14 +184,14 @@ class EmbeddedPostgres:
 
     def tcp_password(self) -> str:
         """``app_user``'s password for TCP connections (created on first start, mode 0600)."""
-        return self.password_path.read_text().strip()
+        text = read_owned(self.password_path, chmod=0o600)
+        if text is None:
+            raise FileNotFoundError(f"no password file {self.password_path}")
+        return text.strip()
 
     def superuser_password(self) -> str | None:
         """The bootstrap superuser's password; None while it has none (a data dir of an older version)."""
-        try:
-            return self.superuser_password_path.read_text().strip() or None
-        except FileNotFoundError:
-            return None
+        return (read_owned(self.superuser_password_path, chmod=0o600) or "").strip() or None
 
     def psql_command(self, database: str | None = None) -> str:
         """A shell command: psql as ``app_user``, its password from the password file."""
@@ -213,9 +201,8 @@ class EmbeddedPostgres:
 
     def _ensure_password(self) -> str:
         try:
-            fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = open_owned(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
-            os.chmod(self.password_path, 0o600)
             return self.tcp_password()
         password = secrets.token_urlsafe(32)  # URL-safe: no ':' or '\\' to escape in the pgpass file
         with os.fdopen(fd, "w") as f:
@@ -226,7 +213,7 @@ class EmbeddedPostgres:
         lines = [f"*:*:*:{self.app_user}:{app_password}"]
         if su_password is not None:
             lines.append(f"*:*:*:{self.user}:{su_password}")
-        _write_secret(self.passfile_path, "\n".join(lines) + "\n")
+        write_owned(self.passfile_path, "\n".join(lines) + "\n")
 
     def _write_hba(self, acct: Account, bootstrap: bool = False) -> None:
         """Socket and TCP: scram-sha-256 (TCP: app_user only). ``bootstrap``: the superuser has no
@@ -240,11 +227,7 @@ class EmbeddedPostgres:
             "host    all   all          0.0.0.0/0      reject",
             "host    all   all          ::/0           reject",
         ]
-        hba = self.pgdata / "pg_hba.conf"
-        hba.write_text("\n".join(lines) + "\n")
-        os.chmod(hba, 0o600)
-        if acct is not None:
-            os.chown(hba, *acct)
+        write_owned(self.pgdata / "pg_hba.conf", "\n".join(lines) + "\n", owner=acct)
 
     def _account(self) -> Account:
         if os.geteuid() != 0:
@@ -256,35 +239,72 @@ class EmbeddedPostgres:
         return pw.pw_uid, pw.pw_gid
 
     def _prepare_dirs(self, acct: Account) -> None:
-        owner = os.geteuid() if acct is None else acct[0]
+        owners = {os.geteuid(), os.geteuid() if acct is None else acct[0]}
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         sock = self.socket_dir
-        try:
+        with contextlib.suppress(FileExistsError):
             sock.mkdir(mode=0o700)
-        except FileExistsError:  # refuse a squatted /tmp/queen-pg-* dir
-            st = os.lstat(sock)
-            if not os.path.isdir(sock) or os.path.islink(sock) or st.st_uid not in (os.geteuid(), owner):
-                raise EmbeddedPostgresError(f"socket directory {sock} exists and is not ours") from None
-        os.chmod(sock, 0o700)
+        for d in (self.data_dir, sock):
+            try:  # refuses a squatted /tmp/queen-pg-* dir, or a link planted in place of the socket dir
+                fd = open_owned(d, os.O_RDONLY | os.O_DIRECTORY, owners=owners)
+            except UnsafeFile as exc:
+                raise EmbeddedPostgresError(f"directory {d} exists and is not ours: {exc}") from None
+            try:
+                if d == sock:
+                    os.fchmod(fd, 0o700)
+                if acct is not None:
+                    os.fchown(fd, *acct)
+            finally:
+                os.close(fd)
         if acct is not None:
-            for d in (self.data_dir, sock):
-                os.chown(d, *acct)
             check_search(self.data_dir, acct)
+
+    def _open_log(self) -> int:
+        """The server's log, for appending and reading back; opened by the broker (as root: the
+        ``postgres`` account can write to the data dir, so it is opened without following a link)."""
+        return open_owned(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+
+    def _log_size(self) -> int:
+        fd = self._open_log()
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def _log_since(self, offset: int) -> str:
+        """What the server logged past ``offset`` (the last ``_LOG_TAIL`` bytes of it)."""
+        fd = self._open_log()
+        try:
+            size = os.fstat(fd).st_size
+            start = max(offset, size - _LOG_TAIL)
+            return os.pread(fd, max(size - start, 0), start).decode(errors="replace")
+        finally:
+            os.close(fd)
 
     def _spawn(self, args: list[str], acct: Account) -> subprocess.Popen[bytes]:
         # none of the broker's settings: its secrets (keys, JWT secret, URLs) would be readable in
         # /proc/<pid>/environ by the account PostgreSQL runs as
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)} | {"LC_ALL": "C"}
-        with open(self.log_path, "ab") as logf:  # the child keeps its own copy of the descriptor
+        logf = self._open_log()  # the child keeps its own copy of the descriptor
+        try:
             return subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=self.data_dir,
                 env=env, start_new_session=True, preexec_fn=_pdeathsig_preexec(os.getpid()), **ids(acct),
             )  # fmt: skip
+        finally:
+            os.close(logf)
 
     def start(self, timeout: float = 30.0) -> None:
-        """initdb if needed, start postgres as a child process, wait until ready, create ``database``."""
+        """initdb if needed, start postgres as a child process, wait until ready, create ``database``.
+        EmbeddedPostgresError names what went wrong (a file in the data dir refused, see the module)."""
         if self.pid is not None:
             return
+        try:
+            self._start(timeout)
+        except UnsafeFile as exc:
+            raise EmbeddedPostgresError(f"unsafe file in the data dir: {exc}") from None
+
+    def _start(self, timeout: float) -> None:
         t0 = time.monotonic()
         deadline = t0 + timeout
         acct = self._account()
@@ -315,11 +335,11 @@ class EmbeddedPostgres:
             args += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         try:
             while True:
-                offset = self.log_path.stat().st_size
+                offset = self._log_size()
                 self._proc = self._spawn(args, acct)
-                if self._wait_ready(deadline):
+                if self._wait_ready(acct, deadline):
                     break
-                out = _read_from(self.log_path, offset)
+                out = self._log_since(offset)
                 if time.monotonic() > deadline or not any(t in out for t in _TRANSIENT):
                     raise EmbeddedPostgresError(
                         f"postgres exited during startup (rc={self._proc.returncode}):\n{out[-3000:]}"
@@ -344,7 +364,7 @@ class EmbeddedPostgres:
         leaves a data dir whose superuser is upgraded like an older version's)."""
         password = secrets.token_urlsafe(32)
         pwfile = self.data_dir / f".initdb-pw.{os.getpid()}"  # readable by the account initdb runs as
-        _write_secret(pwfile, password + "\n", acct)
+        write_owned(pwfile, password + "\n", owner=acct)
         args = [
             str(bin_dir / "initdb"),
             "-D",
@@ -359,7 +379,7 @@ class EmbeddedPostgres:
             "--no-instructions",
             *(["--no-sync"] if self.fast else []),
         ]
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        offset = self._log_size()
         try:
             proc = self._spawn(args, acct)
             try:
@@ -370,19 +390,20 @@ class EmbeddedPostgres:
         finally:
             pwfile.unlink(missing_ok=True)
         if rc != 0:
-            out = _read_from(self.log_path, offset)
+            out = self._log_since(offset)
             raise EmbeddedPostgresError(f"initdb failed (rc={rc}):\n{out[-3000:]}")
-        _write_secret(self.superuser_password_path, password + "\n")
+        write_owned(self.superuser_password_path, password + "\n")
         return password
 
-    def _wait_ready(self, deadline: float) -> bool:
+    def _wait_ready(self, acct: Account, deadline: float) -> bool:
         """True once postmaster.pid line 8 says ready; False if the child exited first."""
         assert self._proc is not None
         pidfile = self.pgdata / "postmaster.pid"
+        server = {os.geteuid() if acct is None else acct[0]}  # the server writes it
         while self._proc.poll() is None:
             try:
-                lines = pidfile.read_text().splitlines()
-            except OSError:
+                lines = (read_owned(pidfile, owners=server) or "").splitlines()
+            except (OSError, UnsafeFile):
                 lines = []
             # line 1 must be our pid: a stale file left by an unclean stop also says "ready"
             if len(lines) >= 8 and lines[0].strip() == str(self._proc.pid) and lines[7].strip() == "ready":
@@ -431,20 +452,22 @@ class EmbeddedPostgres:
                     sql.Identifier(self.user), sql.Literal(_verifier(conn, self.user, password))
                 )
             )
-        _write_secret(self.superuser_password_path, password + "\n")
+        write_owned(self.superuser_password_path, password + "\n")
         self._write_pgpass(app_password, password)
         self._write_hba(acct)
         os.kill(self._proc.pid, signal.SIGHUP)  # reload pg_hba.conf (the postmaster is our child)
-        bare = {"host": str(self.socket_dir), "port": self.port, "user": self.user, "dbname": "postgres",
-                "password": "", "passfile": str(self.data_dir / "no-such-passfile"), "connect_timeout": 2}  # fmt: skip
-        while True:
-            try:
-                psycopg.connect(**bare).close()  # type: ignore[arg-type]
-            except psycopg.OperationalError:
-                break  # a login without the password is refused: the reload is in effect
-            if time.monotonic() > deadline:
-                raise EmbeddedPostgresError("pg_hba.conf reload did not take effect in time")
-            time.sleep(0.01)
+        with tempfile.TemporaryDirectory() as nowhere:  # libpq reads a passfile when the password is "":
+            # name one in a private dir, where no other account can plant one
+            bare = {"host": str(self.socket_dir), "port": self.port, "user": self.user, "dbname": "postgres",
+                    "password": "", "passfile": str(Path(nowhere) / "none"), "connect_timeout": 2}  # fmt: skip
+            while True:
+                try:
+                    psycopg.connect(**bare).close()  # type: ignore[arg-type]
+                except psycopg.OperationalError:
+                    break  # a login without the password is refused: the reload is in effect
+                if time.monotonic() > deadline:
+                    raise EmbeddedPostgresError("pg_hba.conf reload did not take effect in time")
+                time.sleep(0.01)
         log.info("event=pg_superuser_password_set dir=%s", self.pgdata)
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -372,6 +372,14 @@ class Settings(BaseSettings):
         repr=False,
         description="Comma-separated earlier keys (64 hex each): still decrypt what they sealed after a rotation.",
     )
+    encryption_seal_version: int = Field(
+        2,
+        ge=1,
+        le=2,
+        description="The sealed format new payloads are written in: 2 binds each payload to its tenant, queue "
+        "and partition (a copy elsewhere does not open); 1 only during a rolling upgrade from a release that "
+        "cannot open version 2. Both are always read.",
+    )
 
     # the wake mesh (queen_pg/mesh/) and the proxy in front (deploy/)
     mesh_port: int | None = Field(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -18,6 +20,8 @@ import pytest
 
 from queen_pg import pg_binaries
 from queen_pg.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, find_pg_bin
+from queen_pg.owned_files import UnsafeFile, open_owned, read_owned
+from tests.conftest import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -174,3 +178,114 @@ def test_unreachable_data_dir_is_a_clear_error(tmp_path: Path) -> None:
         return
     with pytest.raises(EmbeddedPostgresError, match=r"cannot enter .*private"):
         pg.start()
+
+
+# --- a data dir the `postgres` account can write into (as root): nothing the broker does there may
+# --- reach a file elsewhere through a link it planted
+
+
+def _victim(tmp_path: Path) -> tuple[Path, tuple[str, int, int, int]]:
+    """A file of the broker's account outside the data dir, and what must stay as it is about it."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    victim.chmod(0o644)
+    return victim, _looks(victim)
+
+
+def _looks(path: Path) -> tuple[str, int, int, int]:
+    st = path.stat()
+    return path.read_text(), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+
+
+def _plant(path: Path, victim: Path, how: str) -> None:
+    """What the account the server runs as can do to a name in its own directory."""
+    path.unlink(missing_ok=True)
+    if how == "symlink":
+        path.symlink_to(victim)
+        if os.geteuid() == 0:
+            os.lchown(path, pwd.getpwnam("postgres").pw_uid, -1)
+    else:
+        os.link(victim, path)
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A data dir initialised and stopped: every file the broker keeps in it exists."""
+    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), fast=True)
+    pg.start()
+    pg.stop()
+    yield pg
+    pg.stop()
+
+
+@pytest.mark.parametrize("name", ["pgdata/pg_hba.conf", "pgpass"])
+def test_a_file_rewritten_at_start_replaces_a_planted_link_and_leaves_its_target(
+    made: EmbeddedPostgres, tmp_path: Path, name: str
+) -> None:
+    """Rewritten at every start: the new file is renamed over the name, which replaces the link itself."""
+    victim, before = _victim(tmp_path)
+    path = made.data_dir / name
+    _plant(path, victim, "symlink")
+    made.start()
+    with psycopg.connect(made.dsn()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (made.app_user,)
+    assert _looks(victim) == before
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_nlink == 1
+    assert made.app_user in path.read_text()
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+@pytest.mark.parametrize("name", ["pg_password", "pg_superuser_password", "postgres.log"])
+def test_a_secret_or_the_log_planted_as_a_link_stops_the_start(
+    made: EmbeddedPostgres, tmp_path: Path, name: str, how: str
+) -> None:
+    """Read (the passwords) or appended to (the log): never through a link, nor to a file with a second
+    name elsewhere; the start stops with an error that names the file, and the target is untouched."""
+    victim, before = _victim(tmp_path)
+    path = made.data_dir / name
+    _plant(path, victim, how)
+    with pytest.raises(
+        EmbeddedPostgresError, match=rf"{name} (must be a regular file, not a symbolic link|has 2 hard links)"
+    ):
+        made.start()
+    assert made.pid is None
+    assert _looks(victim) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's file: only root can make one")
+def test_a_password_file_of_the_server_account_is_refused(made: EmbeddedPostgres) -> None:
+    """The `postgres` account replacing the password file with one of its own (a password it knows)."""
+    pw = pwd.getpwnam("postgres")
+    made.password_path.unlink()
+    made.password_path.write_text("chosen-by-postgres\n")
+    os.chown(made.password_path, pw.pw_uid, pw.pw_gid)
+    with pytest.raises(
+        EmbeddedPostgresError, match=rf"pg_password is owned by uid {pw.pw_uid}, it must be owned by uid 0"
+    ):
+        made.start()
+    assert made.pid is None
+
+
+def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO in place of a file would block an open or a read forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsafeFile, match="must be a regular file, not a FIFO"):
+        read_owned(fifo)
+    with pytest.raises(UnsafeFile, match="fifo must be a regular file"):
+        open_owned(fifo, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def test_a_socket_dir_planted_as_a_link_stops_the_start(made: EmbeddedPostgres, tmp_path: Path) -> None:
+    """The socket dir is chmod-ed and chown-ed on its descriptor, never through a link."""
+    victim = tmp_path / "victim-dir"
+    victim.mkdir(mode=0o755)
+    before = victim.stat()
+    assert made.socket_dir == made.data_dir / "sock"
+    made.socket_dir.rmdir()
+    made.socket_dir.symlink_to(victim)
+    with pytest.raises(EmbeddedPostgresError, match=r"sock exists and is not ours: .* a symbolic link"):
+        made.start()
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)

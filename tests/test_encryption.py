@@ -72,22 +72,25 @@ async def frames(conn: asyncpg.Connection, queue: str) -> list[codec.Frame]:
     return [f for r in rows for f in codec.unpack(r["payload"], r["codec"])]
 
 
+HERE = crypto.Place("default", "q", "Default")
+
+
 def test_sealing_round_trip_key_ids_and_refusals() -> None:
     v = crypto.Vault(bytes.fromhex(K1))
-    a, b = v.seal(b'{"x":1}'), v.seal(b'{"x":1}')
+    a, b = v.seal(b'{"x":1}', HERE), v.seal(b'{"x":1}', HERE)
     assert a != b  # a fresh nonce each time
-    assert crypto.is_sealed(a) and a[2:6] == crypto.key_id(bytes.fromhex(K1))
-    assert v.open(a) == b'{"x":1}'
+    assert crypto.is_sealed(a) and a[1] == crypto.VERSION == 2 and a[2:6] == crypto.key_id(bytes.fromhex(K1))
+    assert v.open(a, HERE) == b'{"x":1}'
     rotated = crypto.Vault(bytes.fromhex(K2), [bytes.fromhex(K1)])
-    assert rotated.open(a) == b'{"x":1}'  # the old key still opens
+    assert rotated.open(a, HERE) == b'{"x":1}'  # the old key still opens
     with pytest.raises(QueenError) as err:
-        crypto.Vault(bytes.fromhex(K2)).open(a)
+        crypto.Vault(bytes.fromhex(K2)).open(a, HERE)
     assert err.value.code == "encryption_key_unknown" and err.value.status == 409
     tampered = a[:-1] + bytes([a[-1] ^ 1])
     with pytest.raises(QueenError, match="does not authenticate"):
-        v.open(tampered)
+        v.open(tampered, HERE)
     with pytest.raises(QueenError) as err:
-        crypto.Vault().seal(b"1")
+        crypto.Vault().seal(b"1", HERE)
     assert err.value.code == "encryption_key_missing"
     assert K1 not in repr(v) and "set" in repr(v)
 
@@ -435,9 +438,9 @@ def test_a_framed_pop_blob_is_reframed_with_opened_payloads() -> None:
     v = crypto.Vault(bytes.fromhex(K1))
     mid, trace = uuid.uuid4(), uuid.uuid4()
     plain = codec.pack([codec.encode_frame(mid, "t", b'{"a":1}', trace, "sub")])
-    assert sealing.opened_blob(v, plain, codec.CODEC_ZSTD) == (plain, codec.CODEC_ZSTD)
-    sealed = codec.pack([codec.encode_frame(mid, "t", v.seal(b'{"a":1}'), trace, "sub", sealed=True)])
-    blob, codec_id = sealing.opened_blob(v, sealed, codec.CODEC_ZSTD)
+    assert sealing.opened_blob(v, plain, codec.CODEC_ZSTD, HERE) == (plain, codec.CODEC_ZSTD)
+    sealed = codec.pack([codec.encode_frame(mid, "t", v.seal(b'{"a":1}', HERE), trace, "sub", sealed=True)])
+    blob, codec_id = sealing.opened_blob(v, sealed, codec.CODEC_ZSTD, HERE)
     assert codec_id == codec.CODEC_RAW
     (f,) = codec.unpack(blob, codec_id)
     assert (f.payload, f.sealed, f.message_id, f.trace_id, f.producer_sub) == (b'{"a":1}', False, mid, trace, "sub")
@@ -498,9 +501,9 @@ def count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = sealing.opened_blob
 
-    def counting(v: crypto.Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
+    def counting(v: crypto.Vault, blob: bytes, codec_id: int, place: crypto.Place) -> tuple[bytes, int]:
         seen.append(len(list(codec.unpack(blob, codec_id))))
-        return real(v, blob, codec_id)
+        return real(v, blob, codec_id, place)
 
     monkeypatch.setattr(sealing, "opened_blob", counting)
     return seen

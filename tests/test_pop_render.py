@@ -27,6 +27,13 @@ POP = "SELECT * FROM queen.pop_v1('default', $1, NULL, NULL, NULL, $2, $3, 10, $
 Row = dict[str, Any]
 
 
+TENANT = "default"
+
+
+def place(row: Row) -> crypto.Place:
+    return crypto.Place(TENANT, row["queue_name"], row["partition_name"])
+
+
 def reference(rows: list[Row], lease: str | None, group: str | None, autopilot: bool, vault: Any = None) -> Any:
     """The dict rendering pop.render had before it rendered to bytes (kept here as the oracle)."""
     messages: list[dict[str, Any]] = []
@@ -53,7 +60,7 @@ def reference(rows: list[Row], lease: str | None, group: str | None, autopilot: 
                         "queue": row["queue_name"],
                         "leaseId": lease,
                         "consumerGroup": group,
-                        "data": orjson.Fragment(crypto.opened(vault, frame)),
+                        "data": orjson.Fragment(crypto.opened(vault, frame, place(row))),
                         "createdAt": iso_ms(row["created_at"]),
                         "traceId": str(frame.trace_id) if frame.trace_id else None,
                         "producerSub": frame.producer_sub,
@@ -115,7 +122,8 @@ async def claim(conn: asyncpg.Connection, queue: str, group: str, batch: int, au
 def both(rows: list[Row], lease: str | None, group: str | None, autopilot: bool = False,
          cache: pop_render.SegmentCache | None = None, vault: Any = None) -> bytes:  # fmt: skip
     """Render with the new code, assert it equals the oracle byte for byte, and return it."""
-    got = pop_render.render(rows, lease, group, autopilot, cache or pop_render.SegmentCache(1 << 20), vault)
+    got = pop_render.render(rows, lease, group, autopilot, cache or pop_render.SegmentCache(1 << 20), vault,
+                            tenant=TENANT)  # fmt: skip
     want = reference(rows, lease, group, autopilot, vault)
     if want is None:
         assert got is None
@@ -162,7 +170,7 @@ async def test_every_shape_renders_as_the_dict_did(conn: asyncpg.Connection) -> 
     ]
     # nothing leased in these segments: no answer
     assert pop_render.render([{**r, "lease_start": 50, "lease_end": 60} for r in rows], lease, "g", False,
-                             pop_render.SegmentCache(0)) is None  # fmt: skip
+                             pop_render.SegmentCache(0), tenant=TENANT) is None  # fmt: skip
 
 
 async def test_dropped_duplicates_and_several_partitions(conn: asyncpg.Connection) -> None:
@@ -260,7 +268,8 @@ def _holds(cache: pop_render.SegmentCache, needle: bytes) -> bool:
 def test_an_encrypted_queue_s_plaintext_is_never_cached() -> None:
     v = crypto.Vault(b"k" * 32)
     secret = b'{"card":"4111-1111-1111-1111"}'
-    sealed = [codec.encode_frame(codec.uuid7(), f"s{i}", v.seal(secret), None, None, True) for i in range(3)]
+    here = crypto.Place(TENANT, "q", "p")  # fake_row's queue and partition
+    sealed = [codec.encode_frame(codec.uuid7(), f"s{i}", v.seal(secret, here), None, None, True) for i in range(3)]
     cache = pop_render.SegmentCache(1 << 20)
     row = fake_row(3, 0, sealed)
     for _ in range(2):
@@ -270,7 +279,7 @@ def test_an_encrypted_queue_s_plaintext_is_never_cached() -> None:
     assert not _holds(cache, b"4111-1111")  # only the sealed bytes, opened per pop
     # a broker without the key: 409, and the cache still holds no plaintext
     with pytest.raises(QueenError) as err:
-        pop_render.render([row], "L", "g", False, cache, crypto.Vault())
+        pop_render.render([row], "L", "g", False, cache, crypto.Vault(), tenant=TENANT)
     assert err.value.kind is ENCRYPTION_KEY_UNKNOWN
     assert not _holds(cache, b"4111-1111")
 

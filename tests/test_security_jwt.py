@@ -528,3 +528,50 @@ def test_jwt_require_exp_reads_its_reference_style_name(monkeypatch: pytest.Monk
     assert Settings(_env_file=None).jwt_require_exp is True
     monkeypatch.setenv("JWT_REQUIRE_EXP", "0")
     assert Settings(_env_file=None).jwt_require_exp is False
+
+
+def _signed_text(payload: str) -> str:
+    """An HS256 token signed with the test secret over this exact JSON text (numbers no encoder writes)."""
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(payload.encode())
+    sig = hmac.new(SECRET.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
+
+
+OUT_OF_RANGE = ["1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1" + "0" * 400, "-1" + "0" * 400]
+
+
+async def test_a_time_claim_out_of_a_doubles_range_is_401(jwt_broker: Broker) -> None:
+    """JSON reads 1e400 as Infinity (and Python's reader takes NaN and Infinity); an integer of 400
+    digits is a number no double holds. As exp, nbf or iat, each is refused with 401 naming the claim
+    (a correctly signed exp of 10^400 was a 500, an OverflowError; nbf or iat of -10^400 was accepted)."""
+    later = int(time.time()) + 300
+    base = f'"sub": "svc", "iss": "{ISS}", "aud": "{AUD}", "role": "read-only"'
+    answers = {}
+    for claim in ("exp", "nbf", "iat"):
+        for raw in OUT_OF_RANGE:
+            exp = "" if claim == "exp" else f', "exp": {later}'
+            tok = _signed_text(f'{{{base}{exp}, "{claim}": {raw}}}')
+            answers[claim, raw[:8]] = await _status(jwt_broker.url, tok)
+    want = "token {} is out of range (a NumericDate is a finite number of seconds)"
+    assert answers == {(claim, raw): (401, want.format(claim)) for claim, raw in answers}
+    fine = _signed_text(f'{{{base}, "exp": {later}, "nbf": 1e3, "iat": -1e3}}')  # finite: any time is a time
+    assert await _status(jwt_broker.url, fine) == (200, "")
+
+
+@pytest.mark.parametrize("claim", ["nbf", "iat"])
+async def test_nbf_and_iat_are_numeric_dates_like_exp(jwt_broker: Broker, claim: str) -> None:
+    """One rule for the three time claims: a string of digits or a bool is not a time."""
+    now = int(time.time())
+    for value in (str(now), True):
+        tok = _raw_token(exp=now + 300, **{claim: value})
+        assert await _status(jwt_broker.url, tok) == (401, f"token {claim} is not a NumericDate (a JSON number)")
+    assert await _status(jwt_broker.url, _raw_token(exp=now + 300, **{claim: now + 600})) == (
+        401,
+        "token not valid yet",
+    )
+    assert await _status(jwt_broker.url, _raw_token(exp=now + 300, **{claim: now - 0.5})) == (200, "")

@@ -49,15 +49,23 @@ def _frame(row: Record) -> codec.Frame | None:
     return frame_at(row["seg_blob"], row["seg_codec"], row["seg_base"], row["seg_dropped"], row["msg_offset"])
 
 
-def _payload(row: Record, frame: codec.Frame | None, vault: crypto.Vault) -> Any:
+def _payload(tenant: str, row: Record, frame: codec.Frame | None, vault: crypto.Vault) -> Any:
+    """A dead letter's payload as JSON text; sealed bytes are opened for its own (tenant, queue,
+    partition): a dead letter stays in the partition its message was sealed for."""
     if row["sealed"] is not None:  # an encrypted queue's dead letter, copied out still sealed
-        return orjson.Fragment(vault.open(row["sealed"]))
+        return orjson.Fragment(vault.open(row["sealed"], _place(tenant, row)))
     if row["payload_json"] is not None:
         return orjson.Fragment(row["payload_json"])
-    return orjson.Fragment(crypto.opened(vault, frame)) if frame is not None else None
+    if frame is None:
+        return None
+    return orjson.Fragment(crypto.opened(vault, frame, _place(tenant, row)) if frame.sealed else frame.payload)
 
 
-def _dead(r: Record, frame: codec.Frame | None, vault: crypto.Vault) -> dict[str, Any]:
+def _place(tenant: str, row: Record) -> crypto.Place:
+    return crypto.Place(tenant, row["queue_name"], row["partition_name"])
+
+
+def _dead(tenant: str, r: Record, frame: codec.Frame | None, vault: crypto.Vault) -> dict[str, Any]:
     # producerSub: the fill job's copy (log_dlq.producer_sub), else the segment's frame
     return {
         "id": str(r["message_id"]) if r["message_id"] else None,
@@ -68,7 +76,7 @@ def _dead(r: Record, frame: codec.Frame | None, vault: crypto.Vault) -> dict[str
         "partitionId": str(r["partition_id"]),
         "consumerGroup": wire_group(r["consumer_group"]),
         "offset": r["msg_offset"],
-        "data": _payload(r, frame, vault),
+        "data": _payload(tenant, r, frame, vault),
         "producerSub": r["producer_sub"] if r["producer_sub"] is not None else frame.producer_sub if frame else None,
         "errorMessage": r["error"],
         "retryCount": r["attempts"],
@@ -100,7 +108,7 @@ async def list_dead(db: Database, tenant: str, q: DlqQuery) -> dict[str, Any]:
         frame = _frame(r)
         if budget is not None and not budget.admit(_size(r, frame)):
             break
-        messages.append(_dead(r, frame, v))
+        messages.append(_dead(tenant, r, frame, v))
     total = rows[0]["total"] if rows else 0
     return mark_cut({"messages": messages, "total": total, "limit": q.limit, "offset": q.offset}, "messages")
 

@@ -62,7 +62,14 @@ def _state(row: Record, off: int) -> str:
 
 
 def _message(
-    queue: str, partition: str, pid: int, off: int, frame: codec.Frame, created: datetime, vault: crypto.Vault
+    tenant: str,
+    queue: str,
+    partition: str,
+    pid: int,
+    off: int,
+    frame: codec.Frame,
+    created: datetime,
+    vault: crypto.Vault,
 ) -> dict[str, Any]:
     return {
         "id": str(frame.message_id),
@@ -74,7 +81,9 @@ def _message(
         "partitionId": str(pid),
         "offset": off,
         "createdAt": iso_ms(created),
-        "data": orjson.Fragment(crypto.opened(vault, frame)),
+        "data": orjson.Fragment(
+            crypto.opened(vault, frame, crypto.Place(tenant, queue, partition)) if frame.sealed else frame.payload
+        ),
     }
 
 
@@ -97,7 +106,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
     )
     if not rows or rows[0]["status"] != "ok":
         raise not_found(rows[0]["status"] if rows else "no_queue", q.queue, q.partition, q.group)
-    messages = _page(rows, q, crypto.vault(db))
+    messages = _page(tenant, rows, q, crypto.vault(db))
     return mark_cut(
         {
             "messages": messages,
@@ -112,7 +121,7 @@ async def list_messages(db: Database, tenant: str, q: MessageQuery) -> dict[str,
     )
 
 
-def _page(rows: list[Record], q: MessageQuery, v: crypto.Vault) -> list[dict[str, Any]]:
+def _page(tenant: str, rows: list[Record], q: MessageQuery, v: crypto.Vault) -> list[dict[str, Any]]:
     """The page's messages from its segments, in page order, until they reach the answer budget (the
     procedure stopped by stored bytes; a zstd segment decodes larger, so decoding stops here too)."""
     messages: list[dict[str, Any]] = []
@@ -130,7 +139,9 @@ def _page(rows: list[Record], q: MessageQuery, v: crypto.Vault) -> list[dict[str
             if q.offset <= i < end:
                 if budget is not None and not budget.admit(len(frame.payload) + len(frame.transaction_id)):
                     return messages
-                msg = _message(q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"], v)
+                msg = _message(
+                    tenant, q.queue, row["partition_name"], row["partition_id"], off, frame, row["created_at"], v
+                )
                 if q.group is not None:
                     msg["consumerGroup"] = wire_group(q.group)
                     msg["status"] = _state(row, off)
@@ -198,7 +209,14 @@ async def get_message(db: Database, tenant: str, partition_id: int, transaction_
             if frame.transaction_id != transaction_id:
                 break  # a hash collision: not this message
             msg = _message(
-                row["queue_name"], row["partition_name"], partition_id, at, frame, row["created_at"], crypto.vault(db)
+                tenant,
+                row["queue_name"],
+                row["partition_name"],
+                partition_id,
+                at,
+                frame,
+                row["created_at"],
+                crypto.vault(db),
             )
             return {**_detail(row, msg), "isEncrypted": frame.sealed}
         at += 1

@@ -85,13 +85,19 @@ Answer = RenderedPop  # the JSON answer, or the framed one (``frames``): its med
 
 
 def render(
-    req: PopRequest, lease_id: uuid.UUID, rows: list[Record], vault: crypto.Vault | None = None, db: object = None
+    tenant: str,
+    req: PopRequest,
+    lease_id: uuid.UUID,
+    rows: list[Record],
+    vault: crypto.Vault | None = None,
+    db: object = None,
 ) -> RenderedPop | None:
     """Slice the claimed segments into the JSON pop answer (docs/wire.md#pop, rendered to bytes by
     ``pop_render.py``, decoded segments shared through ``db``'s segment cache); None when empty.
-    Sealed payloads (an encrypted queue's) are opened with ``vault`` (409 when it has no key for them)."""
+    Sealed payloads (an encrypted queue's) are opened with ``vault`` for ``tenant`` and the row's queue
+    and partition (409 when it has no key for them, or they were sealed elsewhere)."""
     lease = None if req.auto_ack else str(lease_id)
-    return pop_render.render(rows, lease, req.group, req.autopilot, pop_render.cache_of(db), vault)
+    return pop_render.render(rows, lease, req.group, req.autopilot, pop_render.cache_of(db), vault, tenant=tenant)
 
 
 def schedule_lease_wakes(waiters: Waiters, tenant: str, rows: list[Record]) -> None:
@@ -236,14 +242,14 @@ async def _claim(
         if req.frames:
             lease = "" if req.auto_ack else str(lease_id)
             # a broker holding keys opens sealed segments (clients refuse flag-4 frames)
-            shown, opened = sealing.opened_rows(v, rows)
+            shown, opened = sealing.opened_rows(v, tenant, rows)
             # a cut segment comes from the segment cache, which never holds opened plaintext
             cache = pop_render.NO_CACHE if opened else pop_render.cache_of(db)
             answer: Answer | None = render_frames(
                 req.group is None, lease, req.group or "", req.autopilot, shown, cache
             )
         else:
-            answer = render(req, lease_id, rows, v, db)
+            answer = render(tenant, req, lease_id, rows, v, db)
     except QueenError:  # a sealed payload this broker cannot open: the lease goes back, nothing is delivered
         if got is not None:
             await release(db, tenant, req, got, waiters)

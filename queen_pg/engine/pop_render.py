@@ -253,10 +253,13 @@ def render(
     autopilot: bool,
     cache: SegmentCache,
     vault: crypto.Vault | None = None,
+    *,
+    tenant: str,
 ) -> RenderedPop | None:
-    """pop_v1's rows as the JSON pop answer; None when nothing is delivered. ``lease`` None = autoAck
-    (each message says ``"leaseId": null``, the answer ``""``). Sealed payloads are opened with
-    ``vault`` (409 when it has no key for them), per pop."""
+    """pop_v1's rows (of ``tenant``) as the JSON pop answer; None when nothing is delivered. ``lease``
+    None = autoAck (each message says ``"leaseId": null``, the answer ``""``). Sealed payloads are
+    opened with ``vault`` for the row's (tenant, queue, partition) (409 when it has no key for them or
+    they were sealed elsewhere), per pop."""
     parts: list[bytes] = []
     claims: list[tuple[str, str, str]] = []  # (partitionId, partition, queue) in claim order
     claimed: list[tuple[str, str, int]] = []
@@ -265,6 +268,7 @@ def render(
     n = 0
     claim_part = b""
     last_pid: int | None = None
+    place: crypto.Place | None = None  # the row's, made when a sealed frame of its partition is opened
     for row in rows:
         pid_int = row["partition_id"]
         if pid_int != last_pid or not claims:
@@ -275,6 +279,7 @@ def render(
                           + b',"queue":' + _text(row["queue_name"]) + b',"leaseId":' + lease_json
                           + b',"consumerGroup":' + group_json + b',"data":')  # fmt: skip
             last_pid = pid_int
+            place = None
         start, end, redo = row["lease_start"], row["lease_end"], row["redelivered_end"]
         base, seg_end = row["base_offset"], row["end_offset"]
         first, last = max(start, base), min(end, seg_end)
@@ -299,7 +304,9 @@ def render(
                 added += grown
             head, payload, sealed, tail = piece
             if sealed:
-                payload = crypto.opened(vault, _Sealed(payload))
+                if place is None:
+                    place = crypto.Place(tenant, row["queue_name"], row["partition_name"])
+                payload = crypto.opened(vault, _Sealed(payload), place)
             # one message: the pieces as they stand, joined once with the whole answer below
             parts += (head, claim_part, payload, created, tail, again if off < redo else fresh, b"%d}," % off)
             got += 1

@@ -116,7 +116,8 @@ _PLAIN = struct.Struct("<IB16sH")  # a QPF1 frame's head without trace id or pro
 
 
 def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: str = "") -> PreparedPush:
-    """Pack ``items``; with a ``vault``, the payloads of the queues it believes encrypted are sealed.
+    """Pack ``items``; with a ``vault``, the payloads of the queues it believes encrypted are sealed
+    for their (``tenant``, queue, partition).
     The ids of the items without one are minted at once (``codec.uuid7_blob``), the transactionIds
     hashed in one pass after the loop, and a plain frame (no trace id, no producerSub, not sealed)
     packed with one struct call."""
@@ -134,6 +135,7 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
     last_p: str | None = None
     out: list[bytes] = []
     seal = False
+    place: crypto.Place | None = None  # the group's, when it is sealed: the associated data names it
     gid = 0
     pack_plain = _PLAIN.pack
     for queue, partition, payload, txn, trace, sub, mid in items:
@@ -145,6 +147,7 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
                 frames.append([])
                 sealed.append(vault is not None and vault.encrypted(tenant, queue))
             last_q, last_p, out, seal, gid = queue, partition, frames[g], sealed[g], g + 1
+            place = crypto.Place(tenant, queue, partition) if seal else None
         if mid is None:
             raw = minted[at : at + 16]
             mid = fast_uuid(raw)
@@ -159,8 +162,8 @@ def prepare(items: list[NewMessage], vault: crypto.Vault | None = None, tenant: 
             out.append(pack_plain(len(t) + len(payload) + 19, 0, raw, len(t)) + t + payload)
         else:
             if seal:
-                assert vault is not None
-                payload = vault.seal(payload)
+                assert vault is not None and place is not None
+                payload = vault.seal(payload, place)
             out.append(codec.encode_frame(mid, txn, payload, trace, sub, sealed=seal))
         item_group.append(gid)
         msgids.append(mid)

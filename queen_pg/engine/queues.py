@@ -11,8 +11,18 @@ from queen_pg.engine import calls
 
 
 async def configure(
-    db: Database, tenant: str, queue: str, namespace: str | None, task: str | None, options: dict[str, Any]
+    db: Database,
+    tenant: str,
+    queue: str,
+    namespace: str | None,
+    task: str | None,
+    options: dict[str, Any],
+    *,
+    may_weaken: bool,
 ) -> dict[str, Any]:
+    """The queue as configured. ``may_weaken`` false: options that weaken an existing queue's guarantees
+    (encryption off, a shorter dedup window) are refused, 403 ``forbidden``, decided by the procedure
+    under the queue row lock."""
     raw = await db.fetchval(
         calls.CONFIGURE_QUEUE,
         tenant,
@@ -20,6 +30,7 @@ async def configure(
         namespace,
         task,
         orjson.dumps(options).decode(),
+        may_weaken,
     )
     result: dict[str, Any] = orjson.loads(raw)
     return result

@@ -14,7 +14,7 @@ import orjson
 
 from queen_pg.engine import codec
 from queen_pg.errors import ENCRYPTION_KEY_MISSING, ENCRYPTION_MISMATCH, QueenError
-from queen_pg.security.crypto import NO_KEY, Vault, opened, vault
+from queen_pg.security.crypto import NO_KEY, Place, Vault, opened, vault
 
 PUSH_ATTEMPTS = 4  # a push whose queues flip between attempts more often than this gives up (503)
 
@@ -75,32 +75,35 @@ def forgetting(v: Vault, on_config: Callable[[str, str], None]) -> Callable[[str
     return handler
 
 
-def opened_blob(v: Vault, blob: bytes, codec_id: int) -> tuple[bytes, int]:
-    """A stored segment blob as a framed pop may ship it (docs/wire.md: clients refuse flag 4): as it
-    is when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
+def opened_blob(v: Vault, blob: bytes, codec_id: int, place: Place) -> tuple[bytes, int]:
+    """A stored segment blob of ``place`` as a framed pop may ship it (docs/wire.md: clients refuse
+    flag 4): as it is when no frame is sealed, else its frames re-encoded raw (codec 0) with opened payloads."""
     frames = list(codec.unpack(blob, codec_id))
     if not any(f.sealed for f in frames):
         return blob, codec_id
     raw = b"".join(
-        codec.encode_frame(f.message_id, f.transaction_id, opened(v, f), f.trace_id, f.producer_sub) for f in frames
+        codec.encode_frame(f.message_id, f.transaction_id, opened(v, f, place), f.trace_id, f.producer_sub)
+        for f in frames
     )
     return raw, codec.CODEC_RAW
 
 
-def opened_row(v: Vault, row: Any) -> Any:
-    """A pop_v1 row whose segment a framed pop may ship: its blob through :func:`opened_blob`."""
-    blob, codec_id = opened_blob(v, row["payload"], row["codec"])
+def opened_row(v: Vault, tenant: str, row: Any) -> Any:
+    """A pop_v1 row whose segment a framed pop may ship: its blob through :func:`opened_blob`, opened
+    for ``tenant`` and the row's queue and partition."""
+    place = Place(tenant, row["queue_name"], row["partition_name"])
+    blob, codec_id = opened_blob(v, row["payload"], row["codec"], place)
     if blob is row["payload"]:
         return row
     return {**dict(row), "payload": blob, "codec": codec_id}
 
 
-def opened_rows(v: Vault, rows: Sequence[Any]) -> tuple[Sequence[Any], bool]:
-    """The rows of a framed pop (each with the segment's ``sealed`` column) as the broker may ship
-    them, and whether any was opened. Only a segment that may hold a sealed frame (``sealed`` true, or
+def opened_rows(v: Vault, tenant: str, rows: Sequence[Any]) -> tuple[Sequence[Any], bool]:
+    """The rows of a framed pop of ``tenant`` (each with the segment's ``sealed`` column) as the broker
+    may ship them, and whether any was opened. Only a segment that may hold a sealed frame (``sealed`` true, or
     NULL: written before revision 0012, or not visible to the statement's snapshot) is decoded; the
     others ship as stored (decoding every segment to look cost -30 % framed pop + ack)."""
     if not v.can_open:  # without keys nothing is sealed by this broker: as stored
         return rows, False
-    shown = [opened_row(v, r) if r["sealed"] is not False else r for r in rows]
+    shown = [opened_row(v, tenant, r) if r["sealed"] is not False else r for r in rows]
     return shown, any(a is not b for a, b in zip(shown, rows, strict=True))

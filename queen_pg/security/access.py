@@ -46,10 +46,15 @@ def principal(request: Request) -> Principal | None:
     return p
 
 
+def reaches(request: Request, level: Level) -> bool:
+    """Whether the caller's level reaches ``level`` (always, with JWT off)."""
+    p = principal(request)
+    return p is None or p.level >= level
+
+
 def need(request: Request, level: Level) -> None:
     """403 unless the caller's level reaches ``level`` (for a route whose body decides, e.g. KV writes)."""
-    p = principal(request)
-    if p is not None and p.level < level:
+    if not reaches(request, level):
         raise QueenError(FORBIDDEN, detail=f"this operation needs the {level.label} level")
 
 

@@ -34,7 +34,7 @@ from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteLevels, RouteTa
 from queen_pg.security.tenancy import HEADER, TenantError, resolve
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
-from queen_pg.security.web import HostPolicy, cross_site, split_list
+from queen_pg.security.web import HostPolicy, cross_site, loopback_bind, split_list
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
@@ -78,6 +78,8 @@ _WANTED = frozenset(
         b"transfer-encoding",
         b"origin",
         b"sec-fetch-site",
+        b"user-agent",
+        b"accept",
         HEADER.encode(),
     }
 )
@@ -108,6 +110,14 @@ class Checks:
                 "event=tenant_header_unbound detail=QUEEN_TENANCY_HEADER=1 with JWT_ENABLED=1 and no "
                 "JWT_TENANT_CLAIM: any valid token may act in any tenant it names in x-queen-tenant; "
                 "set JWT_TENANT_CLAIM to bind tokens to their tenant"
+            )
+        if not settings.jwt_enabled and not loopback_bind(settings.host):
+            log.warning(
+                "event=open_bind bind=%s detail=JWT is off and the broker listens beyond loopback: anyone who "
+                "reaches the port may do everything, and a browser there sends no Fetch Metadata (pops that look "
+                "like a browser's are refused, other reads answer); set JWT_ENABLED=1 or keep a network boundary "
+                "in front",
+                settings.host or "*",
             )
         self.verifier = Verifier.build(settings) if settings.jwt_enabled else None
         # nothing to resolve (no JWT, one tenant): every request is the same principal
@@ -143,6 +153,8 @@ class Checks:
             host,
             self.origins,
             self.table.write_gets,
+            headers.get(b"user-agent"),
+            headers.get(b"accept"),
         )
         if refused is not None:
             await _error(send, CROSS_SITE, refused)

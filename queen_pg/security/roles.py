@@ -9,7 +9,8 @@ needs a valid token (any level) and then gets the router's 404/405.
 Levels: read-only < read-write < admin. Read-only: reads (status, resources, messages, DLQ list,
 traces, consumer-group listings, KV get). Read-write: push, pop, ack, lease, transaction, KV writes,
 locks, timers, configure, trace records. Admin: deletes, seek, DLQ requeue/move, maintenance, clear,
-the subscription reset and the stats refresh.
+the subscription reset and the stats refresh, and a configure that weakens an existing queue (decided
+by its procedure against the stored options: the route passes whether the caller reaches admin).
 """
 
 from __future__ import annotations

@@ -9,9 +9,12 @@
   the cache triggers one refresh (concurrent misses share it; at most one miss-refresh per
   ``MISS_REFRESH_FLOOR_S``, so random kids cannot make the broker hammer the identity provider). A
   failed fetch keeps the previous keys.
-* ``exp`` is a NumericDate (a JSON number; not a string of digits, not a bool) and is required unless
-  ``JWT_REQUIRE_EXP=0``. One rule decides expiry, for a fresh token and a remembered one alike: valid
-  while now < exp + ``JWT_CLOCK_SKEW`` (a fractional exp is honoured as written).
+* ``exp``, ``nbf`` and ``iat`` are NumericDates: a JSON number (not a string of digits, not a bool)
+  that is a finite number of seconds (not NaN, not Infinity: JSON's 1e400 reads as Infinity, and an
+  integer past the double range is refused too). ``exp`` is required unless ``JWT_REQUIRE_EXP=0``. One
+  rule decides expiry, for a fresh token and a remembered one alike: valid while now < exp +
+  ``JWT_CLOCK_SKEW`` (a fractional exp is honoured as written); a token whose ``nbf`` or ``iat`` is
+  later than now + ``JWT_CLOCK_SKEW`` is not valid yet.
 * Errors name what failed (expired, bad signature, wrong issuer ...), never the token or a key.
 """
 
@@ -44,17 +47,37 @@ class TokenError(Exception):
     """The token is missing, malformed, unverifiable or not valid now: 401."""
 
 
-def valid_until(claims: dict[str, Any], skew: float, require: bool) -> float | None:
+def numeric_date(claims: dict[str, Any], name: str) -> float | None:
+    """The time claim ``name`` in seconds (None: the token has none). TokenError unless it is a JSON
+    number that a double holds finitely."""
+    if name not in claims:
+        return None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TokenError(f"token {name} is not a NumericDate (a JSON number)")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer past the double range
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise TokenError(f"token {name} is out of range (a NumericDate is a finite number of seconds)")
+    return seconds
+
+
+def valid_until(claims: dict[str, Any], now: float, skew: float, require: bool) -> float | None:
     """The wall-clock time the token stops being valid (exp plus the skew); None: it has no exp (and
-    none is required). TokenError when exp is missing but required, or is not a number."""
-    if "exp" not in claims:
+    none is required). TokenError when exp is missing but required, when a time claim is not a
+    NumericDate, or when ``nbf`` or ``iat`` is later than ``now`` plus the skew (not valid yet)."""
+    for name in ("nbf", "iat"):
+        at = numeric_date(claims, name)
+        if at is not None and at > now + skew:
+            raise TokenError("token not valid yet")
+    exp = numeric_date(claims, "exp")
+    if exp is None:
         if require:
             raise TokenError("token has no exp (JWT_REQUIRE_EXP)")
         return None
-    exp = claims["exp"]
-    if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
-        raise TokenError("token exp is not a NumericDate (a JSON number)")
-    return float(exp) + skew
+    return exp + skew
 
 
 class Jwks:
@@ -182,7 +205,7 @@ class Verifier:
         claims = await self._verify(token)
         s = self.settings
         now = time.time()
-        until = valid_until(claims, s.jwt_clock_skew, s.jwt_require_exp)
+        until = valid_until(claims, now, s.jwt_clock_skew, s.jwt_require_exp)
         if until is not None and now >= until:
             raise TokenError("token expired")
         if len(self.cache) >= CACHE_MAX:
@@ -209,8 +232,14 @@ class Verifier:
                 issuer=s.jwt_issuer or None,
                 audience=s.jwt_audience or None,
                 leeway=s.jwt_clock_skew,
-                # exp: valid_until (PyJWT would take "123" or true as a number, and floor a fraction)
-                options={"verify_aud": bool(s.jwt_audience), "verify_iss": bool(s.jwt_issuer), "verify_exp": False},
+                # exp, nbf, iat: valid_until (PyJWT would take "123" or true as a number, and floor a fraction)
+                options={
+                    "verify_aud": bool(s.jwt_audience),
+                    "verify_iss": bool(s.jwt_issuer),
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
             )
         except jwt.ExpiredSignatureError:
             raise TokenError("token expired") from None

@@ -1,6 +1,6 @@
 -- Queue management: configure (create or update) and delete.
 --
--- queen.configure_queue_v1(tenant, queue, namespace, task, options jsonb, now) -> jsonb
+-- queen.configure_queue_v2(tenant, queue, namespace, task, options jsonb, may_weaken boolean, now) -> jsonb
 --   Called by: POST /api/v1/configure. Creates the queue when missing, then applies the given
 --   options (camelCase keys of docs/wire.md#configure; validated by the broker before the call; keys it does
 --   not know are kept in `options`). Result: the queue as {"id","name","namespace","task","options"}.
@@ -8,6 +8,16 @@
 --   encryptionEnabled on also takes the queue's partition rows FOR NO KEY UPDATE, ascending id (#2):
 --   it waits for the pushes in flight, and every push that locks a partition after this commits
 --   reads encryption_enabled = true under that lock (queen.push_v1 refuses plaintext then).
+--   Weakening: unless `may_weaken` (the caller has the admin level, or JWT is off), options that weaken
+--   a guarantee of a queue that existed before this call are refused, decided under the queue row lock
+--   against the stored values: encryptionEnabled from true to false (payloads at rest stop being
+--   sealed) and a dedupWindowSeconds below the stored one (duplicates pushed outside the shorter window
+--   are taken). A queue this call creates has nothing to weaken.
+--   Errors: queen._refuse('forbidden', ...) (403) naming every weakening option; nothing is written.
+--
+-- queen.configure_queue_v1(tenant, queue, namespace, task, options jsonb, now) -> jsonb
+--   The previous release's call (its brokers, during a rolling deploy): configure_queue_v2 with
+--   may_weaken, as that release decided. Dropped the release after (000_dropped.sql).
 --
 -- queen.delete_queue_v1(tenant, queue) -> boolean
 --   Called by: DELETE /api/v1/resources/queues/{queue}. Deletes the queue and, by cascade, its
@@ -17,16 +27,19 @@
 --   rows ascending (partition_id, group) (#3), each before the cascade deletes them; then the other
 --   child rows (cascade).
 
-CREATE OR REPLACE FUNCTION queen.configure_queue_v1(
-    p_tenant text, p_queue text, p_namespace text, p_task text, p_options jsonb,
+CREATE OR REPLACE FUNCTION queen.configure_queue_v2(
+    p_tenant text, p_queue text, p_namespace text, p_task text, p_options jsonb, p_may_weaken boolean,
     p_now timestamptz DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
-    o     jsonb := coalesce(p_options, '{}'::jsonb);
-    q     queen.queues%ROWTYPE;
-    v_was boolean;
+    v_now   timestamptz := coalesce(p_now, now());
+    o       jsonb := coalesce(p_options, '{}'::jsonb);
+    q       queen.queues%ROWTYPE;
+    v_id    bigint;
+    v_new   boolean;
+    v_was   boolean;
+    v_weak  text[] := '{}';
 BEGIN
     INSERT INTO queen.queues AS t (tenant, name, namespace, task, created_at, updated_at)
     VALUES (p_tenant, p_queue, p_namespace, p_task, v_now, v_now)
@@ -34,8 +47,23 @@ BEGIN
        SET namespace = coalesce(excluded.namespace, t.namespace),
            task = coalesce(excluded.task, t.task),
            updated_at = v_now
-    RETURNING * INTO q;
+    RETURNING t.id, (t.xmax = 0) INTO v_id, v_new;  -- xmax 0: inserted; an upsert's update locks it
+    SELECT * INTO q FROM queen.queues t WHERE t.id = v_id;  -- the stored options, under our row lock
     v_was := q.encryption_enabled;
+
+    IF NOT p_may_weaken AND NOT v_new THEN
+        IF q.encryption_enabled AND NOT coalesce((o ->> 'encryptionEnabled')::boolean, true) THEN
+            v_weak := v_weak || 'options.encryptionEnabled false turns encryption off (it is on)'::text;
+        END IF;
+        IF (o ->> 'dedupWindowSeconds')::integer < q.dedup_window_seconds THEN
+            v_weak := v_weak || format('options.dedupWindowSeconds %s shortens the dedup window (it is %s)',
+                                       o ->> 'dedupWindowSeconds', q.dedup_window_seconds);
+        END IF;
+        IF cardinality(v_weak) > 0 THEN
+            PERFORM queen._refuse('forbidden', format(
+                'queue %s: %s; weakening a queue needs the admin level', p_queue, array_to_string(v_weak, '; ')));
+        END IF;
+    END IF;
 
     UPDATE queen.queues t SET
         lease_time = coalesce((o ->> 'leaseTime')::integer, t.lease_time),
@@ -66,6 +94,14 @@ BEGIN
             'completedRetentionSeconds', q.completed_retention_seconds,
             'dedupWindowSeconds', q.dedup_window_seconds, 'encryptionEnabled', q.encryption_enabled));
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.configure_queue_v1(
+    p_tenant text, p_queue text, p_namespace text, p_task text, p_options jsonb,
+    p_now timestamptz DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT queen.configure_queue_v2(p_tenant, p_queue, p_namespace, p_task, p_options, true, p_now);
 $$;
 
 CREATE OR REPLACE FUNCTION queen.delete_queue_v1(p_tenant text, p_queue text)

@@ -17,7 +17,7 @@ from queen_pg.engine import queues as queue_engine
 from queen_pg.engine import sealing
 from queen_pg.errors import DRAINING, QueenError, bad_request
 from queen_pg.security import crypto
-from queen_pg.security.access import level
+from queen_pg.security.access import level, reaches
 from queen_pg.security.roles import Level
 
 router = APIRouter()
@@ -98,9 +98,10 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
     summary="Create or configure a queue (docs/wire.md#configure)",
     description="Known options are type- and range-checked (a 400 names the range), unknown ones kept as given; "
     "encryptionEnabled=true needs QUEEN_ENCRYPTION_KEY on this broker (409 encryption_key_missing); the embedded "
-    "default (no DATABASE_URL) generates one into its data directory.",
+    "default (no DATABASE_URL) generates one into its data directory. With JWT on, weakening an existing queue "
+    "(encryptionEnabled true to false, a shorter dedupWindowSeconds) needs the admin level (403 forbidden).",
     openapi_extra=body(ConfigureBody),
-    responses=answers({200: ConfigureAnswer}, 400, 413),
+    responses=answers({200: ConfigureAnswer}, 400, 403, 413),
 )
 @level(Level.READ_WRITE)
 async def configure(request: Request) -> Response:
@@ -115,7 +116,12 @@ async def configure(request: Request) -> Response:
         check_name("task", body.task)
     st = state(request)
     sealing.may_configure(st.db, options)  # encryptionEnabled without a key: 409 before any write
-    result = await queue_engine.configure(st.db, tenant(request), body.queue, body.namespace, body.task, options)
+    # weakening an existing queue (encryption off, a shorter dedup window) needs admin: the procedure
+    # decides against the stored options under the queue row lock
+    may_weaken = reaches(request, Level.ADMIN)
+    result = await queue_engine.configure(
+        st.db, tenant(request), body.queue, body.namespace, body.task, options, may_weaken=may_weaken
+    )
     crypto.vault(st.db).learn(tenant(request), body.queue, bool(result["options"]["encryptionEnabled"]))
     st.waiters.wake(tenant(request), body.queue)  # new options (a shorter delay, ...) may free messages
     if st.mesh is not None:
