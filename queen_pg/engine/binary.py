@@ -314,7 +314,10 @@ def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> Frames:
     return Frames(txns, payloads, b"".join(mids), b"".join(hashes), traces if has_trace else None)
 
 
-def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes]) -> tuple[bytes, Frames]:
+def _group_frames(
+    inn: _In, g: int, n: int, budget: list[int], seen: set[bytes], most: tuple[int, int]
+) -> tuple[bytes, Frames]:
+    count_at = inn.base + inn.at - 4
     zlen = inn.u32(f"group {g}: compressed length")
     at = inn.at
     blob = inn.take(zlen, f"group {g}: zstd frame")
@@ -327,6 +330,10 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
         raise Malformed(inn.base + at, f"{where}: the zstd frame must declare its content size")
     if size > budget[0]:
         raise TooLarge(inn.base + at, f"{where}: {size} decompressed bytes exceed the limit")
+    if n * 23 > size:  # u32 len | u8 flags | 16 id | u16 txn len: 23 bytes at least; a count that lies
+        raise _In(b"", inn.base + at, where).fail(f"{n} frames cannot fit in {size} bytes", 0)
+    if most[0] + n > most[1]:  # before anything is inflated
+        raise TooMany(count_at, most[0] + n)
     budget[0] -= size
     dec = dctx().decompressobj()  # a big body is parsed in a worker thread (api/decoded.py)
     try:
@@ -340,9 +347,11 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
     return blob, parse_frames(raw, n, _In(raw, inn.base + at, where), seen)
 
 
-def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> tuple[list[str], list[bytes]]:
+def _group_items(inn: _In, g: int, n: int, with_txn: bool, most: tuple[int, int]) -> tuple[list[str], list[bytes]]:
     if n * (6 if with_txn else 4) > inn.left():
         raise inn.fail(f"group {g}: {n} items cannot fit in the {inn.left()} bytes left")
+    if most[0] + n > most[1]:  # before an item is read
+        raise TooMany(inn.base + inn.at - 4, most[0] + n)
     txns: list[str] = []
     payloads: list[bytes] = []
     for k in range(n):
@@ -384,15 +393,14 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, max_items: int, 
         n = inn.u32(f"group {g}: message count")
         if n == 0:
             raise inn.fail(f"group {g}: no messages", inn.at - 4)
-        items += n
-        if items > max_items:  # before a message of this group is read
-            raise TooMany(inn.base + inn.at - 4, items)
+        most = (items, max_items)  # the messages of the groups before this one, and QUEEN_MAX_ITEMS
         if framed:
-            blob, f = _group_frames(inn, g, n, budget, seen)
+            blob, f = _group_frames(inn, g, n, budget, seen, most)
             groups.append(Group(queue, partition, f.txns, f.payloads, f.ids, f.hashes, f.traces, blob, start))
         else:
-            txns, payloads = _group_items(inn, g, n, with_txn)
+            txns, payloads = _group_items(inn, g, n, with_txn, most)
             groups.append(Group(queue, partition, txns, payloads, offset=start))
+        items += n
     if inn.left():
         raise inn.fail(f"{inn.left()} bytes after the {count} groups")
     return groups
