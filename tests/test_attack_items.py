@@ -122,6 +122,19 @@ async def test_too_many_items_are_413_before_they_are_built(
                 assert grown <= GROWTH, f"{name}: peak RSS grew {grown / MIB:.0f} MiB"
                 assert await written(conn) == before, name
 
+            # the KV, locks and timers families keep their own op limits, now counted before the ops are built
+            for path, op in (
+                ("/api/v1/timers", {"op": "cancel", "queue": "attack", "timerKey": "k"}),
+                ("/api/v1/kv", {"op": "get", "ns": "attack", "key": "k"}),
+                ("/api/v1/locks", {"op": "get", "name": "attack"}),
+            ):
+                r = await http.post(path, content=orjson.dumps({"operations": [op] * MANY}), headers=JSON)
+                assert r.status_code == 400 and r.json()["reason"] == "too_many_ops", (path, r.text[:300])
+                assert "operations: Expected `array` of length <=" in r.json()["detail"], (path, r.text[:300])
+                grown = broker.peak_kib() * 1024 - baseline
+                assert grown <= GROWTH, f"{path}: peak RSS grew {grown / MIB:.0f} MiB"
+            assert await written(conn) == before
+
             # exactly the limit works, JSON and binary; the answer is one result per item, within a bound
             r = await http.post("/api/v1/push", json={"items": [ITEM] * CAP})
             assert r.status_code == 201, r.text[:300]
