@@ -40,11 +40,11 @@ _INT_MAX = 2**64 - 1
 
 _STRING_STEP = 64 * 1024  # strings are dropped a step at a time: at most one step's pieces exist
 # Digit runs, found after a cheap look for a long run of zeros in a copy whose digits are all zeros.
-_ZEROS = bytes.maketrans(_DIGITS, b"0" * 10)
+_NUMBER_SHAPE = bytes.maketrans(_DIGITS + b"E", b"0" * 10 + b"e")
 _LONG_RUN = re.compile(rb"\d{19,}")
 _INT_RUN = b"0" * 19
 # A double overflows past 1.8e308: with an exponent of 3 digits, or of 2 and 210 integer digits or more.
-_BIG_EXPONENTS = (b"e000", b"E000", b"e+000", b"E+000")
+_BIG_EXPONENT = b"e000"
 _LONG_MANTISSA = b"0" * 200
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][+\-]?\d+)?")
 # U+0000 as an escape, not preceded by an escaping backslash (`\\u0000` is the text "\u0000").
@@ -143,12 +143,14 @@ def _steps(data: bytes | bytearray, overlap: int = 0) -> Iterator[bytes]:
 
 def _long_numbers(bare: bytes | bytearray) -> tuple[bool, bool]:
     """Whether ``bare`` (strings emptied) may hold an integer beyond 64 bits (a run of 19 digits), and a
-    number that may read as an infinite double (:data:`_BIG_EXPONENTS`, :data:`_LONG_MANTISSA`)."""
+    number that may read as an infinite double (an exponent of 3 digits, :data:`_LONG_MANTISSA`)."""
     ints = floats = False
     for step in _steps(bare, _OVERLAP):
-        zeros = step.translate(_ZEROS)
-        ints = ints or _INT_RUN in zeros
-        floats = floats or _LONG_MANTISSA in zeros or any(e in zeros for e in _BIG_EXPONENTS)
+        shape = step.translate(_NUMBER_SHAPE, b"+")  # digits as 0, E as e, no +: two needles to look for
+        if _INT_RUN in shape:
+            ints = True
+            floats = floats or _LONG_MANTISSA in shape
+        floats = floats or _BIG_EXPONENT in shape
         if ints and floats:
             break
     return ints, floats

@@ -268,7 +268,8 @@ def decode_family(raw: bytes, t: type[T], kind: ErrorKind, *, owned: Callable[[s
     ``too_many_ops``, ``too_many_keys``, ``server_owned``, ``bad_field``) and names the op and field."""
     if not raw.strip():
         raise QueenError(kind, detail='request body is empty; expected {"operations": [...]}', reason="bad_body")
-    for name, most in _capped_lists(t):
+    shape: Any = t  # a Struct class: hashable, as the cache needs
+    for name, most in _capped_lists(shape):
         # msgspec would build the whole list before refusing its length: counted first, same answer
         if item_limit.over(raw, (name,), most):
             message = f"Expected `array` of length <= {most}"
