@@ -28,7 +28,10 @@ from queen.http.push_binary import PushBatch, encode_push_binary, encode_push_fr
 
 from queen_pg.engine import json_check
 from queen_pg.settings import MIB
+from tests.conftest import Broker, PgServer, broker_settings, fresh_database
+from tests.helpers import eventually
 from tests.serve_process import ServeProcess
+from tests.test_hot_protocol import Wire, json_request, request
 
 CAP = 10_000  # QUEEN_MAX_ITEMS's default
 MANY = 200_000
@@ -150,6 +153,32 @@ async def test_too_many_items_are_413_before_they_are_built(
             assert await conn.fetchval(stored + " WHERE q.name = 'attack'") == 2 * CAP
     finally:
         broker.kill()
+
+
+async def test_items_hold_admission_budget_not_only_their_bytes(pg_server: PgServer) -> None:
+    """A push of 10,000 tiny items (254 KB) is charged ITEM_COST per item (up to one largest body), not its
+    Content-Length: with the 2 MiB budget held but for 960 KiB it is 429 ``overloaded``; 100 items pass."""
+    settings = broker_settings(fresh_database(pg_server), max_body_bytes=MIB, admit_max_mb=2, admit_hold_ms=50)
+    broker = Broker(settings)
+    await broker.start()
+    holders = [await Wire.open(broker) for _ in range(2)]
+    wire = await Wire.open(broker)
+    try:
+        for w, size in zip(holders, (MIB, 64 * 1024), strict=True):  # heads whose bodies never come
+            w.writer.write(request("POST", "/api/v1/push")[: -len(b"content-length: 0\r\n\r\n")])
+            w.writer.write(b"content-length: %d\r\n\r\n" % size)
+            await w.writer.drain()
+        budget = broker.app.state.queen.admission
+        await eventually(lambda: budget.sem.used >= MIB + 64 * 1024, "the heads to hold their bytes")
+        ((status, _, answer),) = await wire.ask(json_request("POST", "/api/v1/push", {"items": [ITEM] * CAP}))
+        assert status.split(b" ")[1] == b"429" and answer["code"] == "overloaded", (status, answer)
+        ((status, _, answer),) = await wire.ask(json_request("POST", "/api/v1/push", {"items": [ITEM] * 100}))
+        assert status.split(b" ")[1] == b"201" and len(answer) == 100, (status, answer)
+        assert budget.sem.used == MIB + 64 * 1024  # the charges went back
+    finally:
+        for w in (*holders, wire):
+            await w.close()
+        await broker.stop()
 
 
 def empty_objects(size: int) -> bytes:

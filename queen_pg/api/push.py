@@ -8,7 +8,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.shared import binary, item_limit
+from queen_pg.api.shared import admission, binary, item_limit
 from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import (
     max_items,
@@ -55,6 +55,7 @@ async def push(request: Request) -> Response:
     body = await read(request, PushBody, before=lambda raw: item_limit.check_lists(raw, _ITEMS, cap))
     if len(body.items) > cap:  # counted already, unless a key was spelled with escapes
         raise item_limit.too_many("items", cap, len(body.items))
+    await admission.charge_items(request.scope, len(body.items))  # held until answered, as the body's bytes
     sub = producer_sub(request)
     items = new_messages(body.items, "items", sub)
     st = state(request)

@@ -12,7 +12,7 @@ from pydantic import Field
 from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.api.kv.schemas import KvResult
-from queen_pg.api.shared import binary, decoded, item_limit
+from queen_pg.api.shared import admission, binary, decoded, item_limit
 from queen_pg.api.shared.body import LeaseId, decode
 from queen_pg.api.shared.common import (
     answer_budget,
@@ -181,6 +181,7 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
     items = _items(body) + (len(framed.items) if framed is not None else 0)
     if items > cap:  # the head's items and the framed pushes together; nothing built yet
         raise item_limit.too_many(item_limit.TRANSACTION, cap, items)
+    await admission.charge_items(request.scope, items)  # held until answered, as the body's bytes
     acks: list[tx_engine.TxAck] = []
     pushes: list[tx_engine.TxPush] = []
     slot = 0

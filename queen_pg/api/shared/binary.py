@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from queen_pg.api.shared import decoded, item_limit
+from queen_pg.api.shared import admission, decoded, item_limit
 from queen_pg.api.shared.common import (
     check_name,
     json_response,
@@ -123,6 +123,7 @@ async def push(request: Request) -> Response:
 async def _push(request: Request, body: binary.Body) -> Response:
     st = state(request)
     _check_names(body.groups)
+    await admission.charge_items(request.scope, sum(len(g) for g in body.groups))
     ten = tenant(request)
     sub = producer_sub(request)
     once = await request_once(request, "push")
@@ -153,6 +154,7 @@ async def transaction_body(request: Request, exp: decoded.Expansion) -> tuple[by
     to is charged to ``exp``, which the route holds until it has answered."""
     body = await _parse(request, await request.body(), exp, binary.parse_transaction)
     _check_names(body.groups)
+    await admission.charge_items(request.scope, sum(len(g) for g in body.groups))
     sub = producer_sub(request)
     items = push_binary.messages(body.groups, sub)
     fast = bool(body.groups) and push_binary.stored_as_is(
