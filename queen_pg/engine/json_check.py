@@ -65,20 +65,21 @@ def check(payload: bytes, *, nul_ok: bool) -> None:
 
 def _built(payload: bytes, nul_ok: bool) -> None:
     """The rule, by building the document (small payloads)."""
-    value = orjson.loads(payload)  # syntax, UTF-8, lone surrogates, infinite doubles, trailing data
     if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
-        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
-        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
+        # an integer beyond 64 bits may be here: orjson would read it as a float (it would come back
+        # rounded), msgspec reads it exactly; writing it back refuses it (and nesting past MAX_DEPTH)
         try:
-            exact = msgspec.json.decode(payload)
+            value = msgspec.json.decode(payload)
         except msgspec.MsgspecError as exc:
             raise ValueError(str(exc)) from None
-        except RecursionError:  # msgspec recurses per level; orjson above reads up to 1024 of them
+        except RecursionError:  # msgspec recurses per level
             raise ValueError("nesting too deep") from None
-        orjson.dumps(exact)
-    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
-    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
-        orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
+        orjson.dumps(value)  # JSONEncodeError, a TypeError
+    else:
+        value = orjson.loads(payload)  # syntax, UTF-8, lone surrogates, infinite doubles, trailing data
+        # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
+        if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
+            orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
     if not nul_ok and b"\\u0000" in payload and _NUL.search(payload) is not None:
         raise ValueError("U+0000 in a string")
 
