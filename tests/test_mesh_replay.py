@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import logging
 import secrets
 import struct
 import time
+from collections.abc import Sequence
 from typing import Any
+
+import orjson
+import pytest
 
 from queen_pg.mesh import frames
 from queen_pg.mesh.node import Mesh, MeshConfig
@@ -23,7 +30,7 @@ from tests.helpers import eventually
 SECRET = b"s3cret"
 
 
-def _mesh(port: int, peers: list[int] = (), **more: Any) -> tuple[Mesh, asyncio.Event]:  # type: ignore[assignment]
+def _mesh(port: int, peers: Sequence[int] = (), **more: Any) -> tuple[Mesh, asyncio.Event]:
     heard = asyncio.Event()
     cfg = MeshConfig(secret=SECRET, port=port, peers=tuple(("127.0.0.1", p) for p in peers), **more)
     return Mesh(cfg, on_wake=lambda t, q: heard.set()), heard
@@ -92,10 +99,14 @@ class Recorder:
         await asyncio.gather(*self._pipes, return_exceptions=True)
 
 
-async def _handshake(port: int, node: str, secret: bytes = SECRET) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Dial ``port`` and prove the secret as a replica with node id ``node`` would."""
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _dial(port: int, node: str) -> tuple[Conn, frames.Frame | None]:
+    """Dial ``port`` and answer its CHALLENGE as a replica with node id ``node`` (and the secret) would:
+    the connection and the acceptor's answer (None: it closed on us instead)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    challenge = await asyncio.wait_for(frames.read_frame(reader, secret), 5)
+    challenge = await asyncio.wait_for(frames.read_frame(reader, SECRET), 5)
     assert challenge is not None and challenge.kind == frames.CHALLENGE, challenge
     mine = secrets.token_hex(16)
     body = {
@@ -106,10 +117,18 @@ async def _handshake(port: int, node: str, secret: bytes = SECRET) -> tuple[asyn
         "nonce": mine,
         "pid": 0,
     }
-    writer.write(frames.encode(frames.HELLO, body, secret))
-    reply = await asyncio.wait_for(frames.read_frame(reader, secret), 5)
-    assert reply is not None and reply.kind == frames.HELLO and reply.body["challenge"] == mine, reply
-    return reader, writer
+    writer.write(frames.encode(frames.HELLO, body, SECRET))
+    reply = await asyncio.wait_for(frames.read_frame(reader, SECRET), 5)
+    if reply is not None:
+        assert reply.kind == frames.HELLO and reply.body["challenge"] == mine and reply.body["role"] == "accept"
+    return (reader, writer), reply
+
+
+async def _handshake(port: int, node: str) -> Conn:
+    """An authenticated connection to ``port`` as node ``node``."""
+    conn, reply = await _dial(port, node)
+    assert reply is not None, "the acceptor closed on a valid HELLO"
+    return conn
 
 
 async def _closed_on_us(reader: asyncio.StreamReader, within: float = 5.0) -> bytes | None:
@@ -130,7 +149,7 @@ async def test_a_captured_hello_replayed_takes_no_place_and_the_real_peer_still_
     tasks = await _running(good)
     proxy = Recorder(pa)
     await proxy.start()
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    conns: list[Conn] = []
     try:
         victim, _ = _mesh(free_port(), [proxy.port])
         first = await _running(victim)
@@ -167,4 +186,136 @@ async def test_a_captured_hello_replayed_takes_no_place_and_the_real_peer_still_
         for _, w in conns:
             w.close()
         await proxy.close()
+        await _stop(tasks)
+
+
+async def test_a_newer_connection_from_a_node_replaces_the_older_even_at_the_cap() -> None:
+    """max_inbound = 1 and a node holds it: the same node dialling again takes its own place (the older
+    connection is closed: a peer whose end went away unseen rejoins at once), another node is still
+    refused, and a wake on the newer connection is heard."""
+    pa = free_port()
+    good, heard = _mesh(pa, max_inbound=1)
+    tasks = await _running(good)
+    conns: list[Conn] = []
+    try:
+        conns.append(await _handshake(pa, "node-n"))
+        conns.append(await _handshake(pa, "node-n"))
+        assert await _closed_on_us(conns[0][0]) == b"", "the older connection of node-n is still held"
+        assert len(good._authed) == 1 and good.dropped == {"recv:replaced": 1}
+        other, reply = await _dial(pa, "node-m")  # a different node: the cap holds
+        conns.append(other)
+        assert reply is None and good.dropped["recv:too_many_connections"] == 1
+        conns[1][1].write(frames.encode(frames.WAKE, [["t", "q"]], SECRET))
+        await asyncio.wait_for(heard.wait(), 5)
+        assert len(good._authed) == 1
+    finally:
+        for _, w in conns:
+            w.close()
+        await _stop(tasks)
+
+
+async def test_a_silent_authenticated_connection_is_dropped_and_a_live_idle_peer_is_kept() -> None:
+    """Idle timeout 0.5 s. A real peer that has nothing to say keeps its connection (it PINGs); a
+    connection that proved the secret and then says nothing is closed after the timeout, counted and
+    logged, and its place is free again."""
+    pa = free_port()
+    good, heard = _mesh(pa, idle_timeout_s=0.5)
+    tasks = await _running(good)
+    conns: list[Conn] = []
+    try:
+        live, _ = _mesh(free_port(), [pa])
+        tasks += await _running(live)
+        await eventually(lambda: live.connected == 1, "the live peer connected")
+        kept = good._inbound[(False, live.node)]
+        conns.append(await _handshake(pa, "silent"))
+        t0 = time.perf_counter()
+        assert await _closed_on_us(conns[0][0]) == b"", "the silent authenticated connection is still held"
+        waited = time.perf_counter() - t0
+        assert 0.4 <= waited < 2.0, waited
+        assert good.dropped == {"recv:idle": 1} and len(good._authed) == 1
+        # the live peer, idle at least as long, still holds the connection it started with
+        assert good._inbound[(False, live.node)] is kept and not kept.task.done() and live.connected == 1
+        assert good.frames_received == 0  # its PINGs are not counted as frames
+        live.publish_wake("t", "q")
+        await asyncio.wait_for(heard.wait(), 5)
+    finally:
+        for _, w in conns:
+            w.close()
+        await _stop(tasks)
+
+
+async def test_a_replica_listed_under_two_addresses_keeps_one_connection() -> None:
+    """The dialer's list names the acceptor twice (directly and through a proxy): the acceptor keeps
+    one connection per node, so the address that finds the node already connected stands down (logged)
+    instead of the two pushing each other out for ever; wakes still cross, and when the connection
+    that stood goes away, the other address takes over."""
+    pa = free_port()
+    good, heard = _mesh(pa)
+    tasks = await _running(good)
+    proxy = Recorder(pa)
+    await proxy.start()
+    try:
+        dialer, _ = _mesh(free_port(), [pa, proxy.port])
+        tasks += await _running(dialer)
+        await eventually(lambda: any(p.twin for p in dialer.peers.values()), "one address stood down")
+        (twin,) = [n for n, p in dialer.peers.items() if p.twin]
+        (kept,) = [n for n in dialer.peers if n != twin]
+        await eventually(lambda: dialer.connected == 1 and len(good._authed) == 1, "one connection")
+        assert dialer.peers[kept].connected
+        dialer.publish_wake("t", "q")
+        await asyncio.wait_for(heard.wait(), 5)
+        assert dialer.dropped == {}  # the address standing down is not offered frames
+        dialer._drop_peer(kept)  # that connection goes: the other address takes its place
+        await eventually(lambda: dialer.peers[twin].connected, "the other address connected")
+        assert dialer.peers[twin].twin is None
+    finally:
+        await proxy.close()
+        await _stop(tasks)
+
+
+def _v1_hello(node: str) -> bytes:
+    """The HELLO a replica of frame version 1 sends as soon as it connects (no challenge)."""
+    signed = struct.pack(">BBBQ", 1, frames.HELLO, 0, int(time.time() * 1000)) + orjson.dumps({"node": node, "pid": 1})
+    mac = hmac.new(SECRET, signed, hashlib.sha256).digest()
+    return struct.pack(">I", len(signed) + len(mac)) + signed + mac
+
+
+async def test_an_old_and_a_new_replica_refuse_each_other_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling upgrade: a version-1 replica dialling us sends its HELLO at once; it is refused as
+    "version" and logged (once per host), nothing crashes. Dialling a version-1 replica (which waits
+    for our HELLO and hangs up, sending nothing), we log that it sent no CHALLENGE and why."""
+    caplog.set_level(logging.INFO, logger="queen_pg.mesh")
+    pa = free_port()
+    good, _ = _mesh(pa)
+    tasks = await _running(good)
+
+    async def old_acceptor(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(TimeoutError, OSError):
+            await asyncio.wait_for(r.read(1), 0.2)  # a version-1 acceptor waits for a HELLO first
+        w.close()
+
+    old_port = free_port()
+    old = await asyncio.start_server(old_acceptor, "127.0.0.1", old_port)
+    try:
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", pa)
+            writer.write(_v1_hello("old-node"))
+            said = await _closed_on_us(reader)
+            assert said is not None and frames.decode(said[4:], SECRET).kind == frames.CHALLENGE
+            writer.close()
+        assert good.dropped == {"recv:version": 2} and len(good._authed) == 0
+        logged = [r.getMessage() for r in caplog.records if "event=mesh_peer_version" in r.getMessage()]
+        assert len(logged) == 1 and "version 1, this replica 2" in logged[0], logged
+
+        dialer, _ = _mesh(free_port(), [old_port])
+        tasks += await _running(dialer)
+
+        def told() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "event=mesh_peer_down" in r.getMessage()]
+
+        await eventually(lambda: bool(told()), "the dialer's log line")
+        assert "older than mesh frame version 2" in told()[0], told()
+        assert dialer.connected == 0
+    finally:
+        old.close()
         await _stop(tasks)

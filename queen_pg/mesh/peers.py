@@ -6,9 +6,10 @@ A replica only *sends* on the connections it dials and only *reads* on the ones 
 dialer answers with a HELLO that signs that nonce, both node ids, the role "dial" and a nonce of its
 own, and waits for the acceptor's HELLO, which must sign the dialer's nonce: that proves the acceptor
 holds the secret *now* (a recorded answer signs an old nonce), and tells the dialer when it dialled
-itself (a peer list that names every replica, this one included, is fine) or a replica another
-address of the list already reaches (the acceptor keeps one connection per node id, the newer, so two
-addresses of one replica would push each other out forever; the later one stands down, logged).
+itself (a peer list that names every replica, this one included, is fine). The CHALLENGE names the
+acceptor: when another address of our list is connected to that very node, this one does not answer
+and stands down (logged) until that connection ends (the acceptor keeps one connection per node id,
+the newer, so two addresses of one replica would otherwise push each other out for ever).
 :meth:`Peer.offer` never waits: a frame for a
 peer that is down or whose outbox is full is dropped and counted (a wake is a hint). A frame offered
 while the connection is idle (nothing queued, nothing in the socket's buffer) is written at once, in
@@ -67,6 +68,14 @@ class Owner(Protocol):
     def sent(self, n: int) -> None: ...
 
 
+class _Twin(Exception):
+    """The acceptor is a node another of our peers is connected to."""
+
+    def __init__(self, peer: Peer) -> None:
+        super().__init__(peer.name)
+        self.peer = peer
+
+
 class Peer:
     def __init__(self, owner: Owner, name: str, connect: Connect, local: bool, limit: int) -> None:
         self.owner = owner
@@ -76,7 +85,9 @@ class Peer:
         self.outbox: asyncio.Queue[bytes] = asyncio.Queue(maxsize=limit)
         self.connected = False
         self.is_self = False
-        self.twin: str | None = None  # another peer of ours that reaches the same node (this one stood down)
+        self.twin: str | None = None  # while this one stands down: our peer connected to the same node
+        self.down = asyncio.Event()  # set while not connected (a twin standing down waits for it)
+        self.down.set()
         self.node: str | None = None  # the peer's node id (its HELLO), once connected
         self.resync = False  # an INTEREST frame to this sibling was dropped: send a full one next
         self.rng = random.Random()
@@ -109,12 +120,12 @@ class Peer:
         return True
 
     async def run(self) -> None:
-        """Keep a connection up until cancelled (or until the peer turns out to be this process, or a
-        node another of our peers already reaches)."""
+        """Keep a connection up until cancelled (or until the peer turns out to be this process)."""
         delay = BACKOFF_MIN_S
         was_down_logged = False
         while True:
             writer: asyncio.StreamWriter | None = None
+            twin: Peer | None = None
             try:
                 reader, w = await asyncio.wait_for(self.connect(), CONNECT_TIMEOUT_S)
                 writer = w
@@ -123,11 +134,6 @@ class Peer:
                     self.is_self = True
                     log.info("event=mesh_peer_is_self peer=%s", self.name)
                     return
-                twin = self._twin(node)
-                if twin is not None:
-                    self.twin = twin.name
-                    log.warning("event=mesh_peer_duplicate peer=%s same_as=%s node=%s", self.name, twin.name, node)
-                    return
                 self.node = node
                 self.resync = False
                 greeting = self.owner.greeting(self)  # a sibling: our interest, before any other frame
@@ -135,16 +141,20 @@ class Peer:
                     w.write(f)
                 self.owner.sent(len(greeting))
                 self.connected = True
+                self.down.clear()
                 delay = BACKOFF_MIN_S
                 was_down_logged = False
                 log.info("event=mesh_peer_up peer=%s node=%s", self.name, node)
                 await self._pump(reader, w, ping_s)
+            except _Twin as exc:
+                twin = exc.peer
             except (OSError, TimeoutError, ConnectionError, frames.FrameError, asyncio.IncompleteReadError) as exc:
                 if self.connected or not was_down_logged:
                     log.warning("event=mesh_peer_down peer=%s error=%s: %s", self.name, exc.__class__.__name__, exc)
                     was_down_logged = True
             finally:
                 self.connected = False
+                self.down.set()
                 dropped = self.outbox.qsize()
                 while not self.outbox.empty():
                     self.outbox.get_nowait()
@@ -154,6 +164,12 @@ class Peer:
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
+            if twin is not None:  # stand down while our other address holds the node's one place
+                self.twin = twin.name
+                log.warning("event=mesh_peer_duplicate peer=%s same_as=%s node=%s", self.name, twin.name, twin.node)
+                await twin.down.wait()
+                self.twin = None
+                delay = BACKOFF_MIN_S
             await asyncio.sleep(delay * self.rng.uniform(0.5, 1.5))
             delay = min(delay * 2, BACKOFF_MAX_S)
 
@@ -176,6 +192,9 @@ class Peer:
         ):
             raise ConnectionError("the peer's first frame is no CHALLENGE")
         node: str = body["node"]
+        twin = self._twin(node)
+        if twin is not None:
+            raise _Twin(twin)
         mine = secrets.token_hex(16)
         writer.write(self.owner.hello("dial", node, body["nonce"], nonce=mine))
         reply = await asyncio.wait_for(frames.read_frame(reader, secret), CONNECT_TIMEOUT_S)
