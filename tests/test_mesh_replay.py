@@ -157,7 +157,7 @@ async def test_a_captured_hello_replayed_takes_no_place_and_the_real_peer_still_
         await eventually(lambda: len(good._authed) == 1, "the acceptor counts it")
         await _stop(first)  # the captured replica goes away (a restart gives it a new node id)
         await eventually(lambda: len(good._authed) == 0, "its place freed")
-        captured = [f for f in _split(bytes(proxy.up)) + _split(bytes(proxy.down))]
+        captured = _split(bytes(proxy.up)) + _split(bytes(proxy.down))
         hellos = [f for f in captured if f[5] == frames.HELLO]
         assert len(hellos) == 2  # the dialer's HELLO and the acceptor's answer
 
