@@ -402,6 +402,13 @@ class Settings(BaseSettings):
         description="Inbound mesh connections held before their signed HELLO; a new one closes the oldest, so "
         "connections without the secret never take an authenticated peer's place (64 per process).",
     )
+    mesh_idle_timeout_s: float = Field(
+        30.0,
+        ge=1.0,
+        le=3600.0,
+        description="An authenticated inbound mesh connection that carries nothing for this long is closed "
+        "(a half-open one frees its place); the dialling replica sends a ping a third of it apart when idle.",
+    )
     mesh_local_dir: Path | None = Field(
         None,
         description="Directory of the Unix sockets through which the workers of one host wake each other; "
