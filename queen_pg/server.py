@@ -11,8 +11,20 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   uvicorn is reading, i.e. not paused because the app is not reading yet) is answered 408 and closed:
   a declared Content-Length never sent would otherwise hold the connection, and the admission bytes
   charged for it, until the client goes away;
-- a connection cap: beyond ``max_connections`` open connections per process a new one is answered
-  503 + ``Retry-After`` and closed at once;
+- a head cap: a request head (request line and headers) that grows past ``max_head_bytes`` is answered
+  431 ``head_too_large`` and closed. The bytes are counted in ``data_received`` before they reach the
+  parser (httptools builds the URL and each header by repeated concatenation, h11 buffers the head), so
+  neither holds more than the cap of one head; a head is counted from its first byte, afresh for each
+  request of a keep-alive connection. A head that begins in the same read as the end of the request
+  before it (pipelining) is counted from the next read: it may take one read (at most 256 KiB) more;
+- a connection cap: beyond ``max_connections`` open connections per process a new one takes the place
+  of the oldest connection that has no request in flight and has never had a request admitted (with JWT
+  on: one with a valid token; off: any that passed the security checks), which is answered 503 +
+  ``Retry-After`` and closed; with no such connection the newcomer is answered so and closed at once.
+  Silent or refused connections therefore cannot lock a token holder out, and the connections of clients
+  that have proven themselves are never closed for a newcomer. Answers that refuse a request before it is
+  admitted (400, 401, 403 from the security checks, 413 from the body limit, 408, 431) carry
+  ``Connection: close``;
 - the lame duck (SIGTERM with ``drain_delay_ms`` > 0): ``/health`` answers 503 ``draining`` at once,
   parked long-poll pops answer 204 and new ones do not park, every response carries
   ``Connection: close``; the listening socket stays open for ``drain_delay_ms`` so that a proxy's
@@ -40,17 +52,19 @@ import gc
 import logging
 import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import h11
 import orjson
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from queen_pg.errors import REQUEST_TIMEOUT, QueenError
+from queen_pg.errors import HEAD_TOO_LARGE, REQUEST_TIMEOUT, QueenError
 from queen_pg.settings import Settings
 
 try:  # the protocol uvicorn's "auto" picks
@@ -61,6 +75,7 @@ except ImportError:  # pragma: no cover - httptools is a dependency; h11 is uvic
 log = logging.getLogger("queen_pg.server")
 
 STATE_KEY = "queen_transport"
+PRINCIPAL_KEY = "queen_principal"  # where the security checks put an admitted request's principal (security.middleware)
 FD_HEADROOM = 256  # file descriptors kept for the pool, logs, the embedded PostgreSQL's pipes
 
 
@@ -84,7 +99,13 @@ class Transport:
     drain_delay_s: float = 0.0  # the lame duck's length on SIGTERM (0: none)
     draining: bool = False  # the lame duck has begun: /health is 503, responses close their connection
     refused_connections: int = 0
+    evicted_connections: int = 0  # closed to make room for a newcomer at the cap (never proven)
     head_timeouts: int = 0
+    max_head_bytes: int = 64 * 1024
+    heads_too_large: int = 0
+    token_required: bool = False  # JWT on: a connection proves itself with a valid token, not any admitted request
+    # the connections that have not proven themselves yet, oldest first (a dict keeps insertion order)
+    unproven: dict[_Guard, None] = field(default_factory=dict)
     body_idle_timeout_s: float = 30.0
     body_timeouts: int = 0
     hot: HotEntry | None = None  # QUEEN_HOT_PROTOCOL=1: the data plane past the ASGI middleware chain
@@ -111,12 +132,37 @@ class Transport:
             if cycle is not None and not cycle.response_complete:
                 close_after(cycle)
 
+    def proves(self, scope: Any) -> bool:
+        """The request of ``scope`` was admitted by the security checks (with JWT on: with a valid token)."""
+        principal = scope.get("state", {}).get(PRINCIPAL_KEY)
+        if principal is None:
+            return False
+        return bool(principal.authenticated) or not self.token_required
+
+    def make_room(self) -> bool:
+        """At the cap: close the oldest connection that has not proven itself and has no request in flight
+        (503 + Retry-After); False when there is none. Connections found proven on the way leave the list."""
+        for conn in list(self.unproven):
+            if conn.transport.is_closing():
+                continue
+            if conn._shows_proof():
+                conn._proven()
+                continue
+            if conn._waiting_for_head():
+                self.evicted_connections += 1
+                conn._disarm_head()
+                conn.transport.write(TOO_MANY)
+                conn.transport.close()
+                return True
+        return False
+
     def shutdown_line(self) -> str:
         took = 0.0 if self.drain_started is None else time.monotonic() - self.drain_started
         return (
             f"event=shutdown drained_pops={self.drained_pops or 0} in_flight={self.in_flight} "
             f"took_ms={took * 1000:.0f} refused_connections={self.refused_connections} "
-            f"head_timeouts={self.head_timeouts} body_timeouts={self.body_timeouts}"
+            f"evicted_connections={self.evicted_connections} head_timeouts={self.head_timeouts} "
+            f"heads_too_large={self.heads_too_large} body_timeouts={self.body_timeouts}"
         )
 
 
@@ -199,6 +245,10 @@ HEAD_TIMEOUT = _timed_out("the request head did not arrive in time")
 BODY_TIMEOUT = _timed_out("the request body stopped arriving")
 
 
+def _head_too_large(limit: int) -> bytes:
+    return _raw_answer(b"431 Request Header Fields Too Large", QueenError(HEAD_TOO_LARGE, limit=limit).body())
+
+
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
     """Stop a clock if one is armed (a fired or cancelled one takes it as a no-op)."""
     if timer is not None:
@@ -217,6 +267,8 @@ class _Guard:
 
     def _guard_init(self, app_state: dict[str, Any]) -> None:
         self._queen: Transport | None = app_state.get(STATE_KEY)
+        self._head_cap = self._queen.max_head_bytes if self._queen is not None else sys.maxsize
+        self._is_proven = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -228,13 +280,38 @@ class _Guard:
         t = self._queen
         if t is None:
             return True
-        if len(self.connections) > t.max_connections:
+        if len(self.connections) > t.max_connections and not t.make_room():
             t.refused_connections += 1
             self.transport.write(TOO_MANY)
             self.transport.close()
             return False
+        t.unproven[self] = None
         self._arm_head()
         return True
+
+    def _shows_proof(self) -> bool:
+        """This connection's latest request was admitted (the security checks put its principal in its scope)."""
+        c = self.cycle
+        return c is not None and self._queen is not None and self._queen.proves(c.scope)
+
+    def _proven(self) -> None:
+        self._is_proven = True
+        if self._queen is not None:
+            self._queen.unproven.pop(self, None)
+
+    def _guard_lost(self) -> None:
+        self._disarm_head()
+        self._disarm_body()
+        if self._queen is not None and not self._is_proven:
+            self._queen.unproven.pop(self, None)
+
+    def _refuse_head(self) -> None:
+        """The head in progress has taken ``max_head_bytes`` and goes on: 431, and close."""
+        if self._queen is not None:
+            self._queen.heads_too_large += 1
+        self._disarm_head()
+        self.transport.write(_head_too_large(self._head_cap))
+        self.transport.close()
 
     def _waiting_for_head(self) -> bool:
         return self.cycle is None or bool(self.cycle.response_complete)
@@ -250,6 +327,8 @@ class _Guard:
 
     def _before_data(self) -> None:
         if self._waiting_for_head():
+            if not self._is_proven and self._shows_proof():
+                self._proven()  # the request before this one was admitted: the connection is a client's
             self._arm_head()  # the first byte of a request after an idle keep-alive starts the clock
 
     def _after_data(self) -> None:
@@ -330,12 +409,17 @@ class _Guarded(_Guard):
 
     def data_received(self, data: bytes) -> None:
         self._before_data()
-        super().data_received(data)  # type: ignore[misc]
-        self._after_data()
+        self._take(data)
+        if not self.transport.is_closing():
+            self._after_data()
+
+    def _take(self, data: bytes) -> None:
+        """Hand ``data`` to the parser, counting the bytes of a request head against ``_head_cap``
+        (per implementation: what each parser says about where a head begins and ends differs)."""
+        raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head()
-        self._disarm_body()
+        self._guard_lost()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def shutdown(self) -> None:
@@ -392,6 +476,55 @@ class OneWrite:
 if HttpToolsProtocol is not None:
 
     class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
+        """httptools says where a head ends (``on_headers_complete``) and where a message ends
+        (``on_message_complete``: the next byte begins a head), not where in a read; so ``_head_left``
+        counts down every read while a head may be in progress, and a head that completes in a read
+        resets it from the parser's callbacks (the rest of that read is not counted: see the module doc)."""
+
+        _counting = True  # the next bytes belong to a request head (not to a body)
+        _head_left = sys.maxsize  # bytes the head in progress (or the next one) may still take
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_left = self._head_cap
+
+        def _take(self, data: bytes) -> None:
+            if self._counting:
+                left = self._head_left - len(data)
+                if left < 0:
+                    self._take_capped(data)
+                    return
+                self._head_left = left
+            HttpToolsProtocol.data_received(self, data)
+
+        def _take_capped(self, data: bytes) -> None:
+            """More bytes than the head in progress may still take: give the parser only those, and see
+            whether the head completed within them."""
+            view = memoryview(data)
+            while self._counting and len(view) > self._head_left:
+                room = self._head_left
+                if room == 0:  # the same head has taken the cap and goes on
+                    self._refuse_head()
+                    return
+                self._head_left = 0  # the parser's callbacks reset it if a message completes
+                HttpToolsProtocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
+                view = view[room:]
+                if self.transport.is_closing():  # the parser refused it (400)
+                    return
+            if self._counting:
+                self._head_left -= len(view)
+            if view:
+                HttpToolsProtocol.data_received(self, view)  # type: ignore[arg-type]
+
+        def on_headers_complete(self) -> None:
+            self._counting = False  # a body (if any) follows; on_message_complete comes at its end
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._counting = True  # called by the parser also when uvicorn ignores it (answered early)
+            self._head_left = self._head_cap
+            super().on_message_complete()
+
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
             cycle.transport = OneWrite(self.transport, self.loop)
             hot = self._queen.hot if self._queen is not None else None
@@ -406,7 +539,25 @@ if HttpToolsProtocol is not None:
 
 
 class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
-    pass
+    """h11 keeps an incomplete head in its receive buffer while the client's state is IDLE: the head's
+    bytes so far are that buffer's length."""
+
+    def _take(self, data: bytes) -> None:
+        conn = self.conn
+        view = memoryview(data)
+        while conn.their_state is h11.IDLE:
+            room = self._head_cap - len(conn._receive_buffer)
+            if len(view) <= room:
+                break
+            if room <= 0:
+                self._refuse_head()
+                return
+            H11Protocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
+            view = view[room:]
+            if self.transport.is_closing():
+                return
+        if view:
+            H11Protocol.data_received(self, view)  # type: ignore[arg-type]
 
 
 AUTO_PROTOCOL = (  # an import string: spawned workers resolve it themselves
@@ -470,6 +621,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "timeout_keep_alive": settings.keep_alive_s,
+        "h11_max_incomplete_event_size": settings.max_head_bytes,  # what h11 buffers of a head (see _take)
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

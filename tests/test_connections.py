@@ -88,9 +88,23 @@ async def test_a_long_request_and_keep_alive_are_not_cut(guarded: Callable[..., 
     writer.close()
 
 
+async def health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One /health on this connection: its answer's head (the body is read and dropped)."""
+    writer.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = next(
+        int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")) if k.lower() == b"content-length"
+    )
+    await asyncio.wait_for(reader.readexactly(length), 5)
+    return head
+
+
 async def test_connections_beyond_the_cap_are_refused_with_503(guarded: Callable[..., Any]) -> None:
     b = await guarded(max_connections=4)
     held = [await asyncio.open_connection("127.0.0.1", b.port) for _ in range(4)]
+    for r, w in held:  # each has had a request admitted: none gives way to a newcomer
+        assert (await health(r, w)).startswith(b"HTTP/1.1 200")
     await eventually(lambda: len(b.server.server_state.connections) == 4, "four connections")
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
     answer = await asyncio.wait_for(read_all(reader), 5)
@@ -146,3 +160,31 @@ async def test_a_body_sent_slowly_but_steadily_is_not_cut(guarded: Callable[...,
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert head.startswith(b"HTTP/1.1 201"), head
     writer.close()
+
+
+async def test_at_the_cap_a_newcomer_takes_the_place_of_the_oldest_silent_connection(
+    guarded: Callable[..., Any],
+) -> None:
+    """Connections that never had a request admitted cannot lock a client out: at the cap the oldest of
+    them (no request in flight) is answered 503 and closed for the newcomer; a connection that has had a
+    request admitted is never closed so."""
+    b = await guarded(max_connections=4)
+    proven = await asyncio.open_connection("127.0.0.1", b.port)
+    assert (await health(*proven)).startswith(b"HTTP/1.1 200")
+    silent = [await asyncio.open_connection("127.0.0.1", b.port) for _ in range(3)]
+    await eventually(lambda: len(b.server.server_state.connections) == 4, "four connections")
+    for n in range(3):  # each newcomer is served; the silent ones go, oldest first
+        r, w = await asyncio.open_connection("127.0.0.1", b.port)
+        assert (await health(r, w)).startswith(b"HTTP/1.1 200")
+        answer = await asyncio.wait_for(read_all(silent[n][0]), 5)
+        assert answer.startswith(b"HTTP/1.1 503") and b'"code":"overloaded"' in answer, answer
+        silent.append((r, w))  # proven now
+    assert (await health(*proven)).startswith(b"HTTP/1.1 200")
+    # every connection has proven itself: a newcomer is refused
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    assert (await asyncio.wait_for(read_all(reader), 5)).startswith(b"HTTP/1.1 503")
+    writer.close()
+    transport = b.app.state.queen.transport
+    assert transport.evicted_connections == 3 and transport.refused_connections == 1
+    for _, w in [proven, *silent]:
+        w.close()
