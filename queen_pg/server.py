@@ -407,16 +407,8 @@ class _Guarded(_Guard):
         super().connection_made(transport)  # type: ignore[misc]
         self._guard_connected()
 
-    def data_received(self, data: bytes) -> None:
-        self._before_data()
-        self._take(data)
-        if not self.transport.is_closing():
-            self._after_data()
-
-    def _take(self, data: bytes) -> None:
-        """Hand ``data`` to the parser, counting the bytes of a request head against ``_head_cap``
-        (per implementation: what each parser says about where a head begins and ends differs)."""
-        raise NotImplementedError
+    # data_received is each implementation's own (below): it counts the bytes of a request head against
+    # ``_head_cap`` before the parser sees them, and what each parser tells about a head differs
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._guard_lost()
@@ -476,88 +468,80 @@ class OneWrite:
 if HttpToolsProtocol is not None:
 
     class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
-        """httptools says where a head ends (``on_headers_complete``) and where a message ends
-        (``on_message_complete``: the next byte begins a head), not where in a read; so ``_head_left``
-        counts down every read while a head may be in progress, and a head that completes in a read
-        resets it from the parser's callbacks (the rest of that read is not counted: see the module doc)."""
+        """httptools tells when a message ends (``on_message_complete``: the next byte begins a head) and,
+        by making a request cycle, when a head did; not where in a read. So ``_head_left`` counts every
+        read down (a couple of integer operations) and is reset when a message completes; a read larger
+        than what is left takes the slow way (:meth:`_take_capped`)."""
 
-        _counting = True  # the next bytes belong to a request head (not to a body)
         _head_left = sys.maxsize  # bytes the head in progress (or the next one) may still take
+        _done: Any = None  # the request cycle whose message (head and body) was parsed last
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._head_left = self._head_cap
 
-        def _take(self, data: bytes) -> None:
-            if self._counting:
-                left = self._head_left - len(data)
-                if left < 0:
-                    self._take_capped(data)
-                    return
+        def data_received(self, data: bytes) -> None:
+            self._before_data()
+            left = self._head_left - len(data)
+            if left >= 0:
                 self._head_left = left
-            HttpToolsProtocol.data_received(self, data)
+                HttpToolsProtocol.data_received(self, data)
+            else:
+                self._take_capped(data)
+            self._after_data()
 
         def _take_capped(self, data: bytes) -> None:
-            """More bytes than the head in progress may still take: give the parser only those, and see
-            whether the head completed within them."""
+            """More bytes than the head in progress may still take: inside a body they all go to the parser;
+            otherwise the parser gets only what the head may take, then we see whether it completed."""
             view = memoryview(data)
-            while self._counting and len(view) > self._head_left:
+            while len(view) > self._head_left:
+                c = self.cycle
+                if c is not None and c is not self._done:  # a body is arriving: its bytes are not a head's
+                    self._head_left = self._head_cap
+                    break
                 room = self._head_left
                 if room == 0:  # the same head has taken the cap and goes on
                     self._refuse_head()
                     return
-                self._head_left = 0  # the parser's callbacks reset it if a message completes
+                self._head_left = 0  # on_message_complete resets it if a message completes
                 HttpToolsProtocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
                 view = view[room:]
                 if self.transport.is_closing():  # the parser refused it (400)
                     return
-            if self._counting:
+            else:
                 self._head_left -= len(view)
             if view:
                 HttpToolsProtocol.data_received(self, view)  # type: ignore[arg-type]
 
-        def on_headers_complete(self) -> None:
-            self._counting = False  # a body (if any) follows; on_message_complete comes at its end
-            super().on_headers_complete()
-
         def on_message_complete(self) -> None:
-            self._counting = True  # called by the parser also when uvicorn ignores it (answered early)
+            # the parser calls it also when uvicorn ignores it (a request answered before its body was read)
             self._head_left = self._head_cap
-            super().on_message_complete()
-
-        def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
-            cycle.transport = OneWrite(self.transport, self.loop)
-            hot = self._queen.hot if self._queen is not None else None
-            if (
-                hot is not None
-                and app is self.app  # not uvicorn's own 503 (limit_concurrency)
-                and not cycle.waiting_for_100_continue
-                and cycle.scope["http_version"] == "1.1"
-            ):
-                app = hot.app_for(cycle.scope) or app  # same cycle: keep-alive, pipelining, flow control
-            super()._start_asgi_task(cycle, app)
+            self._done = self.cycle
+            HttpToolsProtocol.on_message_complete(self)
 
 
 class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
     """h11 keeps an incomplete head in its receive buffer while the client's state is IDLE: the head's
     bytes so far are that buffer's length."""
 
-    def _take(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
+        self._before_data()
         conn = self.conn
         view = memoryview(data)
         while conn.their_state is h11.IDLE:
             room = self._head_cap - len(conn._receive_buffer)
             if len(view) <= room:
                 break
-            if room <= 0:
+            if room <= 0:  # the head in h11's buffer has taken the cap and goes on
                 self._refuse_head()
                 return
             H11Protocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
             view = view[room:]
-            if self.transport.is_closing():
+            if self.transport.is_closing():  # h11 refused it (400)
                 return
         if view:
             H11Protocol.data_received(self, view)  # type: ignore[arg-type]
+        self._after_data()
 
 
 AUTO_PROTOCOL = (  # an import string: spawned workers resolve it themselves
@@ -621,7 +605,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "timeout_keep_alive": settings.keep_alive_s,
-        "h11_max_incomplete_event_size": settings.max_head_bytes,  # what h11 buffers of a head (see _take)
+        "h11_max_incomplete_event_size": settings.max_head_bytes,  # what h11 buffers of a head (see data_received)
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

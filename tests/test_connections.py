@@ -188,3 +188,29 @@ async def test_at_the_cap_a_newcomer_takes_the_place_of_the_oldest_silent_connec
     assert transport.evicted_connections == 3 and transport.refused_connections == 1
     for _, w in [proven, *silent]:
         w.close()
+
+
+def pad(total: int) -> bytes:
+    """Header lines of ``total`` bytes (give or take one line)."""
+    return b"".join(b"x-pad-%03d: %s\r\n" % (i, b"p" * 500) for i in range(total // 513))
+
+
+async def test_a_head_past_the_cap_is_431_and_closed(guarded: Callable[..., Any]) -> None:
+    b = await guarded(max_head_bytes=8192)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    near = b"GET /health HTTP/1.1\r\nhost: localhost\r\n" + pad(7600) + b"\r\n"
+    assert 7000 < len(near) < 8192
+    for _ in range(2):  # each head of a keep-alive connection is counted afresh
+        writer.write(near)
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+        await reader.readuntil(b"}")
+    writer.write(near + near)  # pipelined, in one write
+    for _ in range(2):
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+        await reader.readuntil(b"}")
+    writer.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n" + pad(9000))  # past the cap, not yet complete
+    answer = await asyncio.wait_for(read_all(reader), 5)
+    assert answer.startswith(b"HTTP/1.1 431") and b'"code":"head_too_large"' in answer, answer
+    assert b"connection: close" in answer
+    writer.close()
+    assert b.app.state.queen.transport.heads_too_large == 1
