@@ -77,6 +77,7 @@ log = logging.getLogger("queen_pg.server")
 STATE_KEY = "queen_transport"
 PRINCIPAL_KEY = "queen_principal"  # where the security checks put an admitted request's principal (security.middleware)
 FD_HEADROOM = 256  # file descriptors kept for the pool, logs, the embedded PostgreSQL's pipes
+READ_MAX = 256 * 1024  # the most one read of a socket hands to data_received (asyncio and uvloop)
 
 
 class HotEntry(Protocol):
@@ -519,6 +520,18 @@ if HttpToolsProtocol is not None:
             self._done = self.cycle
             HttpToolsProtocol.on_message_complete(self)
 
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
+            cycle.transport = OneWrite(self.transport, self.loop)
+            hot = self._queen.hot if self._queen is not None else None
+            if (
+                hot is not None
+                and app is self.app  # not uvicorn's own 503 (limit_concurrency)
+                and not cycle.waiting_for_100_continue
+                and cycle.scope["http_version"] == "1.1"
+            ):
+                app = hot.app_for(cycle.scope) or app  # same cycle: keep-alive, pipelining, flow control
+            super()._start_asgi_task(cycle, app)
+
 
 class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
     """h11 keeps an incomplete head in its receive buffer while the client's state is IDLE: the head's
@@ -605,7 +618,9 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "timeout_keep_alive": settings.keep_alive_s,
-        "h11_max_incomplete_event_size": settings.max_head_bytes,  # what h11 buffers of a head (see data_received)
+        # h11's own check stays behind the head cap (QueenH11Protocol.data_received): it sees only a head
+        # that came in one read behind the end of the request before it, as httptools may (one read more)
+        "h11_max_incomplete_event_size": settings.max_head_bytes + READ_MAX,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

@@ -7,6 +7,7 @@ connection is answered 503 + Retry-After and closed, and admitted again once one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -214,3 +215,31 @@ async def test_a_head_past_the_cap_is_431_and_closed(guarded: Callable[..., Any]
     assert b"connection: close" in answer
     writer.close()
     assert b.app.state.queen.transport.heads_too_large == 1
+
+
+async def test_a_pipelined_head_past_the_cap_behind_a_long_poll_is_431(guarded: Callable[..., Any]) -> None:
+    """The head of a request pipelined behind a parked long-poll is counted too (httptools parses it while
+    the pop waits; h11 holds it until the pop has answered)."""
+    b = await guarded(max_head_bytes=8192)
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    writer.write(b"GET /api/v1/pop/queue/none?wait=true&timeout=300 HTTP/1.1\r\nhost: localhost\r\n\r\n")
+    await eventually(lambda: len(b.server.server_state.tasks) == 1, "the pop to be running")
+
+    async def answer() -> bytes:
+        with contextlib.suppress(ConnectionError):  # the reset of bytes sent after the close
+            return await read_all(reader)
+        return b""
+
+    answered = asyncio.create_task(answer())
+    writer.write(b"GET /health HTTP/1.1\r\nhost: localhost\r\n")
+    with contextlib.suppress(ConnectionError):
+        for _ in range(500):  # 500 KiB offered, a line every 5 ms
+            if answered.done():
+                break
+            writer.write(b"x-pad: " + b"p" * 1015 + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.005)  # the client's pace, not a wait for the broker
+    got = await asyncio.wait_for(answered, 5)
+    writer.close()
+    assert b.app.state.queen.transport.heads_too_large == 1
+    assert got == b"" or b"HTTP/1.1 431" in got, got
