@@ -154,9 +154,17 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         10_000,
         ge=1,
-        description="Open HTTP connections per process (parked long-polls included); a connection beyond it "
-        "is answered 503 + Retry-After and closed. Lowered, with a warning, to what the file-descriptor "
-        "limit allows.",
+        description="Open HTTP connections per process (parked long-polls included). A connection beyond it "
+        "takes the place of the oldest one that has no request in flight and has never had a request admitted "
+        "(with JWT on: with a valid token), which is answered 503 + Retry-After and closed; with none such, the "
+        "newcomer is answered so. Lowered, with a warning, to what the file-descriptor limit allows.",
+    )
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=4096,
+        le=16 * MIB,
+        description="The most bytes a request head (request line and headers) may take; a head that grows past "
+        "it is answered 431 `head_too_large` and its connection closed, before the bytes reach the HTTP parser.",
     )
     hot_protocol: bool = Field(
         True,
