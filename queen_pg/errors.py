@@ -87,6 +87,10 @@ CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 # QUEEN_BODY_IDLE_TIMEOUT_S): answered by the protocol, which then closes the connection.
 REQUEST_TIMEOUT = ErrorKind("request_timeout", 408, "{detail}")
 CATALOG[REQUEST_TIMEOUT.code] = REQUEST_TIMEOUT
+# A request head (request line and headers) past QUEEN_MAX_HEAD_BYTES (queen_pg/server.py): answered by
+# the protocol before the bytes reach the HTTP parser, which then closes the connection.
+HEAD_TOO_LARGE = ErrorKind("head_too_large", 431, "request head exceeds {limit} bytes (QUEEN_MAX_HEAD_BYTES)")
+CATALOG[HEAD_TOO_LARGE.code] = HEAD_TOO_LARGE
 
 # The answer budget (QUEEN_MAX_ANSWER_BYTES): a read that cannot page (a /kv batch) and would answer
 # more is refused, by queen._refuse in sql/procedures/080_kv.sql; the detail names the limit.

@@ -162,6 +162,10 @@ async def _data_plane(broker: Broker) -> list[tuple[Any, ...]]:
         out += await wire.ask(request("POST", "/api/v1/ack/batch/x", b"{}"))  # 404 (the app)
         out += await wire.ask(request("POST", "/api/v1/push", b"<x/>", "text/xml"))  # 415
         out += await wire.ask(request("POST", "/api/v1/push", b"{}", sec_fetch_site="cross-site"))  # 403
+        # a refusal before admission closes its connection (Connection: close): a new one goes on
+        assert await wire.reader.read() == b""
+        await wire.close()
+        wire = await Wire.open(broker)
         bomb = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(
             _frame(payload=b'"' + b"a" * (1 << 20) + b'"')
         )
@@ -257,9 +261,9 @@ async def _internal(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
 
 async def _secured(broker: Broker) -> list[tuple[Any, ...]]:
-    wire = await Wire.open(broker)
+    """Each request on a connection of its own: a refusal (401, 403) closes its connection."""
     push = orjson.dumps({"items": [{"queue": "j", "payload": 1}]})
-    out = await wire.ask(
+    requests = (
         request("POST", "/api/v1/push", push),  # 401 missing token
         request("POST", "/api/v1/push", push, authorization="Bearer not.a.token"),  # 401 invalid
         request("POST", "/api/v1/push", push, authorization=f"Bearer {_token('read-only')}"),  # 403 level
@@ -268,7 +272,15 @@ async def _secured(broker: Broker) -> list[tuple[Any, ...]]:
         request("GET", "/api/v1/pop/queue/j?wait=false", authorization=f"Bearer {_token('read-write')}"),  # 200
         request("POST", "/api/v1/ack", b"{}", authorization=f"Bearer {_token('read-only')}"),  # 403 level
     )
-    await wire.close()
+    out: list[tuple[Any, ...]] = []
+    for one in requests:
+        wire = await Wire.open(broker)
+        out += await wire.ask(one)
+        refused = out[-1][0].split(b" ")[1] in (b"401", b"403")
+        assert refused == ((b"connection", b"close") in out[-1][1]), out[-1]
+        if refused:
+            assert await wire.reader.read() == b"", "a refused request's connection is closed"
+        await wire.close()
     return out
 
 

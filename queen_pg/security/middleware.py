@@ -6,10 +6,11 @@ one request: a foreign ``Host`` is 400; a browser request from another site that
 is 403 ``cross_site`` (both decided in queen_pg/security/web.py); then (JWT on, path not skipped) a missing,
 invalid or expired token is 401 with ``WWW-Authenticate: Bearer`` and a valid token below the
 route's level (queen_pg/security/roles.py) is 403; then the tenant is resolved (400/403,
-queen_pg/security/tenancy.py); then a state-changing request whose Content-Type is not JSON (or the
-binary push type), or that has a body but no Content-Type, is 415. What was resolved goes into
-``scope["state"]`` (``queen_principal``), where ``queen_pg.api.common.tenant()`` and
-``security.need()`` read it. Errors are JSON ``{"error", "code"}`` and never echo the token.
+queen_pg/security/tenancy.py); each of those refusals carries ``Connection: close``; then a
+state-changing request whose Content-Type is not JSON (or the binary push type), or that has a body
+but no Content-Type, is 415. What was resolved goes into ``scope["state"]`` (``queen_principal``),
+where ``queen_pg.api.common.tenant()``, ``security.need()`` and the server's connection cap
+(queen_pg/server.py) read it. Errors are JSON ``{"error", "code"}`` and never echo the token.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ async def _error(send: Send, kind: ErrorKind, detail: str, headers: dict[str, st
     log.info("event=request_refused status=%d code=%s detail=%s", kind.status, kind.code, detail)
     body = orjson.dumps({"error": detail, "code": kind.code})
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if kind.status != 415:
+        # refused before it was admitted (Host, cross-site, token, level, tenant): the connection closes
+        # after the answer, so a client without a valid token holds no place under QUEEN_MAX_CONNECTIONS
+        # (queen_pg/server.py); a 415 comes after the principal was resolved and keeps it
+        raw.append((b"connection", b"close"))
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": kind.status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
