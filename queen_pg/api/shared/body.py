@@ -307,8 +307,9 @@ _FIELD = re.compile(r"field `([^`]*)`")
 
 @cache
 def _capped_lists(t: Any) -> tuple[tuple[str, int], ...]:
-    """(encoded name, max_length) of each field of the Struct ``t`` that is a list of Structs with a
-    declared ``max_length`` (the ops of /kv, /locks, /timers)."""
+    """(encoded name, max_length) of each field of the Struct ``t`` that is a list with a declared
+    ``max_length`` (the ops of /kv, /locks, /timers). Counted early only when its elements are objects
+    (item_limit.over counts ``{``); any other list is left to msgspec, which answers the same."""
     if not (isinstance(t, type) and issubclass(t, msgspec.Struct)):
         return ()
     out: list[tuple[str, int]] = []

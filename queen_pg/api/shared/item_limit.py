@@ -58,10 +58,8 @@ class _Op(msgspec.Struct):
     items: msgspec.Raw = msgspec.Raw()
 
 
-_PUSH = b'"push"'
-
-
 _op = msgspec.json.Decoder(_Op)
+_PUSH = b'"push"'
 
 
 def _filled(value: msgspec.Struct | None) -> int:
@@ -93,20 +91,13 @@ def too_many(what: str, limit: int, got: int | None = None) -> QueenError:
 def length(raw: msgspec.Raw | bytes, limit: int) -> int | None:
     """The elements of the JSON array ``raw``; None when there are more than ``limit`` (counted up to
     ``limit`` + 1). Raises msgspec's error when ``raw`` is no array."""
-    small = min(limit, _SMALL)
-    try:
-        return _filled(_array(small).decode(raw))
-    except msgspec.ValidationError as err:
-        if not _over(err) or small == limit:
-            if _over(err):
-                return None
-            raise
-    try:
-        return _filled(_array(limit).decode(raw))
-    except msgspec.ValidationError as err:
-        if _over(err):
-            return None
-        raise
+    for n in (_SMALL, limit) if limit > _SMALL else (limit,):
+        try:
+            return _filled(_array(n).decode(raw))
+        except msgspec.ValidationError as err:
+            if not _over(err):
+                raise
+    return None
 
 
 def over(raw: bytes, keys: tuple[str, ...], limit: int) -> bool:
