@@ -50,6 +50,12 @@ CATALOG: dict[str, ErrorKind] = {
 }
 CATALOG[BAD_BINARY.code] = BAD_BINARY
 CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
+# Items of one request (push messages, acknowledgments, a transaction's operations: api/shared/item_limit.py),
+# counted before any is built.
+TOO_MANY_ITEMS = ErrorKind(
+    "too_many_items", 413, "{detail}; a request may carry at most {limit} items (QUEEN_MAX_ITEMS)"
+)
+CATALOG[TOO_MANY_ITEMS.code] = TOO_MANY_ITEMS
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
 # Timers family (docs/wire.md#timers, docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by

@@ -93,6 +93,14 @@ class Settings(BaseSettings):
         "budget before they are produced; beyond it 413 decoded_too_large. Unset: max_body_bytes.",
     )
     max_batch: int = Field(10_000, ge=1, description="Largest pop batch a request may ask for.")
+    max_items: int = Field(
+        10_000,
+        ge=1,
+        description="Most items one request may carry: the messages of a push (JSON or binary), the "
+        "acknowledgments of /ack/batch, the acks, pushed messages, KV and timer operations of a transaction "
+        "together (JSON or binary). Counted before any item is built; beyond it 413 too_many_items, nothing "
+        "written. Keep it at least max_batch, so a full pop can be acknowledged in one /ack/batch.",
+    )
     max_answer_bytes: int = Field(
         32 * MIB,
         ge=64 * 1024,
