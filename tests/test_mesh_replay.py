@@ -26,6 +26,7 @@ from queen_pg.mesh import frames
 from queen_pg.mesh.node import Mesh, MeshConfig
 from tests.conftest import free_port
 from tests.helpers import eventually
+from tests.test_mesh import _running, _stop
 
 SECRET = b"s3cret"
 
@@ -34,20 +35,6 @@ def _mesh(port: int, peers: Sequence[int] = (), **more: Any) -> tuple[Mesh, asyn
     heard = asyncio.Event()
     cfg = MeshConfig(secret=SECRET, port=port, peers=tuple(("127.0.0.1", p) for p in peers), **more)
     return Mesh(cfg, on_wake=lambda t, q: heard.set()), heard
-
-
-async def _running(*meshes: Mesh) -> list[asyncio.Task[None]]:
-    tasks = []
-    for m in meshes:
-        await m.start()
-        tasks.append(asyncio.create_task(m.run()))
-    return tasks
-
-
-async def _stop(tasks: list[asyncio.Task[None]]) -> None:
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _split(data: bytes) -> list[bytes]:
