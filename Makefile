@@ -8,7 +8,7 @@ TSTAMP := $(VENV)/.installed-test
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh
+.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh ha
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed re
 
 chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -9 and a PostgreSQL restart, zero lost
 	QUEEN_CHAOS=1 $(BIN)/python -m pytest tests/chaos -s -p no:cacheprovider -o timeout=600
+
+ha: $(STAMP) ## etcd + 3 PostgreSQL under Patroni (synchronous) + 2 brokers behind HAProxy on :6632, until Ctrl-C; HA_ARGS="--help"
+	$(BIN)/python deploy/ha/run.py $(HA_ARGS)
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
