@@ -168,7 +168,9 @@ class Cluster:
     def alive(self, child: Child) -> None:
         if child.proc.poll() is not None:
             tail = child.log.read_text(errors="replace").splitlines()[-15:]
-            sys.exit(f"ha: {child.name} exited with {child.proc.returncode}; its log {child.log} ends:\n" + "\n".join(tail))
+            sys.exit(
+                f"ha: {child.name} exited with {child.proc.returncode}; its log {child.log} ends:\n" + "\n".join(tail)
+            )
 
     async def until(self, what: str, check: Any, within: float, *watch: Child) -> None:
         deadline = time.monotonic() + within
@@ -256,7 +258,9 @@ class Cluster:
             if self.account is not None:
                 os.chown(home, *self.account)
                 os.chown(cfg_path, *self.account)
-            nodes.append(self.spawn(f"pg{i + 1}", [str(venv / "bin" / "patroni"), str(cfg_path)], env, as_postgres=True))
+            nodes.append(
+                self.spawn(f"pg{i + 1}", [str(venv / "bin" / "patroni"), str(cfg_path)], env, as_postgres=True)
+            )
 
         async def primary() -> bool:
             return any([await self.rest_ok(i, "/primary") for i in range(NODES)])
@@ -338,15 +342,21 @@ class Cluster:
         exe = self.tool("haproxy", "haproxy")
         p = self.ports
         text = (HERE / "haproxy.cfg").read_text()
-        text = text.replace("bind :6632", f"bind 127.0.0.1:{p.front}").replace("bind :5000", f"bind 127.0.0.1:{p.pg_proxy}")
-        text = re.sub(r"^(\s*)server q1 .*\n(\s*server q\d .*\n)*", lambda m: "".join(
-            f"{m.group(1)}server q{i + 1} 127.0.0.1:{p.broker(i)} check\n" for i in range(BROKERS)), text, flags=re.M)
+        text = text.replace("bind :6632", f"bind 127.0.0.1:{p.front}").replace(
+            "bind :5000", f"bind 127.0.0.1:{p.pg_proxy}"
+        )
+        text = re.sub(
+            r"^(\s*)server q1 .*\n(\s*server q\d .*\n)*",
+            lambda m: "".join(f"{m.group(1)}server q{i + 1} 127.0.0.1:{p.broker(i)} check\n" for i in range(BROKERS)),
+            text,
+            flags=re.M,
+        )
         text = re.sub(r"^(\s*)server pg1 .*\n(\s*server pg\d .*\n)*", lambda m: "".join(
             f"{m.group(1)}server pg{i + 1} 127.0.0.1:{p.pg(i)} check port {p.rest(i)}\n" for i in range(NODES)),
             text, flags=re.M)  # fmt: skip
         cfg = self.state / "haproxy.cfg"
         cfg.write_text(text)
-        check = subprocess.run([exe, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, check=False)
+        check = subprocess.run([exe, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, check=False)  # noqa: ASYNC221
         if check.returncode != 0:
             sys.exit(f"ha: HAProxy refuses {cfg}:\n{check.stdout}{check.stderr}")
         self.spawn("haproxy", [exe, "-db", "-f", str(cfg)])
@@ -394,14 +404,17 @@ class Cluster:
         leader = next((m["name"] for m in members if m["role"] == "leader"), "?")
         venv = self.state / "patroni-venv" / "bin"
         pg_url = f"postgresql://postgres:{self.secrets['superuser']}@127.0.0.1:{p.pg_proxy}/queen"
-        print(f"""
-queen-pg on highly available PostgreSQL is up ({self.timings['ready_s']} s; primary after \
-{self.timings['primary_s']} s, synchronous replica after {self.timings['synchronous_s']} s).
+        replicas = ", ".join(f"127.0.0.1:{p.broker(i)}" for i in range(BROKERS))
+        how = "through HAProxy" if self.db_mode == "via-proxy" else "multi-host URL, target_session_attrs=read-write"
+        print(
+            f"""
+queen-pg on highly available PostgreSQL is up ({self.timings["ready_s"]} s; primary after \
+{self.timings["primary_s"]} s, synchronous replica after {self.timings["synchronous_s"]} s).
 
-  brokers (HAProxy)  http://127.0.0.1:{p.front}      (replicas: {', '.join(f'127.0.0.1:{p.broker(i)}' for i in range(BROKERS))})
+  brokers (HAProxy)  http://127.0.0.1:{p.front}      (replicas: {replicas})
   PostgreSQL primary 127.0.0.1:{p.pg_proxy} (HAProxy, GET /primary on each Patroni); nodes \
-{', '.join(f'pg{i + 1} 127.0.0.1:{p.pg(i)}' for i in range(NODES))}; primary now: {leader}
-  brokers reach it   {'through HAProxy' if self.db_mode == 'via-proxy' else 'straight, multi-host URL with target_session_attrs=read-write'}
+{", ".join(f"pg{i + 1} 127.0.0.1:{p.pg(i)}" for i in range(NODES))}; primary now: {leader}
+  brokers reach it   {how}
   etcd               http://127.0.0.1:{p.etcd}
   state and logs     {self.state}
 
@@ -410,7 +423,9 @@ queen-pg on highly available PostgreSQL is up ({self.timings['ready_s']} s; prim
   switchover:            {venv}/patronictl -c {self.state}/pg1.yml switchover --force
   fail a node:           kill -9 the postmaster of the primary, or its Patroni: see deploy/ha/README.md
 
-Ctrl-C stops everything (the data stays; --fresh starts over).""", flush=True)
+Ctrl-C stops everything (the data stays; --fresh starts over).""",
+            flush=True,
+        )
         ready = {
             "front": f"http://127.0.0.1:{p.front}",
             "brokers": [f"http://127.0.0.1:{p.broker(i)}" for i in range(BROKERS)],
@@ -444,7 +459,9 @@ def state_dir(wanted: Path | None, account: tuple[int, int] | None) -> Path:
 
 
 async def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--state-dir", type=Path, help="where the data, configs and logs go (default ./.queen-ha)")
     ap.add_argument("--fresh", action="store_true", help="remove the state directory first: a new cluster")
     ap.add_argument("--db", choices=("multi-host", "via-proxy"), default="multi-host",
@@ -455,7 +472,9 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="worker processes per broker (default 1)")
     args = ap.parse_args(argv)
     account = postgres_account()
-    cluster = Cluster(state_dir(args.state_dir, account), Ports(args.base_port, args.port), args.db, args.workers, account)
+    cluster = Cluster(
+        state_dir(args.state_dir, account), Ports(args.base_port, args.port), args.db, args.workers, account
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
