@@ -1,0 +1,159 @@
+"""``make ha`` end to end (QUEEN_HA=1): deploy/ha/run.py brings up etcd, 3 PostgreSQL nodes under
+Patroni (synchronous, strict), 2 meshed brokers and HAProxy; the official client (queen-mq 2.6.0)
+pushes and pops through HAProxy; ``patronictl switchover`` moves the primary while a writer keeps
+pushing; the client pushes and pops again, and every push the client saw acknowledged is there
+(zero lost); Ctrl-C stops it all. The figures (cluster start, the switchover as the client saw it)
+are printed (run with -s)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from queen import Queen
+
+from tests.conftest import free_port
+from tests.helpers import until
+
+RUN = Path(__file__).resolve().parents[2] / "deploy" / "ha" / "run.py"
+BASE_PORT = int(os.environ.get("QUEEN_HA_BASE_PORT", "25400"))  # clear of `make ha`'s 15400
+QUEUE = "ha-smoke"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
+
+
+async def read_ready(proc: subprocess.Popen[str], log: list[str], within: float) -> dict[str, Any]:
+    """The ``ha-ready {json}`` line of run.py; every line before it is kept in ``log``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        line = await asyncio.to_thread(proc.stdout.readline)
+        if not line:
+            pytest.fail(f"run.py exited ({proc.wait()}) before it was ready:\n" + "".join(log))
+        log.append(line)
+        if line.startswith("ha-ready "):
+            ready: dict[str, Any] = json.loads(line.removeprefix("ha-ready "))
+            return ready
+    pytest.fail("run.py not ready in time:\n" + "".join(log))
+
+
+async def leader(rest: list[str]) -> str | None:
+    async with httpx.AsyncClient(timeout=2) as c:
+        for url in rest:
+            try:
+                r = await c.get(f"{url}/cluster")
+            except httpx.HTTPError:
+                continue
+            return next((m["name"] for m in r.json()["members"] if m["role"] == "leader"), None)
+    return None
+
+
+async def drain(client: Queen, group: str) -> list[str]:
+    """Every message of QUEUE for ``group``, acked: their transactionIds."""
+    seen: list[str] = []
+    while True:
+        msgs = await client.queue(QUEUE).group(group).batch(500).wait(False).pop()
+        if not msgs:
+            return seen
+        seen += [m["transactionId"] for m in msgs]
+        res = await client.ack(msgs, True, {"group": group})
+        assert res.get("success"), res
+
+
+@pytest.mark.timeout(600)
+async def test_make_ha_serves_through_a_switchover(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(RUN), "--state-dir", str(tmp_path / "ha"), "--fresh", "--port", str(free_port()),
+           "--base-port", str(BASE_PORT)]  # fmt: skip
+    log: list[str] = []
+    t0 = time.monotonic()
+    proc = await asyncio.to_thread(subprocess.Popen, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    figures: dict[str, Any] = {}
+    try:
+        ready = await read_ready(proc, log, within=300)
+        figures["cluster_ready_s"] = round(time.monotonic() - t0, 1)
+        figures["run_py"] = ready["timings"]
+        async with Queen(ready["front"]) as client:
+            await client.queue(QUEUE).create()
+            before = [{"data": {"i": i}, "transactionId": f"before-{i}"} for i in range(10)]
+            results = await client.queue(QUEUE).push(before)
+            assert [r["status"] for r in results] == ["queued"] * 10
+            assert sorted(await drain(client, "g1")) == sorted(m["transactionId"] for m in before)
+
+            # a writer pushes one message at a time through the switchover; what the client saw
+            # acknowledged must survive it
+            acked: list[str] = []
+            acked_at: list[float] = []
+            failed: list[str] = []
+            stop = asyncio.Event()
+
+            async def writer() -> None:
+                n = 0
+                while not stop.is_set():
+                    tid = f"during-{n}"
+                    n += 1
+                    try:
+                        res = await client.queue(QUEUE).push([{"data": {"n": n}, "transactionId": tid}])
+                    except Exception:  # the client's retries ran out: in doubt, not acknowledged
+                        failed.append(tid)
+                        continue
+                    if res and res[0].get("status") in ("queued", "duplicate"):
+                        acked.append(tid)
+                        acked_at.append(time.monotonic())
+
+            old = await leader(ready["rest"])
+            w = asyncio.create_task(writer())
+            await until(lambda: asyncio.sleep(0, bool(acked)), "the writer's first push", within=10)
+            t_switch = time.monotonic()
+            sw = await asyncio.to_thread(
+                subprocess.run, [*ready["patronictl"], "switchover", "--force"], capture_output=True, text=True
+            )
+            assert sw.returncode == 0, sw.stdout + sw.stderr
+            figures["patronictl_s"] = round(time.monotonic() - t_switch, 1)
+
+            async def moved() -> bool:
+                new = await leader(ready["rest"])
+                return new is not None and new != old
+
+            await until(moved, "a new leader", within=60)
+            after = [{"data": {"i": i}, "transactionId": f"after-{i}"} for i in range(10)]
+            results = await client.queue(QUEUE).push(after)  # the client's own retries ride out the rest
+            assert [r["status"] for r in results] == ["queued"] * 10
+            figures["first_push_after_switch_s"] = round(time.monotonic() - t_switch, 1)
+            n_acked = len(acked)
+            await until(lambda: asyncio.sleep(0, len(acked) > n_acked), "the writer's push on the new primary", 30)
+            stop.set()
+            await w
+
+            got = await drain(client, "g1")
+            expected = set(acked) | {m["transactionId"] for m in after}
+            lost = expected - set(got)
+            assert not lost, f"{len(lost)} acknowledged pushes lost: {sorted(lost)[:5]}"
+            assert len(got) == len(set(got)), "a message delivered twice to one group"
+            figures.update(old_leader=old, new_leader=await leader(ready["rest"]), writer_acked=len(acked),
+                           writer_in_doubt=len(failed),
+                           writer_longest_gap_s=round(max(b - a for a, b in zip(acked_at, acked_at[1:])), 2))  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C on `make ha` does
+            try:
+                out, _ = proc.communicate(timeout=90)
+                log.append(out)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, "".join(log)
+    assert "ha: stopped" in "".join(log)
+    figures["total_s"] = round(time.monotonic() - t0, 1)
+    print("\nha smoke:", json.dumps(figures))
