@@ -8,7 +8,7 @@ TSTAMP := $(VENV)/.installed-test
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh ha
+.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh ha ha-smoke
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -
 
 ha: $(STAMP) ## etcd + 3 PostgreSQL under Patroni (synchronous) + 2 brokers behind HAProxy on :6632, until Ctrl-C; HA_ARGS="--help"
 	$(BIN)/python deploy/ha/run.py $(HA_ARGS)
+
+ha-smoke: $(TSTAMP) ## the smoke test of make ha (~1 min): queen-mq through HAProxy, a patronictl switchover under a writer, zero lost
+	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha -s -p no:cacheprovider
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
