@@ -103,6 +103,7 @@ class Cluster:
     db_mode: str
     workers: int
     account: tuple[int, int] | None  # (uid, gid) of postgres when we are root
+    venv: Path | None = None  # Patroni's virtualenv (default: in the state directory)
     children: list[Child] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -133,7 +134,7 @@ class Cluster:
         """A virtualenv with the ``ha`` extra of pyproject.toml, from the system Python (the postgres
         account cannot run a Python under /root); rebuilt when the pins change."""
         reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ha"]
-        venv = self.state / "patroni-venv"
+        venv = self.venv or self.state / "patroni-venv"
         stamp = venv / ".requirements"
         if stamp.is_file() and stamp.read_text() == "\n".join(reqs):
             return venv
@@ -402,7 +403,7 @@ class Cluster:
         p = self.ports
         members = await self.members()
         leader = next((m["name"] for m in members if m["role"] == "leader"), "?")
-        venv = self.state / "patroni-venv" / "bin"
+        venv = (self.venv or self.state / "patroni-venv") / "bin"
         pg_url = f"postgresql://postgres:{self.secrets['superuser']}@127.0.0.1:{p.pg_proxy}/queen"
         replicas = ", ".join(f"127.0.0.1:{p.broker(i)}" for i in range(BROKERS))
         how = "through HAProxy" if self.db_mode == "via-proxy" else "multi-host URL, target_session_attrs=read-write"
@@ -469,11 +470,13 @@ async def main(argv: list[str] | None = None) -> int:
                          "(default), or HAProxy's PostgreSQL door")  # fmt: skip
     ap.add_argument("--port", type=int, default=6632, help="HAProxy's door to the brokers (default 6632)")
     ap.add_argument("--base-port", type=int, default=15400, help="first of the cluster's other ports (default 15400)")
+    ap.add_argument("--patroni-venv", type=Path, help="Patroni's virtualenv (default: patroni-venv in the state dir)")
     ap.add_argument("--workers", type=int, default=1, help="worker processes per broker (default 1)")
     args = ap.parse_args(argv)
     account = postgres_account()
+    venv = args.patroni_venv.resolve() if args.patroni_venv else None
     cluster = Cluster(
-        state_dir(args.state_dir, account), Ports(args.base_port, args.port), args.db, args.workers, account
+        state_dir(args.state_dir, account), Ports(args.base_port, args.port), args.db, args.workers, account, venv
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

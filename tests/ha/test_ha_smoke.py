@@ -22,12 +22,18 @@ import httpx
 import pytest
 from queen import Queen
 
-from tests.conftest import free_port
+from tests.conftest import free_port, searchable
 from tests.helpers import until
 
 RUN = Path(__file__).resolve().parents[2] / "deploy" / "ha" / "run.py"
 BASE_PORT = int(os.environ.get("QUEEN_HA_BASE_PORT", "25400"))  # clear of `make ha`'s 15400
 QUEUE = "ha-smoke"
+
+
+@pytest.fixture(scope="module")
+def patroni_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One Patroni virtualenv for both runs (installed by the first), where the postgres account can reach it."""
+    return searchable(tmp_path_factory.mktemp("patroni")) / "venv"
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +80,12 @@ async def drain(client: Queen, group: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-async def test_make_ha_serves_through_a_switchover(tmp_path: Path) -> None:
+@pytest.mark.parametrize("db", ["multi-host", "via-proxy"])
+async def test_make_ha_serves_through_a_switchover(tmp_path: Path, patroni_venv: Path, db: str) -> None:
+    """``db``: how the brokers reach the primary, a multi-host URL with target_session_attrs=read-write
+    or HAProxy's PostgreSQL door (GET /primary)."""
     cmd = [sys.executable, str(RUN), "--state-dir", str(tmp_path / "ha"), "--fresh", "--port", str(free_port()),
-           "--base-port", str(BASE_PORT)]  # fmt: skip
+           "--base-port", str(BASE_PORT), "--db", db, "--patroni-venv", str(patroni_venv)]  # fmt: skip
     log: list[str] = []
     t0 = time.monotonic()
     proc = await asyncio.to_thread(subprocess.Popen, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -154,7 +163,9 @@ async def test_make_ha_serves_through_a_switchover(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate()
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert proc.returncode == 0, "".join(log)
     assert "ha: stopped" in "".join(log)
     figures["total_s"] = round(time.monotonic() - t0, 1)
-    print("\nha smoke:", json.dumps(figures))
+    print(f"\nha smoke ({db}):", json.dumps(figures))
