@@ -60,7 +60,7 @@ chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -
 ha: $(STAMP) ## etcd + 3 PostgreSQL under Patroni (synchronous) + 2 brokers behind HAProxy on :6632, until Ctrl-C; HA_ARGS="--help"
 	$(BIN)/python deploy/ha/run.py $(HA_ARGS)
 
-ha-smoke: $(TSTAMP) ## the smoke test of make ha (~1-2 min): its brokers on a multi-host URL, then through HAProxy;: queen-mq through HAProxy, a patronictl switchover under a writer, zero lost
+ha-smoke: $(TSTAMP) ## the smoke test of make ha, twice (~1-2 min; brokers on a multi-host URL, then via HAProxy): queen-mq through HAProxy, a patronictl switchover under a writer, zero lost
 	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha -s -p no:cacheprovider
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
