@@ -94,6 +94,9 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    cmd: list[str]
+    env: dict[str, str] | None
+    died_at: float | None = None  # when the watcher saw it gone
 
 
 @dataclass
@@ -157,14 +160,32 @@ class Cluster:
         log = self.state / "logs" / f"{name}.log"
         if as_postgres and self.account is not None:
             cmd = ["setpriv", f"--reuid={self.account[0]}", f"--regid={self.account[1]}", "--init-groups", *cmd]
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd="/" if as_postgres else None,
-                start_new_session=True,  # Ctrl-C reaches this script only; it stops the children in order
-            )  # fmt: skip
-        child = Child(name, proc, log)
+        child = Child(name, self.popen(cmd, env, log), log, cmd, env)
         self.children.append(child)
         return child
+
+    @staticmethod
+    def popen(cmd: list[str], env: dict[str, str] | None, log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd="/",
+                start_new_session=True,  # Ctrl-C reaches this script only; it stops the children in order
+            )  # fmt: skip
+
+    def watch(self, restart_after: float) -> None:
+        """Say when a child is gone; start a Patroni node again ``restart_after`` s later (as systemd's
+        Restart= would on a real machine; longer than ``ttl``, so a killed node is first failed over)."""
+        for c in self.children:
+            if c.died_at is None and c.proc.poll() is not None:
+                c.died_at = time.monotonic()
+                again = (
+                    f"; starting it again in {restart_after:.0f} s" if restart_after and c.name.startswith("pg") else ""
+                )
+                say(f"{c.name} exited with {c.proc.returncode} (log: {c.log}){again}")
+            elif c.died_at is not None and restart_after and c.name.startswith("pg"):
+                if time.monotonic() - c.died_at >= restart_after:
+                    say(f"starting {c.name} again")
+                    c.proc, c.died_at = self.popen(c.cmd, c.env, c.log), None
 
     def alive(self, child: Child) -> None:
         if child.proc.poll() is not None:
@@ -471,6 +492,12 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=6632, help="HAProxy's door to the brokers (default 6632)")
     ap.add_argument("--base-port", type=int, default=15400, help="first of the cluster's other ports (default 15400)")
     ap.add_argument("--patroni-venv", type=Path, help="Patroni's virtualenv (default: patroni-venv in the state dir)")
+    ap.add_argument(
+        "--restart-after",
+        type=float,
+        default=30,
+        help="start a Patroni node that died again after this many s (default 30, > ttl; 0: never)",
+    )
     ap.add_argument("--workers", type=int, default=1, help="worker processes per broker (default 1)")
     args = ap.parse_args(argv)
     account = postgres_account()
@@ -494,14 +521,10 @@ async def main(argv: list[str] | None = None) -> int:
         stopper.cancel()
         starting.result()
         await cluster.report()
-        watched = list(cluster.children)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1)
-            for c in list(watched):
-                if c.proc.poll() is not None:
-                    say(f"{c.name} exited with {c.proc.returncode} (log: {c.log})")
-                    watched.remove(c)
+                await asyncio.wait_for(stop.wait(), 0.5)
+            cluster.watch(args.restart_after)
         return 0
     finally:
         say("stopping: brokers, HAProxy, Patroni and PostgreSQL, etcd")

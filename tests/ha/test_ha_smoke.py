@@ -11,60 +11,19 @@ import asyncio
 import itertools
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from queen import Queen
 
-from tests.conftest import free_port, searchable
+from tests.ha.harness import cluster, leader
 from tests.helpers import until
 
-RUN = Path(__file__).resolve().parents[2] / "deploy" / "ha" / "run.py"
 BASE_PORT = int(os.environ.get("QUEEN_HA_BASE_PORT", "25400"))  # clear of `make ha`'s 15400
 QUEUE = "ha-smoke"
-
-
-@pytest.fixture(scope="module")
-def patroni_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One Patroni virtualenv for both runs (installed by the first), where the postgres account can reach it."""
-    return searchable(tmp_path_factory.mktemp("patroni")) / "venv"
-
-
-@pytest.fixture(autouse=True)
-def _quiet_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("QUEEN_SDK_POP_AUTOPILOT", raising=False)
-
-
-async def read_ready(proc: subprocess.Popen[str], log: list[str], within: float) -> dict[str, Any]:
-    """The ``ha-ready {json}`` line of run.py; every line before it is kept in ``log``."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        line = await asyncio.to_thread(proc.stdout.readline)
-        if not line:
-            pytest.fail(f"run.py exited ({proc.wait()}) before it was ready:\n" + "".join(log))
-        log.append(line)
-        if line.startswith("ha-ready "):
-            ready: dict[str, Any] = json.loads(line.removeprefix("ha-ready "))
-            return ready
-    pytest.fail("run.py not ready in time:\n" + "".join(log))
-
-
-async def leader(rest: list[str]) -> str | None:
-    async with httpx.AsyncClient(timeout=2) as c:
-        for url in rest:
-            try:
-                r = await c.get(f"{url}/cluster")
-            except httpx.HTTPError:
-                continue
-            return next((m["name"] for m in r.json()["members"] if m["role"] == "leader"), None)
-    return None
 
 
 async def drain(client: Queen, group: str) -> list[str]:
@@ -84,15 +43,9 @@ async def drain(client: Queen, group: str) -> list[str]:
 async def test_make_ha_serves_through_a_switchover(tmp_path: Path, patroni_venv: Path, db: str) -> None:
     """``db``: how the brokers reach the primary, a multi-host URL with target_session_attrs=read-write
     or HAProxy's PostgreSQL door (GET /primary)."""
-    cmd = [sys.executable, str(RUN), "--state-dir", str(tmp_path / "ha"), "--fresh", "--port", str(free_port()),
-           "--base-port", str(BASE_PORT), "--db", db, "--patroni-venv", str(patroni_venv)]  # fmt: skip
-    log: list[str] = []
-    t0 = time.monotonic()
-    proc = await asyncio.to_thread(subprocess.Popen, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     figures: dict[str, Any] = {}
-    try:
-        ready = await read_ready(proc, log, within=300)
-        figures["cluster_ready_s"] = round(time.monotonic() - t0, 1)
+    async with cluster(tmp_path / "ha", patroni_venv, BASE_PORT, "--db", db) as ready:
+        figures["cluster_ready_s"] = round(time.monotonic() - ready["t0"], 1)
         figures["run_py"] = ready["timings"]
         async with Queen(ready["front"]) as client:
             await client.queue(QUEUE).create()
@@ -154,18 +107,5 @@ async def test_make_ha_serves_through_a_switchover(tmp_path: Path, patroni_venv:
             gap = max(b - a for a, b in itertools.pairwise(acked_at))
             figures.update(old_leader=old, new_leader=await leader(ready["rest"]), writer_acked=len(acked),
                            writer_in_doubt=len(failed), writer_longest_gap_s=round(gap, 2))  # fmt: skip
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # what Ctrl-C on `make ha` does
-            try:
-                out, _ = proc.communicate(timeout=90)
-                log.append(out)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-        if proc.stdout is not None:
-            proc.stdout.close()
-    assert proc.returncode == 0, "".join(log)
-    assert "ha: stopped" in "".join(log)
-    figures["total_s"] = round(time.monotonic() - t0, 1)
+    figures["total_s"] = round(time.monotonic() - ready["t0"], 1)
     print(f"\nha smoke ({db}):", json.dumps(figures))
