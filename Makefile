@@ -63,7 +63,7 @@ ha: $(STAMP) ## etcd + 3 PostgreSQL under Patroni (synchronous) + 2 brokers behi
 ha-smoke: $(TSTAMP) ## the smoke test of make ha, twice (~1-2 min; brokers on a multi-host URL, then via HAProxy): queen-mq through HAProxy, a patronictl switchover under a writer, zero lost
 	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha/test_ha_smoke.py -s -p no:cacheprovider
 
-chaos-ha: $(TSTAMP) ## make ha under load (~3-4 min): a switchover, a postmaster kill -9, a machine lost; zero lost, no 500
+chaos-ha: $(TSTAMP) ## make ha under load, brokers on a multi-host URL then via HAProxy (~3 min): a switchover, a postmaster kill -9, a machine lost; zero lost, no 500
 	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha/test_chaos_ha.py -s -p no:cacheprovider
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
