@@ -171,6 +171,8 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.queen.waiters.drain,
             drain_delay_s=settings.drain_delay_ms / 1000,
             body_idle_timeout_s=settings.body_idle_timeout_s,
+            max_head_bytes=settings.max_head_bytes,
+            token_required=settings.jwt_enabled,
         )
         if settings.hot_protocol:  # the data plane answered from the protocol, same rules (api/hot.py)
             cors = bool(split_list(settings.cors_origins))

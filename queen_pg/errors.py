@@ -50,6 +50,12 @@ CATALOG: dict[str, ErrorKind] = {
 }
 CATALOG[BAD_BINARY.code] = BAD_BINARY
 CATALOG[DECODED_TOO_LARGE.code] = DECODED_TOO_LARGE
+# Items of one request (push messages, acknowledgments, a transaction's operations: api/shared/item_limit.py),
+# counted before any is built.
+TOO_MANY_ITEMS = ErrorKind(
+    "too_many_items", 413, "{detail}; a request may carry at most {limit} items (QUEEN_MAX_ITEMS)"
+)
+CATALOG[TOO_MANY_ITEMS.code] = TOO_MANY_ITEMS
 CATALOG.update({k.code: k for k in (KV_BAD_REQUEST, LOCKS_BAD_REQUEST)})
 
 # Timers family (docs/wire.md#timers, docs/wire.md#errors): rendered as {"error": code, "code", "reason", "detail"} by
@@ -81,6 +87,10 @@ CATALOG[IDEMPOTENCY_KEY_REUSED.code] = IDEMPOTENCY_KEY_REUSED
 # QUEEN_BODY_IDLE_TIMEOUT_S): answered by the protocol, which then closes the connection.
 REQUEST_TIMEOUT = ErrorKind("request_timeout", 408, "{detail}")
 CATALOG[REQUEST_TIMEOUT.code] = REQUEST_TIMEOUT
+# A request head (request line and headers) past QUEEN_MAX_HEAD_BYTES (queen_pg/server.py): answered by
+# the protocol before the bytes reach the HTTP parser, which then closes the connection.
+HEAD_TOO_LARGE = ErrorKind("head_too_large", 431, "request head exceeds {limit} bytes (QUEEN_MAX_HEAD_BYTES)")
+CATALOG[HEAD_TOO_LARGE.code] = HEAD_TOO_LARGE
 
 # The answer budget (QUEEN_MAX_ANSWER_BYTES): a read that cannot page (a /kv batch) and would answer
 # more is refused, by queen._refuse in sql/procedures/080_kv.sql; the detail names the limit.

@@ -261,7 +261,8 @@ class Metrics:
         self.mesh_dropped = Counter(
             "queen_mesh_frames_dropped",
             "Mesh frames dropped: direction send (peer_down, queue_full) or recv (bad_mac, stale, oversize, "
-            "truncated, malformed, version, no_hello)",
+            "truncated, malformed, version, no_hello, replayed, bad_hello; connections closed: pending_evicted, "
+            "too_many_connections, replaced, idle)",
             ["direction", "reason"],
             registry=reg,
         )

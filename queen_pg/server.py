@@ -11,8 +11,20 @@ included (up to their 600 s timeout). The protocol classes here add, for httptoo
   uvicorn is reading, i.e. not paused because the app is not reading yet) is answered 408 and closed:
   a declared Content-Length never sent would otherwise hold the connection, and the admission bytes
   charged for it, until the client goes away;
-- a connection cap: beyond ``max_connections`` open connections per process a new one is answered
-  503 + ``Retry-After`` and closed at once;
+- a head cap: a request head (request line and headers) that grows past ``max_head_bytes`` is answered
+  431 ``head_too_large`` and closed. The bytes are counted in ``data_received`` before they reach the
+  parser (httptools builds the URL and each header by repeated concatenation, h11 buffers the head), so
+  neither holds more than the cap of one head; a head is counted from its first byte, afresh for each
+  request of a keep-alive connection. A head that begins in the same read as the end of the request
+  before it (pipelining) is counted from the next read: it may take one read (at most 256 KiB) more;
+- a connection cap: beyond ``max_connections`` open connections per process a new one takes the place
+  of the oldest connection that has no request in flight and has never had a request admitted (with JWT
+  on: one with a valid token; off: any that passed the security checks), which is answered 503 +
+  ``Retry-After`` and closed; with no such connection the newcomer is answered so and closed at once.
+  Silent or refused connections therefore cannot lock a token holder out, and the connections of clients
+  that have proven themselves are never closed for a newcomer. Answers that refuse a request before it is
+  admitted (400, 401, 403 from the security checks, 413 from the body limit, 408, 431) carry
+  ``Connection: close``;
 - the lame duck (SIGTERM with ``drain_delay_ms`` > 0): ``/health`` answers 503 ``draining`` at once,
   parked long-poll pops answer 204 and new ones do not park, every response carries
   ``Connection: close``; the listening socket stays open for ``drain_delay_ms`` so that a proxy's
@@ -40,17 +52,19 @@ import gc
 import logging
 import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import h11
 import orjson
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from queen_pg.errors import REQUEST_TIMEOUT, QueenError
+from queen_pg.errors import HEAD_TOO_LARGE, REQUEST_TIMEOUT, QueenError
 from queen_pg.settings import Settings
 
 try:  # the protocol uvicorn's "auto" picks
@@ -61,7 +75,9 @@ except ImportError:  # pragma: no cover - httptools is a dependency; h11 is uvic
 log = logging.getLogger("queen_pg.server")
 
 STATE_KEY = "queen_transport"
+PRINCIPAL_KEY = "queen_principal"  # where the security checks put an admitted request's principal (security.middleware)
 FD_HEADROOM = 256  # file descriptors kept for the pool, logs, the embedded PostgreSQL's pipes
+READ_MAX = 256 * 1024  # the most one read of a socket hands to data_received (asyncio and uvloop)
 
 
 class HotEntry(Protocol):
@@ -84,7 +100,13 @@ class Transport:
     drain_delay_s: float = 0.0  # the lame duck's length on SIGTERM (0: none)
     draining: bool = False  # the lame duck has begun: /health is 503, responses close their connection
     refused_connections: int = 0
+    evicted_connections: int = 0  # closed to make room for a newcomer at the cap (never proven)
     head_timeouts: int = 0
+    max_head_bytes: int = 64 * 1024
+    heads_too_large: int = 0
+    token_required: bool = False  # JWT on: a connection proves itself with a valid token, not any admitted request
+    # the connections that have not proven themselves yet, oldest first (a dict keeps insertion order)
+    unproven: dict[_Guard, None] = field(default_factory=dict)
     body_idle_timeout_s: float = 30.0
     body_timeouts: int = 0
     hot: HotEntry | None = None  # QUEEN_HOT_PROTOCOL=1: the data plane past the ASGI middleware chain
@@ -111,12 +133,37 @@ class Transport:
             if cycle is not None and not cycle.response_complete:
                 close_after(cycle)
 
+    def proves(self, scope: Any) -> bool:
+        """The request of ``scope`` was admitted by the security checks (with JWT on: with a valid token)."""
+        principal = scope.get("state", {}).get(PRINCIPAL_KEY)
+        if principal is None:
+            return False
+        return bool(principal.authenticated) or not self.token_required
+
+    def make_room(self) -> bool:
+        """At the cap: close the oldest connection that has not proven itself and has no request in flight
+        (503 + Retry-After); False when there is none. Connections found proven on the way leave the list."""
+        for conn in list(self.unproven):
+            if conn.transport.is_closing():
+                continue
+            if conn._shows_proof():
+                conn._proven()
+                continue
+            if conn._waiting_for_head():
+                self.evicted_connections += 1
+                conn._disarm_head()
+                conn.transport.write(TOO_MANY)
+                conn.transport.close()
+                return True
+        return False
+
     def shutdown_line(self) -> str:
         took = 0.0 if self.drain_started is None else time.monotonic() - self.drain_started
         return (
             f"event=shutdown drained_pops={self.drained_pops or 0} in_flight={self.in_flight} "
             f"took_ms={took * 1000:.0f} refused_connections={self.refused_connections} "
-            f"head_timeouts={self.head_timeouts} body_timeouts={self.body_timeouts}"
+            f"evicted_connections={self.evicted_connections} head_timeouts={self.head_timeouts} "
+            f"heads_too_large={self.heads_too_large} body_timeouts={self.body_timeouts}"
         )
 
 
@@ -199,6 +246,10 @@ HEAD_TIMEOUT = _timed_out("the request head did not arrive in time")
 BODY_TIMEOUT = _timed_out("the request body stopped arriving")
 
 
+def _head_too_large(limit: int) -> bytes:
+    return _raw_answer(b"431 Request Header Fields Too Large", QueenError(HEAD_TOO_LARGE, limit=limit).body())
+
+
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
     """Stop a clock if one is armed (a fired or cancelled one takes it as a no-op)."""
     if timer is not None:
@@ -217,6 +268,8 @@ class _Guard:
 
     def _guard_init(self, app_state: dict[str, Any]) -> None:
         self._queen: Transport | None = app_state.get(STATE_KEY)
+        self._head_cap = self._queen.max_head_bytes if self._queen is not None else sys.maxsize
+        self._is_proven = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -228,13 +281,38 @@ class _Guard:
         t = self._queen
         if t is None:
             return True
-        if len(self.connections) > t.max_connections:
+        if len(self.connections) > t.max_connections and not t.make_room():
             t.refused_connections += 1
             self.transport.write(TOO_MANY)
             self.transport.close()
             return False
+        t.unproven[self] = None
         self._arm_head()
         return True
+
+    def _shows_proof(self) -> bool:
+        """This connection's latest request was admitted (the security checks put its principal in its scope)."""
+        c = self.cycle
+        return c is not None and self._queen is not None and self._queen.proves(c.scope)
+
+    def _proven(self) -> None:
+        self._is_proven = True
+        if self._queen is not None:
+            self._queen.unproven.pop(self, None)
+
+    def _guard_lost(self) -> None:
+        self._disarm_head()
+        self._disarm_body()
+        if self._queen is not None and not self._is_proven:
+            self._queen.unproven.pop(self, None)
+
+    def _refuse_head(self) -> None:
+        """The head in progress has taken ``max_head_bytes`` and goes on: 431, and close."""
+        if self._queen is not None:
+            self._queen.heads_too_large += 1
+        self._disarm_head()
+        self.transport.write(_head_too_large(self._head_cap))
+        self.transport.close()
 
     def _waiting_for_head(self) -> bool:
         return self.cycle is None or bool(self.cycle.response_complete)
@@ -250,6 +328,8 @@ class _Guard:
 
     def _before_data(self) -> None:
         if self._waiting_for_head():
+            if not self._is_proven and self._shows_proof():
+                self._proven()  # the request before this one was admitted: the connection is a client's
             self._arm_head()  # the first byte of a request after an idle keep-alive starts the clock
 
     def _after_data(self) -> None:
@@ -328,14 +408,11 @@ class _Guarded(_Guard):
         super().connection_made(transport)  # type: ignore[misc]
         self._guard_connected()
 
-    def data_received(self, data: bytes) -> None:
-        self._before_data()
-        super().data_received(data)  # type: ignore[misc]
-        self._after_data()
+    # data_received is each implementation's own (below): it counts the bytes of a request head against
+    # ``_head_cap`` before the parser sees them, and what each parser tells about a head differs
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head()
-        self._disarm_body()
+        self._guard_lost()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def shutdown(self) -> None:
@@ -392,6 +469,57 @@ class OneWrite:
 if HttpToolsProtocol is not None:
 
     class QueenHttpToolsProtocol(_Guarded, HttpToolsProtocol):  # type: ignore[misc]  # Transport vs BaseTransport
+        """httptools tells when a message ends (``on_message_complete``: the next byte begins a head) and,
+        by making a request cycle, when a head did; not where in a read. So ``_head_left`` counts every
+        read down (a couple of integer operations) and is reset when a message completes; a read larger
+        than what is left takes the slow way (:meth:`_take_capped`)."""
+
+        _head_left = sys.maxsize  # bytes the head in progress (or the next one) may still take
+        _done: Any = None  # the request cycle whose message (head and body) was parsed last
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_left = self._head_cap
+
+        def data_received(self, data: bytes) -> None:
+            self._before_data()
+            left = self._head_left - len(data)
+            if left >= 0:
+                self._head_left = left
+                HttpToolsProtocol.data_received(self, data)
+            else:
+                self._take_capped(data)
+            self._after_data()
+
+        def _take_capped(self, data: bytes) -> None:
+            """More bytes than the head in progress may still take: inside a body they all go to the parser;
+            otherwise the parser gets only what the head may take, then we see whether it completed."""
+            view = memoryview(data)
+            while len(view) > self._head_left:
+                c = self.cycle
+                if c is not None and c is not self._done:  # a body is arriving: its bytes are not a head's
+                    self._head_left = self._head_cap
+                    break
+                room = self._head_left
+                if room == 0:  # the same head has taken the cap and goes on
+                    self._refuse_head()
+                    return
+                self._head_left = 0  # on_message_complete resets it if a message completes
+                HttpToolsProtocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
+                view = view[room:]
+                if self.transport.is_closing():  # the parser refused it (400)
+                    return
+            else:
+                self._head_left -= len(view)
+            if view:
+                HttpToolsProtocol.data_received(self, view)  # type: ignore[arg-type]
+
+        def on_message_complete(self) -> None:
+            # the parser calls it also when uvicorn ignores it (a request answered before its body was read)
+            self._head_left = self._head_cap
+            self._done = self.cycle
+            HttpToolsProtocol.on_message_complete(self)
+
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # every cycle, pipelined ones included
             cycle.transport = OneWrite(self.transport, self.loop)
             hot = self._queen.hot if self._queen is not None else None
@@ -406,7 +534,27 @@ if HttpToolsProtocol is not None:
 
 
 class QueenH11Protocol(_Guarded, H11Protocol):  # type: ignore[misc]  # Transport vs BaseTransport
-    pass
+    """h11 keeps an incomplete head in its receive buffer while the client's state is IDLE: the head's
+    bytes so far are that buffer's length."""
+
+    def data_received(self, data: bytes) -> None:
+        self._before_data()
+        conn = self.conn
+        view = memoryview(data)
+        while conn.their_state is h11.IDLE:
+            room = self._head_cap - len(conn._receive_buffer)
+            if len(view) <= room:
+                break
+            if room <= 0:  # the head in h11's buffer has taken the cap and goes on
+                self._refuse_head()
+                return
+            H11Protocol.data_received(self, view[:room])  # type: ignore[arg-type]  # a buffer will do
+            view = view[room:]
+            if self.transport.is_closing():  # h11 refused it (400)
+                return
+        if view:
+            H11Protocol.data_received(self, view)  # type: ignore[arg-type]
+        self._after_data()
 
 
 AUTO_PROTOCOL = (  # an import string: spawned workers resolve it themselves
@@ -470,6 +618,9 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "http": AUTO_PROTOCOL,
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         "timeout_keep_alive": settings.keep_alive_s,
+        # h11's own check stays behind the head cap (QueenH11Protocol.data_received): it sees only a head
+        # that came in one read behind the end of the request before it, as httptools may (one read more)
+        "h11_max_incomplete_event_size": settings.max_head_bytes + READ_MAX,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)

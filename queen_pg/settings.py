@@ -93,6 +93,14 @@ class Settings(BaseSettings):
         "budget before they are produced; beyond it 413 decoded_too_large. Unset: max_body_bytes.",
     )
     max_batch: int = Field(10_000, ge=1, description="Largest pop batch a request may ask for.")
+    max_items: int = Field(
+        10_000,
+        ge=1,
+        description="Most items one request may carry: the messages of a push (JSON or binary), the "
+        "acknowledgments of /ack/batch, the acks, pushed messages, KV and timer operations of a transaction "
+        "together (JSON or binary). Counted before any item is built; beyond it 413 too_many_items, nothing "
+        "written. Keep it at least max_batch, so a full pop can be acknowledged in one /ack/batch.",
+    )
     max_answer_bytes: int = Field(
         32 * MIB,
         ge=64 * 1024,
@@ -154,9 +162,17 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         10_000,
         ge=1,
-        description="Open HTTP connections per process (parked long-polls included); a connection beyond it "
-        "is answered 503 + Retry-After and closed. Lowered, with a warning, to what the file-descriptor "
-        "limit allows.",
+        description="Open HTTP connections per process (parked long-polls included). A connection beyond it "
+        "takes the place of the oldest one that has no request in flight and has never had a request admitted "
+        "(with JWT on: with a valid token), which is answered 503 + Retry-After and closed; with none such, the "
+        "newcomer is answered so. Lowered, with a warning, to what the file-descriptor limit allows.",
+    )
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=4096,
+        le=16 * MIB,
+        description="The most bytes a request head (request line and headers) may take; a head that grows past "
+        "it is answered 431 `head_too_large` and its connection closed, before the bytes reach the HTTP parser.",
     )
     hot_protocol: bool = Field(
         True,
@@ -401,6 +417,13 @@ class Settings(BaseSettings):
         le=4096,
         description="Inbound mesh connections held before their signed HELLO; a new one closes the oldest, so "
         "connections without the secret never take an authenticated peer's place (64 per process).",
+    )
+    mesh_idle_timeout_s: float = Field(
+        30.0,
+        ge=1.0,
+        le=3600.0,
+        description="An authenticated inbound mesh connection that carries nothing for this long is closed "
+        "(a half-open one frees its place); the dialling replica sends a ping a third of it apart when idle.",
     )
     mesh_local_dir: Path | None = Field(
         None,

@@ -138,13 +138,13 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
 class Broker:
     """A real uvicorn server running create_app(settings) on a free port in this event loop."""
 
-    def __init__(self, settings: Settings, **server: Any) -> None:
+    def __init__(self, settings: Settings, bind: str = "127.0.0.1", **server: Any) -> None:
         self.settings = settings
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((bind, 0))
         self.port = int(self.sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{bind}:{self.port}"
         self.app = create_app(settings)
         config = uvicorn_config(self.app, settings, log_level="warning", lifespan="on", **server)  # as `serve` runs it
         self.server = uvicorn.Server(config)

@@ -18,6 +18,7 @@ import asyncpg
 import httpx
 import orjson
 import pytest
+from queen import Queen
 from queen.http.push_binary import PushBatch, encode_transaction_frames
 
 from queen_pg.db.pool import Database
@@ -207,6 +208,58 @@ async def test_kv_browse_pages_stop_at_the_budget(http: httpx.AsyncClient, spy: 
     small = (await http.get("/api/v1/kv/keys", params={"ns": "w", "limit": 2})).json()
     assert [row["key"] for row in small["rows"]] == ["key-00", "key-01"] and small["nextAfter"] == "key-01"
     assert set(small) == {"prefix", "rows", "truncated", "nextAfter"}
+
+
+# --- timers: the list is a keyset page like KV browse ----------------------------------------------
+
+
+async def test_timer_list_pages_stop_at_the_budget(jwt_broker: Broker, spy: Spy) -> None:
+    """A timer's txn may be 64 KiB: a 1000-row page of a read-only token was tens of MB with
+    truncated false. It stops at the budget, says where to go on, and the walk sees each timer once."""
+    rw, ro = bearer(token("read-write")), bearer(token("read-only"))
+    txns = {f"t-{i:02}": f"{i:02}-" + blob() for i in range(20)}  # 20 x 40 KB of txn: 3 budgets
+    async with httpx.AsyncClient(base_url=jwt_broker.url, timeout=60) as http:
+        ops = [timer_op("tl", key, {"big": blob()}, 3_600_000, txn) for key, txn in txns.items()]
+        r = await http.post("/api/v1/timers", json={"operations": ops}, headers=rw)
+        assert r.status_code == 200 and all(res["ok"] for res in r.json()["results"]), r.text[:300]
+        spy.reset()
+        seen: list[str] = []
+        params: dict[str, Any] = {"limit": 1000}
+        pages = 0
+        while True:
+            r = await http.get("/api/v1/timers/tl", params=params, headers=ro)
+            assert r.status_code == 200, r.text[:300]
+            assert len(r.content) <= BUDGET + SLACK, len(r.content)
+            page = r.json()
+            assert set(page) == {"rows", "truncated", "nextAfter"}
+            assert page["rows"], "every page makes progress"
+            for row in page["rows"]:
+                assert set(row) == {"timerKey", "txn", "deliverAt", "messageId", "partition"}
+                assert row["txn"] == txns[row["timerKey"]]
+            seen += [row["timerKey"] for row in page["rows"]]
+            pages += 1
+            if not page["truncated"]:
+                assert page["nextAfter"] is None
+                break
+            assert page["nextAfter"] == page["rows"][-1]["timerKey"]
+            params["after"] = page["nextAfter"]
+        assert seen == sorted(txns), "each timer exactly once, in key order"
+        assert pages >= 3
+        assert spy.largest <= BUDGET + SLACK, spy.largest  # PostgreSQL stopped reading at the budget
+        # a short page is cut by its limit, as before
+        small = (await http.get("/api/v1/timers/tl", params={"limit": 2}, headers=ro)).json()
+        assert [row["timerKey"] for row in small["rows"]] == ["t-00", "t-01"] and small["nextAfter"] == "t-01"
+        # a peek gives the payload once (as JSON), not again as base64
+        payload = {"big": blob()}
+        ops = [timer_op("tl", "one", payload, 3_600_000, "one-txn")]
+        assert (await http.post("/api/v1/timers", json={"operations": ops}, headers=rw)).status_code == 200
+        r = await http.get("/api/v1/timers/tl/one", headers=ro)
+        assert r.json()["data"] == payload and "payload" not in r.json()
+        assert len(r.content) < len(orjson.dumps(payload)) + 1000, len(r.content)
+    # the official client walks the pages
+    async with Queen(jwt_broker.url, bearer_token=token("read-only")) as client:
+        rows = await client.timers.list_all("tl", limit=1000)
+        assert [row["timerKey"] for row in rows] == sorted([*txns, "one"])
 
 
 # --- messages, DLQ, traces: limit/offset pages stop early with nextOffset ---------------------------

@@ -296,7 +296,7 @@ async def test_fuse_max_calls_reaches_the_lanes(start_broker: Any) -> None:
 def binary_groups(queue: str, partition: int, items: int = 3) -> list[binary.Group]:
     """The groups of one flag-8 binary push body (a framed, zstd blob), as the client sends them."""
     raw = binary_push_request({"queue": queue, "items": items, "tag": f"b{partition}"}, 0, 0, partition)
-    return binary.parse_push(raw.split(b"\r\n\r\n", 1)[1], 1 << 20).groups
+    return binary.parse_push(raw.split(b"\r\n\r\n", 1)[1], 1 << 20, 10_000).groups
 
 
 async def test_binary_pushes_fuse_in_a_lane_the_fuser_owns(db: Database, conn: asyncpg.Connection) -> None:

@@ -31,7 +31,7 @@ from tests.test_e2e_binary import _frame, _frames_body
 SECRET = "s3cret-for-tests-0123456789-abcdefghij"
 ISS, AUD = "https://idp.test", "queen"
 JWT_ON = {"jwt_enabled": True, "jwt_secret": SECRET, "jwt_issuer": ISS, "jwt_audience": AUD}
-LIMITS = {"max_body_bytes": 64 * 1024, "admit_max_mb": 1, "admit_hold_ms": 50}
+LIMITS = {"max_body_bytes": 64 * 1024, "admit_max_mb": 1, "admit_hold_ms": 50, "max_items": 100}
 LEASE = "00000000-0000-4000-8000-000000000000"
 PUSH_TYPE = "application/x-queen-push"
 
@@ -162,10 +162,23 @@ async def _data_plane(broker: Broker) -> list[tuple[Any, ...]]:
         out += await wire.ask(request("POST", "/api/v1/ack/batch/x", b"{}"))  # 404 (the app)
         out += await wire.ask(request("POST", "/api/v1/push", b"<x/>", "text/xml"))  # 415
         out += await wire.ask(request("POST", "/api/v1/push", b"{}", sec_fetch_site="cross-site"))  # 403
+        # a refusal before admission closes its connection (Connection: close): a new one goes on
+        assert await wire.reader.read() == b""
+        await wire.close()
+        wire = await Wire.open(broker)
         bomb = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(
             _frame(payload=b'"' + b"a" * (1 << 20) + b'"')
         )
         out += await wire.ask(request("POST", "/api/v1/push", _frames_body("h", "p", [_frame()], z=bomb), PUSH_TYPE))
+        # 413 too_many_items: 101 items (QUEEN_MAX_ITEMS=100), JSON, binary, acks and a transaction
+        many = [{"queue": "h", "payload": {"i": i}} for i in range(101)]
+        out += await wire.ask(json_request("POST", "/api/v1/push", {"items": many}))
+        framed = encode_push_frames([PushBatch("h", "p", [b"1"] * 101)])
+        out += await wire.ask(request("POST", "/api/v1/push", framed, PUSH_TYPE))
+        acks = [{"transactionId": "t", "partitionId": "1"}] * 101
+        out += await wire.ask(json_request("POST", "/api/v1/ack/batch", {"acknowledgments": acks}))
+        ops = [{"type": "push", "items": many[:50]}, {"type": "push", "items": many[50:]}]
+        out += await wire.ask(json_request("POST", "/api/v1/transaction", {"operations": ops}))
         popped = await wire.ask_raw(request("GET", "/api/v1/pop/queue/h/partition/p?batch=2&consumerGroup=g"))
         out += [normal(a) for a in popped]
         lease = orjson.loads(popped[0][2])["leaseId"]
@@ -248,9 +261,9 @@ async def _internal(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
 
 async def _secured(broker: Broker) -> list[tuple[Any, ...]]:
-    wire = await Wire.open(broker)
+    """Each request on a connection of its own: a refusal (401, 403) closes its connection."""
     push = orjson.dumps({"items": [{"queue": "j", "payload": 1}]})
-    out = await wire.ask(
+    requests = (
         request("POST", "/api/v1/push", push),  # 401 missing token
         request("POST", "/api/v1/push", push, authorization="Bearer not.a.token"),  # 401 invalid
         request("POST", "/api/v1/push", push, authorization=f"Bearer {_token('read-only')}"),  # 403 level
@@ -259,7 +272,15 @@ async def _secured(broker: Broker) -> list[tuple[Any, ...]]:
         request("GET", "/api/v1/pop/queue/j?wait=false", authorization=f"Bearer {_token('read-write')}"),  # 200
         request("POST", "/api/v1/ack", b"{}", authorization=f"Bearer {_token('read-only')}"),  # 403 level
     )
-    await wire.close()
+    out: list[tuple[Any, ...]] = []
+    for one in requests:
+        wire = await Wire.open(broker)
+        out += await wire.ask(one)
+        refused = out[-1][0].split(b" ")[1] in (b"401", b"403")
+        assert refused == ((b"connection", b"close") in out[-1][1]), out[-1]
+        if refused:
+            assert await wire.reader.read() == b"", "a refused request's connection is closed"
+        await wire.close()
     return out
 
 
@@ -276,6 +297,7 @@ async def test_the_protocol_answers_byte_for_byte_as_the_app(pg_server: PgServer
     assert {200, 201, 204, 400, 403, 404, 405, 409, 413, 415, 503} <= statuses, statuses
     codes = {b.get("code") for *_, b in with_hot if isinstance(b, dict)}
     assert {"bad_binary", "bad_json", "decoded_too_large", "body_too_large", "maintenance", "cross_site"} <= codes
+    assert "too_many_items" in codes
     assert "encryption_key_missing" in codes and "unsupported_media_type" in codes
     assert any('route="/api/v1/lease/{lease_id}/extend",status="200"' in x for x in with_hot[-1][2])
     # every request above but the three the app answers (405, two 404s), the configure and maintenance calls,

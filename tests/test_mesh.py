@@ -86,10 +86,10 @@ async def test_stale_and_future_frames_are_dropped_without_closing() -> None:
     with pytest.raises(frames.FrameError) as e:
         frames.decode(old[4:], SECRET)
     assert e.value.reason == "stale" and not e.value.fatal
-    v2 = bytearray(frames.encode(frames.WAKE, [], SECRET))
-    v2[4] = 2
+    other = bytearray(frames.encode(frames.WAKE, [], SECRET))
+    other[4] = frames.FRAME_VERSION + 1
     with pytest.raises(frames.FrameError) as e:
-        frames.decode(bytes(v2[4:]), SECRET)
+        frames.decode(bytes(other[4:]), SECRET)
     assert e.value.reason in ("bad_mac", "version")  # signed: a changed version byte never passes
 
 
@@ -184,13 +184,16 @@ async def test_a_peer_without_the_secret_gets_nothing_through() -> None:
     good, intruder = ha.mesh(pa, []), hb.mesh(pb, [pa], secret=b"guess")
     tasks = await _running(good, intruder)
     try:
-        await eventually(lambda: good.dropped.get("recv:bad_mac", 0) >= 1, "the refused HELLO counted")
+        # the intruder cannot verify our CHALLENGE, so it hangs up without a HELLO (counted)
+        await eventually(lambda: good.dropped.get("recv:no_hello", 0) >= 1, "the intruder hung up")
         intruder.publish_wake("t", "q")
         assert intruder.connected == 0  # never authenticated, so its frames are dropped at the source
         reader, writer = await asyncio.open_connection("127.0.0.1", pa)  # raw bytes: a garbage frame
         writer.write(struct.pack(">I", frames.MAX_FRAME + 10) + b"junk")
         await writer.drain()
-        assert await reader.read() == b""  # closed on us
+        challenge = await frames.read_frame(reader, SECRET)  # all it gets: the CHALLENGE, then closed on it
+        assert challenge is not None and challenge.kind == frames.CHALLENGE
+        assert await reader.read() == b""
         writer.close()
         assert good.dropped.get("recv:oversize") == 1 and ha.wakes == [] and good.frames_received == 0
     finally:
@@ -235,7 +238,8 @@ async def test_pending_dials_push_out_the_oldest_and_authenticated_peers_are_cap
         await eventually(lambda: len(good._pending) == 2, "both silent dials pending")
         third = await asyncio.open_connection("127.0.0.1", pa)
         held.append(third)
-        assert await asyncio.wait_for(held[0][0].read(), 5) == b""  # the oldest: closed on it
+        said = await asyncio.wait_for(held[0][0].read(), 5)  # the oldest: closed on it, after its CHALLENGE
+        assert frames.decode(said[4:], SECRET).kind == frames.CHALLENGE
         await eventually(lambda: len(good._pending) == 2, "the newest pending in its place")
         assert good.dropped == {"recv:pending_evicted": 1}
         b, c = Heard().mesh(pb, [pa]), Heard().mesh(pc, [pa])

@@ -116,7 +116,7 @@ def _body(*groups: list[bytes], tail: bytes = b"") -> bytes:
 def _strict(monkeypatch: pytest.MonkeyPatch, data: bytes) -> Any:
     with monkeypatch.context() as m:
         m.setattr(binary, "_plain_frames", lambda raw, n, seen: None)
-        return binary.parse_push(data, 1 << 20)
+        return binary.parse_push(data, 1 << 20, 10_000)
 
 
 def _outcome(parse: Any) -> Any:
@@ -172,9 +172,9 @@ def test_good_frames_read_the_same_by_the_bulk_check_and_the_strict_walk(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     data = GOOD[name]
-    fast = _outcome(lambda: binary.parse_push(data, 1 << 20))
+    fast = _outcome(lambda: binary.parse_push(data, 1 << 20, 10_000))
     assert fast != "refused" and fast == _outcome(lambda: _strict(monkeypatch, data))
-    group = binary.parse_push(data, 1 << 20).groups[0]
+    group = binary.parse_push(data, 1 << 20, 10_000).groups[0]
     assert group.hashes == b"".join(xxhash.xxh3_128_digest(t.encode()) for t in group.txns)
     if "trace" not in name:
         raw = zstandard.ZstdDecompressor().decompress(group.blob or b"")
@@ -184,7 +184,7 @@ def test_good_frames_read_the_same_by_the_bulk_check_and_the_strict_walk(
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_frames_are_refused_as_the_strict_walk_words_them(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     data = BAD[name]
-    fast = _outcome(lambda: binary.parse_push(data, 1 << 20))
+    fast = _outcome(lambda: binary.parse_push(data, 1 << 20, 10_000))
     assert fast[0] == "refused", (name, fast)
     assert fast == _outcome(lambda: _strict(monkeypatch, data))
     assert "frame" in fast[2] or "bytes after" in fast[2]

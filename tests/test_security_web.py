@@ -259,3 +259,79 @@ async def test_tenant_from_header_with_jwt_but_no_claim_is_logged(
     with caplog.at_level(logging.WARNING, logger="queen_pg.security"):
         await start_broker(tenancy_header=True, jwt_enabled=True, jwt_secret="s" * 40, jwt_tenant_claim="tenant")
     assert not any("event=tenant_header_unbound" in r.getMessage() for r in caplog.records)
+
+
+def test_open_bind_without_jwt_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    for host, logged in (("0.0.0.0", True), ("10.1.2.3", True), ("127.0.0.1", False), ("localhost", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="queen_pg.security"):
+            create_app(Settings(database_url="postgresql://x/y", host=host))
+        lines = [r.getMessage() for r in caplog.records if "event=open_bind" in r.getMessage()]
+        assert bool(lines) is logged, (host, lines)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="queen_pg.security"):
+        create_app(Settings(database_url="postgresql://x/y", host="0.0.0.0", jwt_enabled=True, jwt_secret="s" * 40))
+    assert not any("event=open_bind" in r.getMessage() for r in caplog.records)
+
+
+BROWSER_UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/150.0.0.0 Safari/537.36"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # what chromium sends to http://<lan-ip> (no Fetch Metadata, no Origin), per kind of request
+        {"user-agent": BROWSER_UA, "accept": "image/avif,image/webp,image/apng,image/svg+xml,image/*,*/*;q=0.8"},
+        {"user-agent": BROWSER_UA, "accept": "*/*"},  # <script src>, fetch(url, {mode: "no-cors"})
+        {"user-agent": BROWSER_UA, "accept": "text/html,application/xhtml+xml,*/*;q=0.8"},  # iframe, form GET
+        {"user-agent": BROWSER_UA, "accept": "application/json"},  # fetch may pick any Accept, not the UA
+        {"user-agent": "Mozilla/5.0 (Macintosh) Gecko/20100101 Firefox/140.0", "accept": "*/*"},
+        {"user-agent": "SomeWebView/1", "accept": "image/png"},  # an image asked for, whatever the UA
+    ],
+)
+async def test_a_pop_that_looks_like_a_browser_and_names_no_origin_is_refused(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    await push(http, "lan", [{"payload": i, "transactionId": f"lan-{i}"} for i in range(3)])
+    for path in ("/api/v1/pop/queue/lan", "/api/v1/pop/queue/lan/partition/Default", "/api/v1/pop"):
+        for auto_ack in ("true", "false"):
+            r = await http.get(path, params={"autoAck": auto_ack, "wait": "false", "batch": "100"}, headers=headers)
+            assert r.status_code == 403, (path, r.status_code, r.text)
+            assert r.json()["code"] == "cross_site"
+            assert "Origin" in r.json()["error"]
+    # nothing acked, nothing leased
+    got = await pop(http, "lan", wait=False, batch=100)
+    assert sorted(m["transactionId"] for m in got["messages"]) == ["lan-0", "lan-1", "lan-2"]
+
+
+async def test_clients_that_are_not_browsers_and_browser_reads_still_pass(
+    http: httpx.AsyncClient, start_broker: Any
+) -> None:
+    for i, headers in enumerate(
+        [
+            {},  # httpx's own headers: the official clients (queen-mq 2.6.0 and 0.15 send no others on a pop)
+            {"user-agent": "curl/8.5.0", "accept": "*/*"},
+            {"user-agent": "python-requests/2.32", "accept": "application/json"},
+            {"user-agent": BROWSER_UA, "origin": str(http.base_url).rstrip("/")},  # the broker's own origin
+            {"user-agent": BROWSER_UA, "sec-fetch-site": "none"},  # the operator typed the URL on loopback
+        ]
+    ):
+        await push(http, f"np{i}", [{"payload": i}])
+        r = await http.get(f"/api/v1/pop/queue/np{i}", params={"wait": "false", "autoAck": "true"}, headers=headers)
+        assert r.status_code == 200, (headers, r.text)
+    # a browser's reads and a browser's POST (which always names its Origin) are not pop GETs
+    browser = {"user-agent": BROWSER_UA, "accept": "text/html,*/*"}
+    assert (await http.get("/api/v1/resources/queues", headers=browser)).status_code == 200
+    assert (await http.get("/", headers=browser)).status_code == 200
+    own = {**browser, "origin": str(http.base_url).rstrip("/"), "content-type": "application/json"}
+    assert (await http.post("/api/v1/stats/refresh", headers=own)).status_code == 200
+    # a CORS request from a listed origin carries its Origin and may pop
+    b: Broker = await start_broker(cors_origins="https://app.test")
+    async with httpx.AsyncClient(base_url=b.url) as other:
+        await push(other, "cors", [{"payload": 1}])
+        r = await other.get(
+            "/api/v1/pop/queue/cors",
+            params={"wait": "false"},
+            headers={"user-agent": BROWSER_UA, "origin": "https://app.test"},
+        )
+        assert r.status_code == 200, r.text

@@ -32,6 +32,7 @@ OPERATOR_FACING: dict[str, str] = {}
 # release beside their successor, then dropped in sql/procedures/000_dropped.sql. Each entry names it.
 PREVIOUS_RELEASE: dict[str, str] = {
     "configure_queue_v1": "configure_queue_v2 (the caller's right to weaken a queue) replaces it",
+    "timer_list_v1": "timer_list_v2 (the answer budget) replaces it",
 }
 
 # Public names that live procedures call (older than the leading-underscore convention, and called by

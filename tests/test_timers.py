@@ -88,7 +88,7 @@ async def test_schedule_peek_list_in_pages_and_cancel(http: httpx.AsyncClient) -
     r = await http.get("/api/v1/timers/q/d/e/f")
     peek = r.json()
     assert r.status_code == 200 and peek["found"] is True and "fired" not in peek
-    assert peek["data"] == {"key": "d/e/f"} and json.loads(base64.b64decode(peek["payload"])) == {"key": "d/e/f"}
+    assert peek["data"] == {"key": "d/e/f"} and "payload" not in peek  # the payload once, as JSON
     assert (peek["txn"], peek["messageId"], peek["partition"]) == ("t-d/e/f", results[4]["messageId"], "Default")
     assert peek["deliverAt"] == results[4]["deliverAt"]
     assert (await http.get("/api/v1/timers/q/nope")).json() == {"found": False}

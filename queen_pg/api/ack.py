@@ -6,10 +6,12 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from queen_pg.api.shared import item_limit
 from queen_pg.api.shared.body import Name, read
 from queen_pg.api.shared.common import (
     check_name,
     json_response,
+    max_items,
     permit,
     state,
     tenant,
@@ -26,6 +28,8 @@ from queen_pg.security.access import level
 from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
+
+_ACKS = ("acknowledgments",)
 
 ACK_DESCRIPTION = (
     "One result per acknowledgment, always HTTP 200: a refused item (unknown partition, lease not held) is "
@@ -91,7 +95,10 @@ async def ack(request: Request) -> Response:
 )
 @level(Level.READ_WRITE)
 async def ack_batch(request: Request) -> Response:
-    body = await read(request, AckBatchBody)
+    cap = max_items(request)
+    body = await read(request, AckBatchBody, before=lambda raw: item_limit.check_lists(raw, _ACKS, cap))
+    if len(body.acknowledgments) > cap:  # counted already, unless a key was spelled with escapes
+        raise item_limit.too_many("acknowledgments", cap, len(body.acknowledgments))
     if body.consumerGroup is not None:
         check_name("consumerGroup", body.consumerGroup)
     items: list[ack_engine.AckLike] = [_ack_item(it, body.consumerGroup) for it in body.acknowledgments]

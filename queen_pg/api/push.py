@@ -8,9 +8,10 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_pg.api.shared import binary
+from queen_pg.api.shared import admission, binary, item_limit
 from queen_pg.api.shared.body import read
 from queen_pg.api.shared.common import (
+    max_items,
     producer_sub,
     push_messages,
     state,
@@ -27,6 +28,8 @@ from queen_pg.security.access import level
 from queen_pg.security.roles import Level
 
 router = APIRouter(prefix="/api/v1")
+
+_ITEMS = ("items",)
 
 
 class PushBody(msgspec.Struct):
@@ -48,7 +51,11 @@ async def push(request: Request) -> Response:
     refuse_push_in_maintenance(request)
     if binary.is_binary(request):
         return await binary.push(request)  # QPB1 (docs/wire.md#binary-push)
-    body = await read(request, PushBody)
+    cap = max_items(request)
+    body = await read(request, PushBody, before=lambda raw: item_limit.check_lists(raw, _ITEMS, cap))
+    if len(body.items) > cap:  # counted already, unless a key was spelled with escapes
+        raise item_limit.too_many("items", cap, len(body.items))
+    await admission.charge_items(request.scope, len(body.items))  # held until answered, as the body's bytes
     sub = producer_sub(request)
     items = new_messages(body.items, "items", sub)
     st = state(request)

@@ -12,12 +12,13 @@ from pydantic import Field
 from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.api.kv.schemas import KvResult
-from queen_pg.api.shared import binary, decoded
+from queen_pg.api.shared import admission, binary, decoded, item_limit
 from queen_pg.api.shared.body import LeaseId, decode
 from queen_pg.api.shared.common import (
     answer_budget,
     check_name,
     json_response,
+    max_items,
     permit,
     producer_sub,
     refuse_when_storage_full,
@@ -154,9 +155,33 @@ async def transaction(request: Request) -> Response:
         return await _commit(request, raw, None, exp)
 
 
+class _Riders(msgspec.Struct):
+    """The riders as plain JSON; the operations (pushed payloads) are skipped, not decoded again."""
+
+    kv: list[Any] | None = None
+    timers: list[Any] | None = None
+
+
+_riders = msgspec.json.Decoder(_Riders)
+
+
+def _items(body: TransactionRequest) -> int:
+    """The items of a decoded transaction (QUEEN_MAX_ITEMS): each ack, pushed message, KV and timer op."""
+    n = len(body.kv or ()) + len(body.timers or ())
+    for op in body.operations:
+        n += len(op.items) if isinstance(op, TxPushOp) else 1
+    return n
+
+
 async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | None, exp: decoded.Expansion) -> Response:
     """Run a transaction body; ``framed`` = a QTB1 body's pushes, after the head's operations."""
+    cap = max_items(request)
+    item_limit.check_transaction(raw, cap)  # before anything is decoded
     body = decode(raw, TransactionRequest)
+    items = _items(body) + (len(framed.items) if framed is not None else 0)
+    if items > cap:  # the head's items and the framed pushes together; nothing built yet
+        raise item_limit.too_many(item_limit.TRANSACTION, cap, items)
+    await admission.charge_items(request.scope, items)  # held until answered, as the body's bytes
     acks: list[tx_engine.TxAck] = []
     pushes: list[tx_engine.TxPush] = []
     slot = 0
@@ -178,9 +203,9 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
         for msg in framed.items:
             pushes.append(tx_engine.TxPush(slot, msg))
             slot += 1
-    riders: dict[str, Any] = msgspec.json.decode(raw) if (body.kv or body.timers) else {}
-    kv_raw: list[Any] = riders.get("kv") or []  # as plain JSON (integers exact) for the semantic checks
-    timers_raw: list[Any] = riders.get("timers") or []
+    riders = _riders.decode(raw) if (body.kv or body.timers) else _Riders()
+    kv_raw: list[Any] = riders.kv or []  # as plain JSON (integers exact) for the semantic checks
+    timers_raw: list[Any] = riders.timers or []
     st = state(request)
     try:
         _planner_limits(kv_raw, timers_raw)

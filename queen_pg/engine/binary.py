@@ -27,13 +27,12 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
-import msgspec
-import orjson
 import xxhash
 import zstandard
 
 from queen_pg import text
 from queen_pg.db.types import fast_uuid
+from queen_pg.engine import json_check
 from queen_pg.engine.codec import dctx
 
 PUSH_MAGIC = b"QPB1"
@@ -45,12 +44,10 @@ FLAG_FRAMES = 8
 PUSH_FLAGS = FLAG_ZSTD | FLAG_COUNTS | FLAG_TXN | FLAG_FRAMES
 FRAME_TRACE = 1  # the only frame flag a client may set (codec.FLAG_TRACE)
 MAX_TXN_BYTES = 65_535
-MAX_DEPTH = 254  # nesting orjson can write back (queen_pg/api/shared/body.py stored_json)
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FRAME_HEAD = struct.Struct("<IB")
-_DIGITS = b"0123456789"  # an integer orjson cannot write back has 19 digits at least
 
 
 class Malformed(Exception):
@@ -64,6 +61,15 @@ class Malformed(Exception):
 
 class TooLarge(Malformed):
     """The decompressed bytes exceed the limit (the cap of decoded bytes): 413 ``decoded_too_large``."""
+
+
+class TooMany(Malformed):
+    """The groups' message counts add up past the item limit (QUEEN_MAX_ITEMS): 413 ``too_many_items``.
+    Raised on reading a group's count, before its messages are read."""
+
+    def __init__(self, offset: int, count: int) -> None:
+        self.count = count
+        super().__init__(offset, f"the binary body holds {count} messages or more")
 
 
 @dataclass(slots=True)
@@ -158,23 +164,11 @@ class _In:
 
 
 def check_payload(payload: bytes) -> None:
-    """Raises ValueError unless ``payload`` is one JSON document that comes back exactly (64-bit
-    integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000 is fine
-    (a payload lives in a segment, not a text column)."""
-    value = orjson.loads(payload)  # syntax, lone surrogates, trailing data
-    if len(payload) - len(payload.translate(None, _DIGITS)) >= 19:
-        # orjson reads an integer beyond 64 bits as a float (it would come back rounded): read it
-        # exactly, and write it as stored_json does (JSONEncodeError, a TypeError, beyond 64 bits)
-        try:
-            exact = msgspec.json.decode(payload)
-        except msgspec.MsgspecError as exc:
-            raise ValueError(str(exc)) from None
-        except RecursionError:  # msgspec recurses per level; orjson above reads up to 1024 of them
-            raise ValueError("nesting too deep") from None
-        orjson.dumps(exact)
-    # nesting past MAX_DEPTH takes more than MAX_DEPTH opening and as many closing brackets
-    if len(payload) > 2 * MAX_DEPTH and payload.count(b"[") + payload.count(b"{") > MAX_DEPTH:
-        orjson.dumps(value)  # nesting past what orjson writes back: JSONEncodeError (a TypeError)
+    """Raises ValueError (or TypeError) unless ``payload`` is one JSON document that comes back exactly
+    (64-bit integers, nesting within 254 levels, no lone surrogates): what a JSON push stores. U+0000
+    is fine (a payload lives in a segment, not a text column). A big one is checked without being
+    built (json_check.py)."""
+    json_check.check(payload, nul_ok=True)
 
 
 def _check_txn(raw: bytes) -> str:
@@ -320,7 +314,10 @@ def parse_frames(raw: bytes, n: int, src: _In, seen: set[bytes]) -> Frames:
     return Frames(txns, payloads, b"".join(mids), b"".join(hashes), traces if has_trace else None)
 
 
-def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes]) -> tuple[bytes, Frames]:
+def _group_frames(
+    inn: _In, g: int, n: int, budget: list[int], seen: set[bytes], most: tuple[int, int]
+) -> tuple[bytes, Frames]:
+    count_at = inn.base + inn.at - 4
     zlen = inn.u32(f"group {g}: compressed length")
     at = inn.at
     blob = inn.take(zlen, f"group {g}: zstd frame")
@@ -333,6 +330,10 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
         raise Malformed(inn.base + at, f"{where}: the zstd frame must declare its content size")
     if size > budget[0]:
         raise TooLarge(inn.base + at, f"{where}: {size} decompressed bytes exceed the limit")
+    if n * 23 > size:  # u32 len | u8 flags | 16 id | u16 txn len: 23 bytes at least; a count that lies
+        raise _In(b"", inn.base + at, where).fail(f"{n} frames cannot fit in {size} bytes", 0)
+    if most[0] + n > most[1]:  # before anything is inflated
+        raise TooMany(count_at, most[0] + n)
     budget[0] -= size
     dec = dctx().decompressobj()  # a big body is parsed in a worker thread (api/decoded.py)
     try:
@@ -346,9 +347,11 @@ def _group_frames(inn: _In, g: int, n: int, budget: list[int], seen: set[bytes])
     return blob, parse_frames(raw, n, _In(raw, inn.base + at, where), seen)
 
 
-def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> tuple[list[str], list[bytes]]:
+def _group_items(inn: _In, g: int, n: int, with_txn: bool, most: tuple[int, int]) -> tuple[list[str], list[bytes]]:
     if n * (6 if with_txn else 4) > inn.left():
         raise inn.fail(f"group {g}: {n} items cannot fit in the {inn.left()} bytes left")
+    if most[0] + n > most[1]:  # before an item is read
+        raise TooMany(inn.base + inn.at - 4, most[0] + n)
     txns: list[str] = []
     payloads: list[bytes] = []
     for k in range(n):
@@ -373,7 +376,7 @@ def _group_items(inn: _In, g: int, n: int, with_txn: bool) -> tuple[list[str], l
     return txns, payloads
 
 
-def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool = False) -> list[Group]:
+def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, max_items: int, empty_ok: bool = False) -> list[Group]:
     count = inn.u32("group count")
     if count == 0 and not empty_ok:
         raise inn.fail("no groups: a push carries at least one message", inn.at - 4)
@@ -382,6 +385,7 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
     groups: list[Group] = []
     budget = [limit]
     seen: set[bytes] = set()
+    items = 0
     for g in range(count):
         start = inn.at
         queue = inn.text16(f"group {g}: queue")
@@ -389,12 +393,14 @@ def _groups(inn: _In, framed: bool, with_txn: bool, limit: int, empty_ok: bool =
         n = inn.u32(f"group {g}: message count")
         if n == 0:
             raise inn.fail(f"group {g}: no messages", inn.at - 4)
+        most = (items, max_items)  # the messages of the groups before this one, and QUEEN_MAX_ITEMS
         if framed:
-            blob, f = _group_frames(inn, g, n, budget, seen)
+            blob, f = _group_frames(inn, g, n, budget, seen, most)
             groups.append(Group(queue, partition, f.txns, f.payloads, f.ids, f.hashes, f.traces, blob, start))
         else:
-            txns, payloads = _group_items(inn, g, n, with_txn)
+            txns, payloads = _group_items(inn, g, n, with_txn, most)
             groups.append(Group(queue, partition, txns, payloads, offset=start))
+        items += n
     if inn.left():
         raise inn.fail(f"{inn.left()} bytes after the {count} groups")
     return groups
@@ -440,8 +446,9 @@ def _magic_and_flags(inn: _In, magic: bytes, what: str, known: int) -> int:
     return flags
 
 
-def parse_push(data: bytes, limit: int) -> Body:
-    """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES)."""
+def parse_push(data: bytes, limit: int, max_items: int) -> Body:
+    """A QPB1 body; ``limit`` bounds the decompressed bytes (QUEEN_MAX_DECODED_BYTES), ``max_items`` its
+    messages (QUEEN_MAX_ITEMS)."""
     inn = _In(data)
     flags = _magic_and_flags(inn, PUSH_MAGIC, "push", PUSH_FLAGS)
     framed = bool(flags & FLAG_FRAMES)
@@ -465,13 +472,14 @@ def parse_push(data: bytes, limit: int) -> Body:
         if not dec.eof or len(raw) != raw_len or dec.unused_data:
             raise Malformed(inn.at, f"the zstd body is not one frame of {raw_len} bytes")
         # offsets inside a compressed body are positions in the decompressed body after byte 9
-        return Body(flags, _groups(_In(raw, 9), False, bool(flags & FLAG_TXN), limit))
-    return Body(flags, _groups(inn, framed, bool(flags & FLAG_TXN), limit))
+        return Body(flags, _groups(_In(raw, 9), False, bool(flags & FLAG_TXN), limit, max_items))
+    return Body(flags, _groups(inn, framed, bool(flags & FLAG_TXN), limit, max_items))
 
 
-def parse_transaction(data: bytes, limit: int) -> Body:
-    """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups."""
+def parse_transaction(data: bytes, limit: int, max_items: int) -> Body:
+    """A QTB1 body: the JSON head (bytes; the route decodes it) and flag-8 groups of at most ``max_items``
+    messages (the route counts the head's items with them)."""
     inn = _In(data)
     flags = _magic_and_flags(inn, TXN_MAGIC, "transaction", FLAG_COUNTS)
     head = inn.take(inn.u32("head length"), "head")
-    return Body(flags, _groups(inn, True, True, limit, empty_ok=True), head)
+    return Body(flags, _groups(inn, True, True, limit, max_items, empty_ok=True), head)

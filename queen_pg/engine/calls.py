@@ -88,7 +88,7 @@ LOCKS_ONCE = call("locks_v2", "$1, $2::text::jsonb, $3, $4, $5, $6, $7", "*")
 TIMERS = call("timers_v1", "$1, $2::text::jsonb, $3, $4, $5, $6")
 TIMER_CANCEL = call("timer_cancel_v1", 5)
 TIMER_GET = call("timer_get_v2", 3, "*")
-TIMER_LIST = call("timer_list_v1", 4, "*")
+TIMER_LIST = call("timer_list_v2", 5)
 TIMERS_FIRE = call("timers_fire_v1", 2)
 
 # Queues (010_queue.sql): the options as JSON text

@@ -12,7 +12,6 @@ message's producerSub (flag 2), like a push's.
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -103,31 +102,18 @@ async def get(db: Database, tenant: str, queue: str, timer_key: str) -> dict[str
         "messageId": str(r["message_id"]),
         "deliverAt": iso_us(r["deliver_at"]),
         "partition": r["partition"],
-        "payload": base64.b64encode(payload).decode(),
-        "data": orjson.Fragment(payload),  # validated JSON when scheduled
+        "data": orjson.Fragment(payload),  # validated JSON when scheduled; given once (no base64 copy)
         "encrypted": crypto.is_sealed(stored),
     }
 
 
-async def list_pending(db: Database, tenant: str, queue: str, after: str | None, limit: int) -> dict[str, Any]:
-    """A keyset page of the queue's pending timers by timerKey; ``nextAfter`` when truncated."""
-    rows = await db.fetch(calls.TIMER_LIST, tenant, queue, after, limit)
-    truncated = len(rows) > limit
-    page = rows[:limit]
-    return {
-        "rows": [
-            {
-                "timerKey": r["timer_key"],
-                "txn": r["txn"],
-                "deliverAt": iso_us(r["deliver_at"]),
-                "messageId": str(r["message_id"]),
-                "partition": r["partition"],
-            }
-            for r in page
-        ],
-        "truncated": truncated,
-        "nextAfter": page[-1]["timer_key"] if truncated else None,
-    }
+async def list_pending(
+    db: Database, tenant: str, queue: str, after: str | None, limit: int, max_bytes: int | None = None
+) -> dict[str, Any]:
+    """A keyset page of the queue's pending timers by timerKey; ``nextAfter`` when truncated. The page
+    also stops early (``truncated``) at ``max_bytes``, the answer budget (None = none)."""
+    page: dict[str, Any] = orjson.loads(await db.fetchval(calls.TIMER_LIST, tenant, queue, after, limit, max_bytes))
+    return page
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ Layout (big-endian)::
 
     u32 length        bytes that follow (header rest + body + mac)
     u8  version       FRAME_VERSION
-    u8  kind          HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST (sibling workers only)
+    u8  kind          HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST (sibling workers only), PING, CHALLENGE
     u8  flags         RELAYED: a frame a worker re-sent to its siblings on the same host
     u64 sent_ms       sender's wall clock, ms since the epoch (frames older than MAX_AGE_S are dropped)
     ... body          JSON (orjson)
@@ -13,6 +13,18 @@ Layout (big-endian)::
 Every frame is signed, the handshake included, so a peer without the secret never gets a frame
 through: the receiver counts it (by reason) and closes the connection. A replayed frame is at worst a
 spurious wake (the mesh carries hints only) and only within MAX_AGE_S.
+
+The handshake is a challenge-response (``queen_pg/mesh/node.py`` accepts, ``peers.py`` dials)::
+
+    acceptor -> dialer   CHALLENGE {"node": A, "nonce": na}
+    dialer -> acceptor   HELLO {"role": "dial", "node": D, "peer": A, "challenge": na, "nonce": nd, "pid"}
+    acceptor -> dialer   HELLO {"role": "accept", "node": A, "peer": D, "challenge": nd, "pid", "idle"}
+
+The nonces are fresh random per connection, so a captured HELLO answers no later challenge, and the
+role and both node ids are signed with it, so the acceptor's answer cannot be reflected as a dialer's
+HELLO (nor sent to another node). ``idle``: the acceptor's idle timeout; the dialer sends a PING when it
+has written nothing for a third of it. Version 1 had no challenge (the dialer spoke first): a frame of
+another version is refused as ``version`` before its body is read, and both sides log it.
 """
 
 from __future__ import annotations
@@ -27,9 +39,9 @@ from typing import Any
 
 import orjson
 
-FRAME_VERSION = 1
-HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST = 1, 2, 3, 4, 5
-KINDS = frozenset((HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST))
+FRAME_VERSION = 2  # 2: the challenge-response handshake (CHALLENGE, HELLO roles, PING)
+HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST, PING, CHALLENGE = 1, 2, 3, 4, 5, 6, 7
+KINDS = frozenset((HELLO, WAKE, MAINTENANCE, CONFIG, INTEREST, PING, CHALLENGE))
 RELAYED = 0x01
 MAX_FRAME = 64 * 1024  # bytes after the length prefix
 MAX_AGE_S = 30.0
@@ -45,8 +57,8 @@ class FrameError(Exception):
     """A frame that must not be acted on; ``reason`` is the metrics label. ``fatal``: the stream can
     no longer be trusted or re-synchronised, close the connection."""
 
-    def __init__(self, reason: str, fatal: bool = True) -> None:
-        super().__init__(reason)
+    def __init__(self, reason: str, fatal: bool = True, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.fatal = fatal
 
@@ -81,7 +93,8 @@ def decode(data: bytes, secret: bytes, now_ms: int | None = None) -> Frame:
         raise FrameError("bad_mac")
     version, kind, flags, sent = _HEAD.unpack_from(signed)
     if version != FRAME_VERSION:
-        raise FrameError("version")
+        said = f"the peer speaks mesh frame version {version}, this replica {FRAME_VERSION}"
+        raise FrameError("version", detail=said)
     if kind not in KINDS:
         raise FrameError("unknown_kind", fatal=False)
     now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -112,6 +125,11 @@ async def read_frame(reader: asyncio.StreamReader, secret: bytes) -> Frame | Non
     except asyncio.IncompleteReadError:
         raise FrameError("truncated") from None
     return decode(data, secret)
+
+
+def same(value: Any, expected: str) -> bool:
+    """Whether a received handshake field equals ``expected`` (constant time; any other type: no)."""
+    return isinstance(value, str) and hmac.compare_digest(value.encode(), expected.encode())
 
 
 # ---- bodies of the key-carrying kinds -----------------------------------------------------------

@@ -24,9 +24,14 @@ the workers of one host find each other through Unix sockets in ``local_dir`` (`
 share the TCP port (SO_REUSEPORT): a remote peer's connection lands on one worker, which relays the
 frame (flag RELAYED, never relayed twice) to its siblings.
 
-Inbound connections: one that has not said a signed HELLO is pending, in a pool of its own
-(``max_pending``, ``HELLO_TIMEOUT_S`` each at most) whose oldest is closed when a new one comes; only
-authenticated peers count against ``max_inbound``. So dials without the secret cannot keep a peer out.
+Inbound connections: each gets a CHALLENGE (a fresh nonce) at once; until it answers with a HELLO
+that signs that nonce it is pending, in a pool of its own (``max_pending``, ``HELLO_TIMEOUT_S`` each at
+most) whose oldest is closed when a new one comes; only authenticated peers count against
+``max_inbound``. So neither dials without the secret nor a recorded HELLO, replayed, can keep a peer
+out. One node id holds one authenticated connection of each kind (TCP, Unix socket): a newer one
+replaces the older, so a peer whose old connection we still hold (its end went away unseen) rejoins
+at once. An authenticated connection that carries nothing for ``idle_timeout_s`` is closed (its
+dialler PINGs a third of that apart when it has nothing to say), so a half-open one frees its place.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import socket
 import time
 import uuid
@@ -82,7 +88,22 @@ class MeshConfig:
     # inbound connections that have not said HELLO yet, held apart from max_inbound: a new one closes
     # the oldest (counted), so silent dials can neither take a peer's place nor the descriptors
     max_pending: int = 16
+    # an authenticated inbound connection that carries no frame for this long is closed; the dialler
+    # (told in the acceptor's HELLO) PINGs a third of it apart when it has nothing to send
+    idle_timeout_s: float = 30.0
     node: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(slots=True)
+class _Inbound:
+    """An authenticated inbound connection: its handler task and when a frame last came."""
+
+    task: asyncio.Task[Any]
+    node: str
+    local: bool
+    last: float = field(default_factory=time.monotonic)
+    timer: asyncio.TimerHandle | None = None
+    closing: str = ""  # why we cancel it: "idle", "replaced"
 
 
 def _nothing(*_: object) -> None:
@@ -123,6 +144,8 @@ class Mesh:
         self._conns: set[asyncio.Task[Any]] = set()  # inbound connection handlers
         self._pending: dict[asyncio.Task[Any], None] = {}  # handlers waiting for a HELLO, oldest first
         self._authed: set[asyncio.Task[Any]] = set()  # handlers of peers that said a valid HELLO
+        self._inbound: dict[tuple[bool, str], _Inbound] = {}  # (local, node id) -> its one connection
+        self._version_logged: set[str] = set()  # hosts we logged an other-version frame from
         # counters read by queen_pg/metrics.py
         self.frames_sent = 0
         self.frames_received = 0
@@ -132,8 +155,10 @@ class Mesh:
         self.dropped: dict[str, int] = {}  # "send:<reason>" / "recv:<reason>" -> count
 
     # ---- bookkeeping ----------------------------------------------------------------------------
-    def hello(self) -> bytes:
-        return frames.encode(frames.HELLO, {"node": self.node, "pid": os.getpid()}, self.secret)
+    def hello(self, role: str, peer: str, challenge: str, **more: Any) -> bytes:
+        """Our HELLO to node ``peer`` as ``role`` ("dial" or "accept"), signing its ``challenge``."""
+        body = {"role": role, "node": self.node, "peer": peer, "challenge": challenge, "pid": os.getpid(), **more}
+        return frames.encode(frames.HELLO, body, self.secret)
 
     def dropped_send(self, reason: str, n: int = 1) -> None:
         self.dropped[f"send:{reason}"] = self.dropped.get(f"send:{reason}", 0) + n
@@ -207,7 +232,7 @@ class Mesh:
         everyone: list[bytes] | None = None  # the WAKE frames of a peer that hears every wake
         sent = False
         for peer in list(self.peers.values()):
-            if peer.is_self:
+            if peer.is_self or peer.twin is not None:
                 continue
             known = self._sibling_interest.get(peer.node) if peer.local and peer.node is not None else None
             if known is None:  # a replica, or a sibling that has not told us its interest yet: everything
@@ -257,30 +282,46 @@ class Mesh:
             self.dropped_recv("pending_evicted")
         self._pending[me] = None
         node: str | None = None
+        conn: _Inbound | None = None
         try:
+            nonce = secrets.token_hex(16)
+            writer.write(frames.encode(frames.CHALLENGE, {"node": self.node, "nonce": nonce}, self.secret))
             try:
                 hello = await asyncio.wait_for(frames.read_frame(reader, self.secret), HELLO_TIMEOUT_S)
             except frames.FrameError as exc:
                 self.dropped_recv(exc.reason)
+                if exc.reason == "version":
+                    self._other_version(writer, exc)
                 return
             except (TimeoutError, OSError, asyncio.IncompleteReadError):
                 self.dropped_recv("no_hello")
                 return
-            if hello is None or hello.kind != frames.HELLO or not isinstance(hello.body, dict):
-                self.dropped_recv("no_hello")
+            node = self._hello_from(hello, nonce)
+            if node is None or hello is None:
                 return
             self._pending.pop(me, None)  # (evicted just as its HELLO came: it is a peer all the same)
-            if len(self._authed) >= self.config.max_inbound:
+            answer = self.hello("accept", node, hello.body["nonce"], idle=self.config.idle_timeout_s)
+            if node == self.node:  # we dialled ourselves: our answer tells the dialler; hold no place
+                writer.write(answer)
+                await writer.drain()
+                return
+            old = self._inbound.get((local, node))
+            if old is None and len(self._authed) >= self.config.max_inbound:
                 self.dropped_recv("too_many_connections")
                 if self.dropped["recv:too_many_connections"] == 1:  # once: a flood must not flood the log too
                     log.warning("event=mesh_inbound_refused max_inbound=%d", self.config.max_inbound)
                 return
+            if old is not None:  # one connection per node: the newer wins (the older may be half-open)
+                old.closing = "replaced"
+                old.task.cancel()
+                self._authed.discard(old.task)
+                self.dropped_recv("replaced")
+                log.info("event=mesh_peer_replaced node=%s local=%s", node, local)
+            conn = self._inbound[(local, node)] = _Inbound(me, node, local)
             self._authed.add(me)
-            writer.write(self.hello())
+            writer.write(answer)
             await writer.drain()
-            node = str(hello.body.get("node"))
-            if node == self.node:
-                return  # we dialled ourselves; the dialler learns it from our HELLO
+            conn.timer = asyncio.get_running_loop().call_later(self.config.idle_timeout_s, self._idle_check, conn)
             while True:
                 try:
                     frame = await frames.read_frame(reader, self.secret)
@@ -292,20 +333,80 @@ class Mesh:
                     continue
                 if frame is None:
                     return
+                conn.last = time.monotonic()
+                if frame.kind == frames.PING:
+                    continue
                 self.frames_received += 1
                 self._dispatch(frame, local, node)
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            return  # a cancel (close()) ends the handler quietly: asyncio's stream callback logs otherwise
+            return  # a cancel (close(), idle, replaced) ends it quietly: asyncio's stream callback logs otherwise
         finally:
             self._conns.discard(me)
             self._pending.pop(me, None)
             self._authed.discard(me)
+            if conn is not None:
+                if conn.timer is not None:
+                    conn.timer.cancel()
+                if self._inbound.get((local, conn.node)) is conn:
+                    del self._inbound[(local, conn.node)]
+                if conn.closing == "idle":
+                    self.dropped_recv("idle")
+                    log.warning(
+                        "event=mesh_peer_idle node=%s local=%s idle_timeout_s=%g",
+                        conn.node,
+                        local,
+                        self.config.idle_timeout_s,
+                    )
             if node is not None and self._interest_conn.get(node) is me:  # it may wait anywhere now
                 del self._interest_conn[node]
                 self._sibling_interest.pop(node, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _hello_from(self, hello: frames.Frame | None, nonce: str) -> str | None:
+        """The dialler's node id when ``hello`` answers our challenge ``nonce``; None (counted) else."""
+        body = hello.body if hello is not None else None
+        if hello is None or hello.kind != frames.HELLO or not isinstance(body, dict):
+            self.dropped_recv("no_hello")
+            return None
+        if not frames.same(body.get("challenge"), nonce):  # a recorded HELLO answers an old challenge
+            self.dropped_recv("replayed")
+            if self.dropped["recv:replayed"] == 1:  # once: replays must not flood the log
+                log.warning("event=mesh_hello_replayed (a HELLO that answers no challenge of ours)")
+            return None
+        node, theirs = body.get("node"), body.get("nonce")
+        if (
+            body.get("role") != "dial"  # an acceptor's answer, reflected
+            or not frames.same(body.get("peer"), self.node)  # meant for another node
+            or not isinstance(node, str)
+            or not 0 < len(node) <= 128
+            or not isinstance(theirs, str)
+            or not 16 <= len(theirs) <= 128
+        ):
+            self.dropped_recv("bad_hello")
+            return None
+        return node
+
+    def _idle_check(self, conn: _Inbound) -> None:
+        """The idle timer of an authenticated connection: close it when no frame came for the timeout."""
+        left = conn.last + self.config.idle_timeout_s - time.monotonic()
+        if left > 0:
+            conn.timer = asyncio.get_running_loop().call_later(left, self._idle_check, conn)
+            return
+        conn.timer = None
+        conn.closing = "idle"
+        conn.task.cancel()
+
+    def _other_version(self, writer: asyncio.StreamWriter, exc: frames.FrameError) -> None:
+        """A peer with the secret speaks another frame version (a rolling upgrade): say so, once per
+        host. Only a holder of the secret gets here (the signature is checked before the version)."""
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "local"
+        if host in self._version_logged or len(self._version_logged) >= 256:
+            return
+        self._version_logged.add(host)
+        log.warning("event=mesh_peer_version host=%s error=%s: refused until both run the same version", host, exc)
 
     def _dispatch(self, frame: frames.Frame, local: bool, node: str = "") -> None:
         body = frame.body
@@ -480,6 +581,7 @@ def from_settings(settings: Settings, waiters: Waiters, on_maintenance: Callable
         local_dir=settings.mesh_local_dir,
         outbox=settings.mesh_outbox,
         max_pending=settings.mesh_max_pending,
+        idle_timeout_s=settings.mesh_idle_timeout_s,
     )
     mesh = Mesh(config, on_wake=waiters.wake, on_maintenance=on_maintenance, on_config=waiters.wake)
     waiters.add_sink(mesh.publish_wake)

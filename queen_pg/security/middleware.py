@@ -6,10 +6,11 @@ one request: a foreign ``Host`` is 400; a browser request from another site that
 is 403 ``cross_site`` (both decided in queen_pg/security/web.py); then (JWT on, path not skipped) a missing,
 invalid or expired token is 401 with ``WWW-Authenticate: Bearer`` and a valid token below the
 route's level (queen_pg/security/roles.py) is 403; then the tenant is resolved (400/403,
-queen_pg/security/tenancy.py); then a state-changing request whose Content-Type is not JSON (or the
-binary push type), or that has a body but no Content-Type, is 415. What was resolved goes into
-``scope["state"]`` (``queen_principal``), where ``queen_pg.api.common.tenant()`` and
-``security.need()`` read it. Errors are JSON ``{"error", "code"}`` and never echo the token.
+queen_pg/security/tenancy.py); each of those refusals carries ``Connection: close``; then a
+state-changing request whose Content-Type is not JSON (or the binary push type), or that has a body
+but no Content-Type, is 415. What was resolved goes into ``scope["state"]`` (``queen_principal``),
+where ``queen_pg.api.common.tenant()``, ``security.need()`` and the server's connection cap
+(queen_pg/server.py) read it. Errors are JSON ``{"error", "code"}`` and never echo the token.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from queen_pg.security.roles import PUBLIC_PREFIXES, Level, RouteLevels, RouteTa
 from queen_pg.security.tenancy import HEADER, TenantError, resolve
 from queen_pg.security.tenancy import enabled as tenancy_enabled
 from queen_pg.security.tokens import TokenError, Verifier
-from queen_pg.security.web import HostPolicy, cross_site, split_list
+from queen_pg.security.web import HostPolicy, cross_site, loopback_bind, split_list
 from queen_pg.settings import Settings
 
 log = logging.getLogger("queen_pg.security")
@@ -64,6 +65,11 @@ async def _error(send: Send, kind: ErrorKind, detail: str, headers: dict[str, st
     log.info("event=request_refused status=%d code=%s detail=%s", kind.status, kind.code, detail)
     body = orjson.dumps({"error": detail, "code": kind.code})
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if kind.status != 415:
+        # refused before it was admitted (Host, cross-site, token, level, tenant): the connection closes
+        # after the answer, so a client without a valid token holds no place under QUEEN_MAX_CONNECTIONS
+        # (queen_pg/server.py); a 415 comes after the principal was resolved and keeps it
+        raw.append((b"connection", b"close"))
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": kind.status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
@@ -78,6 +84,8 @@ _WANTED = frozenset(
         b"transfer-encoding",
         b"origin",
         b"sec-fetch-site",
+        b"user-agent",
+        b"accept",
         HEADER.encode(),
     }
 )
@@ -108,6 +116,14 @@ class Checks:
                 "event=tenant_header_unbound detail=QUEEN_TENANCY_HEADER=1 with JWT_ENABLED=1 and no "
                 "JWT_TENANT_CLAIM: any valid token may act in any tenant it names in x-queen-tenant; "
                 "set JWT_TENANT_CLAIM to bind tokens to their tenant"
+            )
+        if not settings.jwt_enabled and not loopback_bind(settings.host):
+            log.warning(
+                "event=open_bind bind=%s detail=JWT is off and the broker listens beyond loopback: anyone who "
+                "reaches the port may do everything, and a browser there sends no Fetch Metadata (pops that look "
+                "like a browser's are refused, other reads answer); set JWT_ENABLED=1 or keep a network boundary "
+                "in front",
+                settings.host or "*",
             )
         self.verifier = Verifier.build(settings) if settings.jwt_enabled else None
         # nothing to resolve (no JWT, one tenant): every request is the same principal
@@ -143,6 +159,8 @@ class Checks:
             host,
             self.origins,
             self.table.write_gets,
+            headers.get(b"user-agent"),
+            headers.get(b"accept"),
         )
         if refused is not None:
             await _error(send, CROSS_SITE, refused)

@@ -20,7 +20,12 @@ headers (a few dict lookups: these run on every request, the data plane's includ
   ``Host``). ``same-site`` is refused too: another port of ``localhost`` (a dev server) or a sibling
   subdomain is the same site but not the dashboard. Origins listed in ``QUEEN_CORS_ORIGINS`` pass (the
   operator opted in); a cross-site request with no ``Origin`` at all (an image, a link) never does.
-  Requests with neither header (curl, the official client, servers) are not browsers' and pass.
+  A browser sends Fetch Metadata only to a trustworthy origin (loopback, https) and ``Origin`` on a
+  GET only for CORS: an ``<img>`` pointing at ``http://<lan-ip>:6632/api/v1/pop/...`` carries neither.
+  So a pop GET with neither header that carries a browser's traits (:func:`browser_like`: a
+  ``User-Agent`` starting ``Mozilla/``, which no web page can change on such a request, or an
+  ``Accept`` of a page or an image) is refused too. Other requests with neither header (curl, the
+  official clients, servers) are not browsers' and pass; a browser's POST always names its ``Origin``.
   Reads stay open: they change nothing, and without CORS the page cannot read the answer; a link from
   another site to the dashboard is such a read.
 * **Framing** (:data:`FRAME_DENY`): the dashboard and the API docs refuse to be framed (clickjacking).
@@ -83,6 +88,12 @@ def _ip(name: str) -> bool | None:
         return ip_address(name).is_loopback
     except ValueError:
         return None
+
+
+def loopback_bind(bind: str) -> bool:
+    """The bind address (``QUEEN_HOST``) is reachable from this machine only."""
+    name = bind.strip().lower().strip("[]")
+    return name == "localhost" or _ip(name) is True
 
 
 class HostPolicy:
@@ -157,6 +168,22 @@ def same_origin(origin: str, host: str | None) -> bool:
     return _authority(rest, port) == _authority(host, port)
 
 
+BROWSER_AGENT = "mozilla/"  # how every mainstream browser's User-Agent starts; a page cannot change it
+BROWSER_ACCEPT = ("text/html", "image/")  # what a navigation, a frame or an image asks for
+
+
+def browser_like(agent: str | None, accept: str | None) -> bool:
+    """The request carries what browsers send and a web page cannot take away: a browser's
+    ``User-Agent`` (a no-cors request drops a page's own; a CORS one would need a preflight), or an
+    ``Accept`` of a navigation or an image. The official clients (httpx) send neither."""
+    if agent is not None and agent[:8].lower() == BROWSER_AGENT:
+        return True
+    if accept is None:
+        return False
+    accept = accept.lower()
+    return any(kind in accept for kind in BROWSER_ACCEPT)
+
+
 def cross_site(
     method: str,
     path: str,
@@ -165,17 +192,30 @@ def cross_site(
     host: str | None,
     trusted: frozenset[str],
     write_gets: tuple[str, ...],
+    agent: str | None = None,
+    accept: str | None = None,
 ) -> str | None:
     """Why this request is a cross-site one that would change state (refused), or None.
 
-    ``site``, ``origin`` and ``host`` are the request's ``Sec-Fetch-Site``, ``Origin`` and ``Host``;
-    ``trusted`` the QUEEN_CORS_ORIGINS entries; ``write_gets`` the path prefixes of the GET routes that
-    change state (``RouteTable.write_gets``)."""
-    if method in SAFE_METHODS and not path.startswith(write_gets):
+    ``site``, ``origin``, ``host``, ``agent`` and ``accept`` are the request's ``Sec-Fetch-Site``,
+    ``Origin``, ``Host``, ``User-Agent`` and ``Accept``; ``trusted`` the QUEEN_CORS_ORIGINS entries;
+    ``write_gets`` the path prefixes of the GET routes that change state (``RouteTable.write_gets``)."""
+    write_get = method in SAFE_METHODS
+    if write_get and not path.startswith(write_gets):
         return None
     if site is None:
-        if origin is None or same_origin(origin, host):
-            return None  # not a browser, or a browser on this very origin
+        if origin is None:
+            # a browser marks nothing when the broker's origin is not trustworthy (http on a LAN
+            # address): a pop GET that looks like a browser's may come from any page
+            if write_get and browser_like(agent, accept):
+                return (
+                    "a browser request that names no Origin may not pop here: over plain http to an address "
+                    "that is not loopback, any web page can make it (pop with a client that is not a "
+                    "browser, or with a CORS request from an origin listed in QUEEN_CORS_ORIGINS)"
+                )
+            return None  # not a browser
+        if same_origin(origin, host):
+            return None  # a browser on this very origin
     elif site == "same-origin" or site == "none":
         return None  # the dashboard itself, or the operator typing the URL
     if origin is not None and (origin in trusted or "*" in trusted):

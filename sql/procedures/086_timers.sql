@@ -59,7 +59,15 @@
 --   returned fired_at, a column that is gone; it is dropped here.)
 -- queen.timer_list_v1(tenant, queue, after, limit): pending timers of one queue with timer_key > after
 --   (NULL = from the start), by timer_key, at most limit + 1 rows (the extra row tells the caller the
---   page is truncated). Reads only.
+--   page is truncated). Reads only. Replaced by timer_list_v2; kept for the previous release's brokers
+--   during a rolling deploy (000_dropped.sql drops it one release later).
+-- queen.timer_list_v2(tenant, queue, after, limit, max_bytes) -> jsonb
+--   Called by: GET /api/v1/timers/{queue} (queen_pg/engine/timers.py). The page of timer_list_v1 as the
+--   answer's JSON: {"rows": [{timerKey, txn, deliverAt, messageId, partition}], "truncated",
+--   "nextAfter"}, limit clamped to 1..1000. It also stops before the row that would take its rows'
+--   JSON text past max_bytes (the answer budget, queen_pg/engine/answers.py; at least one row; NULL =
+--   no limit): truncated, nextAfter = its last row's timerKey. A txn may be 64 KiB, so a full page
+--   could be 64 MiB: rows past the budget are never read. Locks: none (a read). Raises nothing.
 --
 -- queen.timers_fire_v1(p_limit, p_now) -> jsonb
 --   Called by: the timers job (queen_pg/jobs/timers.py).
@@ -234,6 +242,47 @@ LANGUAGE sql STABLE AS $$
        AND (p_after IS NULL OR t.timer_key > p_after)
      ORDER BY t.timer_key
      LIMIT greatest(p_limit, 1) + 1;
+$$;
+
+CREATE OR REPLACE FUNCTION queen.timer_list_v2(
+    p_tenant text, p_queue text, p_after text, p_limit integer, p_max_bytes bigint)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_limit integer := least(greatest(coalesce(p_limit, 100), 1), 1000);
+    v_row   record;
+    v_json  jsonb;
+    v_size  bigint;
+    v_used  bigint := 0;
+    v_rows  jsonb[] := '{}';
+    v_more  boolean := false;
+BEGIN
+    FOR v_row IN
+        SELECT t.timer_key, t.txn, t.deliver_at, t.message_id, t.partition
+          FROM queen.timers t
+         WHERE t.tenant = p_tenant AND t.queue = p_queue
+           AND (p_after IS NULL OR t.timer_key > p_after)
+         ORDER BY t.timer_key
+         LIMIT v_limit + 1
+    LOOP
+        IF cardinality(v_rows) = v_limit THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_json := jsonb_build_object('timerKey', v_row.timer_key, 'txn', v_row.txn,
+                                     'deliverAt', queen._iso_utc(v_row.deliver_at),
+                                     'messageId', v_row.message_id::text, 'partition', v_row.partition);
+        v_size := octet_length(v_json::text);
+        IF cardinality(v_rows) > 0 AND v_used + v_size > p_max_bytes THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_used := v_used + v_size;
+        v_rows := array_append(v_rows, v_json);
+    END LOOP;
+    RETURN jsonb_build_object('rows', to_jsonb(v_rows), 'truncated', v_more,
+                              'nextAfter', CASE WHEN v_more THEN v_rows[cardinality(v_rows)]->>'timerKey' END);
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION queen.timers_fire_v1(p_limit integer, p_now timestamptz DEFAULT NULL)

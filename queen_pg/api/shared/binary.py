@@ -20,10 +20,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from queen_pg.api.shared import decoded
+from queen_pg.api.shared import admission, decoded, item_limit
 from queen_pg.api.shared.common import (
     check_name,
     json_response,
+    max_items,
     permit,
     producer_sub,
     push_messages,
@@ -74,21 +75,28 @@ def is_binary(request: Request) -> bool:
     return ctype is not None and ctype.split(";", 1)[0].strip().lower() == PUSH_TYPE
 
 
-def _malformed(exc: binary.Malformed, limit: int) -> QueenError:
+def _malformed(exc: binary.Malformed, limit: int, max_items: int) -> QueenError:
     if isinstance(exc, binary.TooLarge):  # decompressed past the cap of decoded bytes
         return QueenError(DECODED_TOO_LARGE, detail=f"the binary body ({exc.what})", limit=limit, offset=exc.offset)
+    if isinstance(exc, binary.TooMany):  # counted off the groups' headers, before their messages are read
+        err = item_limit.too_many("the binary body", max_items, exc.count)
+        err.fields["offset"] = exc.offset
+        return err
     return QueenError(BAD_BINARY, detail=str(exc), offset=exc.offset)
 
 
-async def _parse(data: bytes, exp: decoded.Expansion, parse: Callable[[bytes, int], binary.Body]) -> binary.Body:
-    """``parse(data, cap)``: what its zstd frames declare is counted and charged first (a bomb is refused
-    before it inflates); a big one is parsed off the event loop."""
+async def _parse(
+    request: Request, data: bytes, exp: decoded.Expansion, parse: Callable[[bytes, int, int], binary.Body]
+) -> binary.Body:
+    """``parse(data, cap, max_items)``: what its zstd frames declare is counted and charged first (a bomb
+    is refused before it inflates); a big one is parsed off the event loop."""
     size = binary.declared_expansion(data)
+    cap = max_items(request)
     try:
         await exp.reserve(size, "the binary body")
-        return await decoded.off_loop(size + len(data), parse, data, exp.cap)
+        return await decoded.off_loop(size + len(data), parse, data, exp.cap, cap)
     except binary.Malformed as exc:
-        raise _malformed(exc, exp.cap) from None
+        raise _malformed(exc, exp.cap, cap) from None
 
 
 def _check_names(groups: list[binary.Group]) -> None:
@@ -109,12 +117,13 @@ async def _stored(request: Request, ten: str, groups: list[binary.Group], once: 
 async def push(request: Request) -> Response:
     """``POST /api/v1/push`` with a QPB1 body: the JSON push's answer (or, flag 2, its counts)."""
     async with decoded.expansion(request, "push") as exp:  # the decoded bytes held until answered
-        return await _push(request, await _parse(await request.body(), exp, binary.parse_push))
+        return await _push(request, await _parse(request, await request.body(), exp, binary.parse_push))
 
 
 async def _push(request: Request, body: binary.Body) -> Response:
     st = state(request)
     _check_names(body.groups)
+    await admission.charge_items(request.scope, sum(len(g) for g in body.groups))
     ten = tenant(request)
     sub = producer_sub(request)
     once = await request_once(request, "push")
@@ -143,8 +152,9 @@ async def transaction_body(request: Request, exp: decoded.Expansion) -> tuple[by
     """A QTB1 body as (the JSON head, its pushes); the route runs the head as a JSON transaction with
     the pushes after its operations (their results follow the head's, docs/wire.md#binary-transaction). What it decodes
     to is charged to ``exp``, which the route holds until it has answered."""
-    body = await _parse(await request.body(), exp, binary.parse_transaction)
+    body = await _parse(request, await request.body(), exp, binary.parse_transaction)
     _check_names(body.groups)
+    await admission.charge_items(request.scope, sum(len(g) for g in body.groups))
     sub = producer_sub(request)
     items = push_binary.messages(body.groups, sub)
     fast = bool(body.groups) and push_binary.stored_as_is(

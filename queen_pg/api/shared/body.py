@@ -27,6 +27,7 @@ import orjson
 from fastapi import Request
 
 from queen_pg import text
+from queen_pg.api.shared import item_limit
 from queen_pg.errors import BAD_JSON, BAD_REQUEST, ErrorKind, QueenError
 
 T = TypeVar("T")
@@ -222,13 +223,18 @@ def decode(raw: bytes, t: type[T], *, kind: ErrorKind = BAD_REQUEST, **fields: A
     return value
 
 
-async def read(request: Request, t: type[T], *, empty_ok: bool = False) -> T:
-    """The request body as ``t`` (an empty body reads as ``{}`` when ``empty_ok``, else a 400)."""
+async def read(
+    request: Request, t: type[T], *, empty_ok: bool = False, before: Callable[[bytes], None] | None = None
+) -> T:
+    """The request body as ``t`` (an empty body reads as ``{}`` when ``empty_ok``, else a 400).
+    ``before``: a check of the raw body before it is decoded (the item count, api/shared/item_limit.py)."""
     raw = await request.body()
     if not raw.strip():
         if not empty_ok:
             raise QueenError(BAD_REQUEST, detail="request body is empty; a JSON object is required")
         raw = b"{}"
+    if before is not None:
+        before(raw)
     return decode(raw, t)
 
 
@@ -262,6 +268,12 @@ def decode_family(raw: bytes, t: type[T], kind: ErrorKind, *, owned: Callable[[s
     ``too_many_ops``, ``too_many_keys``, ``server_owned``, ``bad_field``) and names the op and field."""
     if not raw.strip():
         raise QueenError(kind, detail='request body is empty; expected {"operations": [...]}', reason="bad_body")
+    shape: Any = t  # a Struct class: hashable, as the cache needs
+    for name, most in _capped_lists(shape):
+        # msgspec would build the whole list before refusing its length: counted first, same answer
+        if item_limit.over(raw, (name,), most):
+            message = f"Expected `array` of length <= {most}"
+            raise QueenError(kind, detail=f"{name}: {message}", reason="too_many_ops")
     try:
         value: T = _decode(raw, t)
     except RecursionError:
@@ -291,3 +303,21 @@ def decode_family(raw: bytes, t: type[T], kind: ErrorKind, *, owned: Callable[[s
 
 
 _FIELD = re.compile(r"field `([^`]*)`")
+
+
+@cache
+def _capped_lists(t: Any) -> tuple[tuple[str, int], ...]:
+    """(encoded name, max_length) of each field of the Struct ``t`` that is a list with a declared
+    ``max_length`` (the ops of /kv, /locks, /timers). Counted early only when its elements are objects
+    (item_limit.over counts ``{``); any other list is left to msgspec, which answers the same."""
+    if not (isinstance(t, type) and issubclass(t, msgspec.Struct)):
+        return ()
+    out: list[tuple[str, int]] = []
+    for f in msgspec.structs.fields(t):
+        if get_origin(f.type) is not Annotated:
+            continue
+        inner, *metas = get_args(f.type)
+        most = [m.max_length for m in metas if isinstance(m, msgspec.Meta) and m.max_length is not None]
+        if most and get_origin(inner) is list:
+            out.append((f.encode_name, most[0]))
+    return tuple(out)

@@ -76,6 +76,11 @@ def state(request: Request) -> AppState:
     return st
 
 
+def max_items(request: Request) -> int:
+    """Items one request may carry (QUEEN_MAX_ITEMS, api/shared/item_limit.py): beyond it 413 too_many_items."""
+    return state(request).settings.max_items
+
+
 def answer_budget(request: Request) -> int:
     """Bytes an answer that gathers many items may take (QUEEN_MAX_ANSWER_BYTES,
     queen_pg/engine/answers.py): pages stop there, a /kv batch or a transaction's KV reads past it are 413."""

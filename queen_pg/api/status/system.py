@@ -237,7 +237,7 @@ def _mesh(mesh: Mesh | None) -> dict[str, Any] | None:
         "peers": [
             {"name": name, "worker": p.local, "connected": p.connected, "outbox": p.outbox.qsize()}
             for name, p in sorted(mesh.peers.items())
-            if not p.is_self
+            if not p.is_self and p.twin is None  # this process, or a replica another address reaches
         ],
         "framesSent": mesh.frames_sent,
         "framesReceived": mesh.frames_received,

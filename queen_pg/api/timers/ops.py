@@ -24,15 +24,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-import orjson
 import zstandard
 
 from queen_pg import text
 from queen_pg.api.shared import decoded
-from queen_pg.api.shared.body import MAX_TXN_BYTES, has_nul
+from queen_pg.api.shared.body import MAX_TXN_BYTES
 from queen_pg.api.shared.params import check_name
-from queen_pg.engine import codec
+from queen_pg.engine import codec, json_check
 from queen_pg.errors import TIMERS_BAD_REQUEST, QueenError
 
 MAX_OPS = 1000
@@ -242,12 +240,13 @@ async def decode_payloads(prepared: PreparedTimers, exp: decoded.Expansion, *, i
 def is_json(data: bytes) -> bool:
     """Whether ``data`` is one JSON document in UTF-8 that comes back exactly once stored (RFC 8259;
     no NaN/Infinity, no BOM, integers within 64 bits, no U+0000: a fired timer is a message, and a
-    message's payload may be copied into jsonb when it is dead-lettered)."""
+    message's payload may be copied into jsonb when it is dead-lettered). A big one is checked without
+    being built (engine/json_check.py): a few KiB of zstd could otherwise become gigabytes of objects."""
     try:
-        value = msgspec.json.decode(data)
-        return not has_nul(orjson.dumps(value))
-    except (msgspec.DecodeError, msgspec.ValidationError, orjson.JSONEncodeError, RecursionError):
-        return False  # RecursionError: nesting past the interpreter's limit (msgspec recurses per level)
+        json_check.check(data, nul_ok=False)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _check_op(label: str, index: int, raw: object) -> tuple[dict[str, Any], Encoded | None]:

@@ -3,7 +3,7 @@
 * ``POST /api/v1/timers`` ``{"operations": [op, ...]}`` → ``{"results": [...]}``, index-aligned.
 * ``DELETE /api/v1/timers/{queue}/{timerKey...}[?txn=]`` → one cancel result.
 * ``GET /api/v1/timers/{queue}/{timerKey...}`` → the timer or ``{"found": false}`` (200).
-* ``GET /api/v1/timers/{queue}[?after=&limit=]`` → ``{rows, truncated, nextAfter}``.
+* ``GET /api/v1/timers/{queue}[?after=&limit=]`` → ``{rows, truncated, nextAfter}``, cut at the answer budget.
 
 The client sends the queue quoted with ``safe=''`` (a ``/`` in a queue name arrives as ``%2F``) and
 the timer key with ``safe='/'`` (raw slashes). The routing path is already percent-decoded, which
@@ -24,7 +24,7 @@ from fastapi.responses import Response
 
 from queen_pg.api.shared import decoded
 from queen_pg.api.shared.body import decode_family
-from queen_pg.api.shared.common import json_response, permit, producer_sub, state, tenant
+from queen_pg.api.shared.common import answer_budget, json_response, permit, producer_sub, state, tenant
 from queen_pg.api.shared.docs import answers, body, params
 from queen_pg.api.shared.envelope import exact_ops
 from queen_pg.api.shared.envelope import family_envelope as family_error
@@ -148,8 +148,9 @@ async def cancel(request: Request, target: str) -> Response:
     "/timers/{target:path}",
     summary="Peek one timer (/timers/{queue}/{timerKey...}) or list a queue's pending timers (/timers/{queue})",
     description="`target` = the queue (percent-encoded) alone: a keyset page of its pending timers by timerKey "
-    "(`TimerPage`; follow `nextAfter` while `truncated`); the queue, `/`, a timer key: that timer, or 200 "
-    "`{found: false}` (`TimerPeek`).",
+    "(`TimerPage`; follow `nextAfter` while `truncated`), which also stops early when its rows reach the answer "
+    "budget (QUEEN_MAX_ANSWER_BYTES; at least one row); the queue, `/`, a timer key: that timer with its "
+    "payload as JSON (`data`), or 200 `{found: false}` (`TimerPeek`).",
     openapi_extra=params(AFTER, LIMIT),
     responses=answers({200: TimerPeek | TimerPage}, 400, 429),
 )
@@ -163,7 +164,9 @@ async def read(request: Request, target: str) -> Response:
         async with permit(request, "kv"):
             if key is not None:
                 return json_response(await timers_engine.get(st.db, tenant(request), queue, key))
-            page = await timers_engine.list_pending(st.db, tenant(request), queue, after, limit)
+            page = await timers_engine.list_pending(
+                st.db, tenant(request), queue, after, limit, max_bytes=answer_budget(request)
+            )
     except QueenError as exc:
         return family_error(exc)
     return json_response(page)

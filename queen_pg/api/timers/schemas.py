@@ -39,8 +39,7 @@ class TimerPeek(Answer):
     messageId: str | None = None
     deliverAt: str | None = None
     partition: str | None = None
-    payload: str | None = Field(None, description="base64 of the JSON payload")
-    data: Any = Field(None, description="the payload as JSON")
+    data: Any = Field(None, description="the payload as JSON (given once: no base64 copy)")
     fired: bool | None = None
     firedAt: str | None = None
     encrypted: bool | None = None
@@ -56,5 +55,5 @@ class TimerRow(Answer):
 
 class TimerPage(Answer):
     rows: list[TimerRow]
-    truncated: bool
+    truncated: bool = Field(description="more timers follow: `limit` rows, or the answer budget reached first")
     nextAfter: str | None = Field(description="the last row's timerKey when truncated: pass it as `after`")
