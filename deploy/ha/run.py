@@ -14,7 +14,7 @@ can run. etcd and HAProxy come from Debian (``apt-get install`` when missing, as
     python deploy/ha/run.py [--state-dir DIR] [--fresh] [--db via-proxy|multi-host] [--port 6632]
 
 The last line printed once everything serves is ``ha-ready {json}`` (the addresses and timings), for
-scripts (tests/ha/test_ha_smoke.py).
+scripts (tests/ha/harness.py).
 """
 
 from __future__ import annotations
@@ -482,7 +482,8 @@ queen-pg on highly available PostgreSQL is up ({self.timings["ready_s"]} s; prim
   psql on the primary:   psql '{pg_url}'
   cluster state:         {venv}/patronictl -c {self.state}/pg1.yml list
   switchover:            {venv}/patronictl -c {self.state}/pg1.yml switchover --force
-  fail a node:           kill -9 the postmaster of the primary, or its Patroni: see deploy/ha/README.md
+  fail a node:           kill -9 the primary's postmaster, or also its Patroni (a dead Patroni is started
+                         again after --restart-after s): see deploy/ha/README.md
 
 Ctrl-C stops everything (the data stays; --fresh starts over).""",
             flush=True,

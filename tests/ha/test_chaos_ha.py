@@ -80,7 +80,7 @@ async def test_chaos_on_the_database(tmp_path: Path, patroni_venv: Path, db: str
             async with httpx.AsyncClient(base_url=url, timeout=70) as http:
                 n = 0
                 while not faults_done.is_set() or n * 2 < MIN_MESSAGES:
-                    items = [
+                    items: list[dict[str, Any]] = [
                         {"queue": "hac-in", "partition": f"p{(n + i) % PARTITIONS}",
                          "transactionId": f"in-{k}-{n + i}", "payload": {"k": k, "n": n + i}}
                         for i in range(PUSH_BATCH)

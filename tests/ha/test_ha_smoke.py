@@ -49,7 +49,7 @@ async def test_make_ha_serves_through_a_switchover(tmp_path: Path, patroni_venv:
         figures["run_py"] = ready["timings"]
         async with Queen(ready["front"]) as client:
             await client.queue(QUEUE).create()
-            before = [{"data": {"i": i}, "transactionId": f"before-{i}"} for i in range(10)]
+            before: list[dict[str, Any]] = [{"data": {"i": i}, "transactionId": f"before-{i}"} for i in range(10)]
             results = await client.queue(QUEUE).push(before)
             assert [r["status"] for r in results] == ["queued"] * 10
             assert sorted(await drain(client, "g1")) == sorted(m["transactionId"] for m in before)
@@ -90,7 +90,7 @@ async def test_make_ha_serves_through_a_switchover(tmp_path: Path, patroni_venv:
                 return new is not None and new != old
 
             await until(moved, "a new leader", within=60)
-            after = [{"data": {"i": i}, "transactionId": f"after-{i}"} for i in range(10)]
+            after: list[dict[str, Any]] = [{"data": {"i": i}, "transactionId": f"after-{i}"} for i in range(10)]
             results = await client.queue(QUEUE).push(after)  # the client's own retries ride out the rest
             assert [r["status"] for r in results] == ["queued"] * 10
             figures["first_push_after_switch_s"] = round(time.monotonic() - t_switch, 1)
