@@ -8,7 +8,7 @@ TSTAMP := $(VENV)/.installed-test
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh
+.PHONY: help run test lint install clean bench bench-status bench-mesh bench-workers chaos fresh ha ha-smoke chaos-ha
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,15 @@ bench-mesh: $(TSTAMP) ## idle long-polls and the cross-replica wake (2 meshed re
 
 chaos: $(TSTAMP) ## the chaos test (~2-3 min): 3 replicas behind HAProxy, kill -9 and a PostgreSQL restart, zero lost
 	QUEEN_CHAOS=1 $(BIN)/python -m pytest tests/chaos -s -p no:cacheprovider -o timeout=600
+
+ha: $(STAMP) ## etcd + 3 PostgreSQL under Patroni (synchronous) + 2 brokers behind HAProxy on :6632, until Ctrl-C; HA_ARGS="--help"
+	$(BIN)/python deploy/ha/run.py $(HA_ARGS)
+
+ha-smoke: $(TSTAMP) ## the smoke test of make ha, twice (~1-2 min; brokers on a multi-host URL, then via HAProxy): queen-mq through HAProxy, a patronictl switchover under a writer, zero lost
+	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha/test_ha_smoke.py -s -p no:cacheprovider
+
+chaos-ha: $(TSTAMP) ## make ha under load, brokers on a multi-host URL then via HAProxy (~3 min): a switchover, a postmaster kill -9, a machine lost; zero lost, no 500
+	QUEEN_HA=1 $(BIN)/python -m pytest tests/ha/test_chaos_ha.py -s -p no:cacheprovider
 
 clean: ## remove the venv, build output and caches (keeps ./.queen, the embedded database)
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from alembic import command, op
 from alembic.config import Config
@@ -46,10 +47,37 @@ def migrations_dir() -> Path:
     return data_dir("migrations", "env.py")
 
 
+def _hosts_in_query(url: str) -> str:
+    """libpq's multi-host URL (``postgresql://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write``,
+    how a broker follows the primary of a replicated cluster) in the equivalent form SQLAlchemy can
+    parse (``postgresql://u:p@/db?host=h1,h2&port=5432,5432&...``), which psycopg hands to libpq as it
+    is. Any other URL comes back unchanged."""
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return url
+    hosts: list[str] = []
+    ports: list[str] = []
+    for item in hostlist.split(","):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        hosts.append(unquote(host))  # a socket directory is percent-encoded there
+        ports.append(port)
+    query = [("host", ",".join(hosts))]
+    if any(ports):
+        query.append(("port", ",".join(p or "5432" for p in ports)))
+    query += parse_qsl(parts.query, keep_blank_values=True)
+    return urlunsplit(parts._replace(netloc=userinfo + at, query=urlencode(query)))
+
+
 def sqlalchemy_url(url: str) -> URL:
     """A ``postgresql://`` URL (any form libpq takes as a URL, e.g. ``postgresql://user@/db?host=
-    /socket/dir&port=N``) as the SQLAlchemy URL of the psycopg 3 driver."""
-    parsed = make_url(url)
+    /socket/dir&port=N``, or several hosts: ``postgresql://u@h1:5432,h2:5432/db``) as the SQLAlchemy URL
+    of the psycopg 3 driver."""
+    parsed = make_url(_hosts_in_query(url))
     if parsed.drivername.split("+", 1)[0] not in _POSTGRES_SCHEMES:
         raise ValueError(f"not a PostgreSQL URL: {parsed.render_as_string(hide_password=True)}")
     return parsed.set(drivername="postgresql+psycopg")

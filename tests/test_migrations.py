@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -20,7 +21,7 @@ import pytest
 
 from queen_pg.db.apply import apply_sql
 from queen_pg.migrate import sqlalchemy_url, upgrade
-from tests.conftest import ROOT, PgServer, empty_database
+from tests.conftest import ROOT, PgServer, empty_database, free_port
 from tests.test_encryption import K1, count_decodes, framed_pop
 
 SCHEMA = "queen"
@@ -328,6 +329,21 @@ def test_sqlalchemy_url(url: str, expected: str | None) -> None:
     else:
         assert converted.query == {"host": "/tmp/pg", "port": "5433"}
         assert converted.database == "queen" and converted.host is None
+
+
+def test_migrate_follows_a_multi_host_url_to_the_writable_host(pg_server: PgServer) -> None:
+    """The URL a broker uses to follow the primary of a replicated cluster (libpq's several hosts in the
+    authority, target_session_attrs=read-write) works for ``queen-pg migrate`` too: the first host
+    refuses, the second (this test's server, by its socket directory) is migrated."""
+    url = empty_database(pg_server)
+    parts = urlsplit(url)
+    q = dict(parse_qsl(parts.query))
+    refused = free_port()  # nothing listens there
+    hosts = f"127.0.0.1:{refused},{quote(q.pop('host'), safe='')}:{q.pop('port')}"
+    multi = urlunsplit(parts._replace(netloc=f"{parts.username}@{hosts}",
+                                      query=urlencode({**q, "target_session_attrs": "read-write"})))  # fmt: skip
+    upgrade(multi)
+    assert scalar(url, "SELECT version_num FROM public.alembic_version") == HEAD
 
 
 def test_sqlalchemy_url_rejects_other_databases() -> None:

@@ -15,6 +15,15 @@ by PostgreSQL (a cancellation, a lost connection) hands it back to the pool's re
 out a cancellation and rolls back or terminates it, and the next call checks out another. A hot
 connection found lost before a call (its backend ended while idle) is given back the same way first,
 so that call runs on a fresh one (as the pool's acquire checks), not into a 503.
+
+Following the primary (a failover, a switchover): a session that answers it cannot write (SQLSTATE
+25006, a standby or a primary being demoted) or that is being shut down (57P) or broken (08) is
+dropped, never pooled again, so the next call connects afresh: through a proxy that routes to the
+primary, or to the writable host of a multi-host ``DATABASE_URL`` with ``target_session_attrs=
+read-write``. The call that met it is a 503 ``db_unavailable`` (with ``Retry-After``), never a 500.
+The pool's other sessions went to the same server, so they are expired too (each is replaced when next
+taken; the hot connection is handed back before its next call): a session that served only reads on a
+standby is not kept for the first write after the failover.
 """
 
 from __future__ import annotations
@@ -39,9 +48,10 @@ __all__ = ["Database", "Record"]
 # SQLSTATE classes that mean "the database is not there for us right now", with what the 503 says (the
 # driver's own text goes to the log, never into an answer): connection exceptions, operator
 # intervention (shutdown, start-up), insufficient resources, invalid catalog (database dropped),
-# authorization.
+# authorization, and a read-only session (a hot standby, or a primary demoted under the broker).
 _UNAVAILABLE_SQLSTATES = {
     "08": "the connection to PostgreSQL failed",
+    "25006": "PostgreSQL is read-only (a standby, or a primary being demoted)",
     "57P": "PostgreSQL is shutting down or starting up",
     "53": "PostgreSQL is out of resources (connections, memory or disk)",
     "3D000": "the database does not exist",
@@ -57,6 +67,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
 )
+# A session that answered one of these can serve no more calls: dropped (terminated), never pooled again.
+_DROP_SQLSTATES = ("08", "57P", "25006")
 ACQUIRE_TIMEOUT_S = 30.0  # a call that waits longer than this for a pooled connection is a 503
 
 VERDICT_SQLSTATE = "QN000"  # raised by queen._verdict(): a decided refusal, rolled back, answered 200
@@ -78,11 +90,24 @@ def _unavailable(exc: BaseException) -> str | None:
     for prefix, why in _UNAVAILABLE_SQLSTATES.items():
         if sqlstate.startswith(prefix):
             return why
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        return "no host of DATABASE_URL is a writable primary (target_session_attrs)"
     if isinstance(exc, TimeoutError):
         return "timed out waiting for PostgreSQL"
     if isinstance(exc, CONNECTION_ERRORS):
         return "no connection to PostgreSQL"
     return None
+
+
+def _drops_session(exc: BaseException) -> bool:
+    """Whether the session that raised ``exc`` must be dropped rather than serve another call."""
+    return (getattr(exc, "sqlstate", None) or "").startswith(_DROP_SQLSTATES)
+
+
+def _terminate(conn: Any) -> None:
+    """Close a pooled session at once (the pool's release then replaces it instead of reusing it)."""
+    with contextlib.suppress(Exception):
+        conn.terminate()
 
 
 def _map_error(exc: BaseException) -> QueenError:
@@ -116,6 +141,8 @@ class Database:
         self._pool: asyncpg.Pool | None = None
         self._hot: asyncpg.pool.PoolConnectionProxy | None = None  # checked out, free when not _hot_busy
         self._hot_busy = False  # a call is on the hot connection (or checking it out)
+        self._epoch = 0  # bumped when the pool's sessions are expired (a read-only or shutting-down answer)
+        self._hot_epoch = 0  # the epoch the hot connection was checked out in
         self._closing = False
 
     async def open(self, apply_schema: bool) -> None:
@@ -163,7 +190,13 @@ class Database:
         try:
             if self._hot_busy or self._closing:
                 async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
-                    rows: list[Record] = await conn.fetch(sql, *args)
+                    try:
+                        rows: list[Record] = await conn.fetch(sql, *args)
+                    except asyncpg.PostgresError as exc:
+                        if _drops_session(exc):
+                            _terminate(conn)
+                            await self._expire()
+                        raise
                     return rows
             return await self._fetch_hot(sql, args)
         except QueenError:
@@ -188,15 +221,21 @@ class Database:
         self._hot_busy = True
         healthy = False
         try:
-            if self._hot is not None and self._hot_gone():
+            if self._hot is not None and (self._hot_gone() or self._hot_epoch != self._epoch):
                 # its backend ended while no call was on it (killed, a restart, idle_session_timeout):
-                # asyncpg already took it back (or it is closed), as the pool's acquire would check
+                # asyncpg already took it back (or it is closed), as the pool's acquire would check; or
+                # the pool's sessions were expired (the release closes it)
                 await self._give_back_hot()
             if self._hot is None:
+                self._hot_epoch = self._epoch
                 self._hot = await self.pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
             try:
                 rows: list[Record] = await self._hot.fetch(sql, *args)
-            except asyncpg.PostgresError:
+            except asyncpg.PostgresError as exc:
+                if _drops_session(exc):  # read-only, shutting down, broken: this session serves no more calls
+                    _terminate(self._hot)
+                    await self._expire()
+                    raise
                 healthy = True  # PostgreSQL answered (an error): the statement is over and rolled back,
                 # or it ended the session (is_closed below)
                 raise
@@ -206,6 +245,13 @@ class Database:
             self._hot_busy = False
             if not healthy or self._closing or self._hot_gone():
                 await self._give_back_hot()  # the pool's release waits, rolls back or terminates
+
+    async def _expire(self) -> None:
+        """Replace every session of the pool when it is next taken (they all went to the server that just
+        answered read-only or shutting down)."""
+        self._epoch += 1
+        if self._pool is not None:
+            await self._pool.expire_connections()
 
     def _hot_gone(self) -> bool:
         """Whether the hot connection can serve no more calls: closed, or already taken back by the pool
@@ -230,11 +276,20 @@ class Database:
         return rows[0][0] if rows else None
 
     async def ping(self, within: float = 2.0) -> bool:
+        return await self.state(within) == "up"
+
+    async def state(self, within: float = 2.0) -> str:
+        """``up`` (answers and can write), ``read-only`` (answers, refuses writes: a standby, or a primary
+        being demoted; that session is dropped) or ``down``."""
         try:
             async with self.pool.acquire(timeout=within) as conn:
-                return bool(await conn.fetchval("SELECT 1", timeout=within) == 1)
+                if await conn.fetchval("SELECT current_setting('transaction_read_only')", timeout=within) == "off":
+                    return "up"
+                _terminate(conn)
+                await self._expire()
+                return "read-only"
         except (asyncpg.PostgresError, QueenError, *CONNECTION_ERRORS):
-            return False
+            return "down"
 
     @staticmethod
     def rows_to_dicts(rows: Sequence[Record]) -> list[dict[str, Any]]:

@@ -146,7 +146,8 @@ async def delete_queue(request: Request, queue: str) -> Response:
 @router.get(
     "/health",
     summary="Liveness: 200 when the database answers, 503 when not or when the replica is draining",
-    description="The 503 body also carries `status: unhealthy`, `database: down` and `version`; after SIGTERM "
+    description="The 503 body also carries `status: unhealthy`, `database: down` (or `read-only`: it answers "
+    "but refuses writes, a standby) and `version`; after SIGTERM "
     "(the drain delay) it is `status: draining`, `code: draining`.",
     responses=answers({200: HealthAnswer}),
 )
@@ -156,8 +157,10 @@ async def health(request: Request) -> Response:
     if st.transport is not None and st.transport.draining:  # the proxy takes this replica out now
         err = QueenError(DRAINING)
         return json_response({**err.body(), "status": "draining", "version": __version__}, err.status)
-    ok = await st.db.ping()
-    body = {"status": "healthy" if ok else "unhealthy", "database": "up" if ok else "down", "version": __version__}
+    database = await st.db.state()
+    ok = database == "up"
+    body = {"status": "healthy" if ok else "unhealthy", "database": database, "version": __version__}
     if not ok:
-        body.update(error="database is not answering", code="db_unavailable")
+        why = "database is not answering" if database == "down" else "database is read-only (a standby)"
+        body.update(error=why, code="db_unavailable")
     return json_response(body, 200 if ok else 503)
