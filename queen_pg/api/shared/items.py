@@ -87,7 +87,8 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
         try:
             payload = dumps(value)
         except orjson.JSONEncodeError:
-            payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)  # raises, worded as for any body
+            # refused, worded as for any body; or a big body's payload, checked already (raw_fields.Prepared)
+            payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)
         trace = uuid.UUID(it.traceId) if it.traceId else None
         out.append(make((queue, partition, payload, txn, trace, producer, None)))
     return out
