@@ -10,6 +10,7 @@ import msgspec
 import orjson
 
 from queen_pg import text
+from queen_pg.api.shared import raw_fields
 from queen_pg.api.shared.body import MAX_TXN_BYTES, LeaseId, Name, NewTxnId, Text, TxnId, narrow, stored_json
 from queen_pg.api.shared.common import (
     check_name,
@@ -70,7 +71,8 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
     checked: set[tuple[str, str]] = set()
     out: list[push_engine.NewMessage] = []
     unset = msgspec.UNSET
-    dumps = orjson.dumps
+    # a big body's items (api/shared/raw_fields.py) hold their payloads written already
+    dumps = raw_fields.dumps if items and raw_fields.is_variant(items[0]) else orjson.dumps
     make = push_engine.NewMessage._make  # a tuple without NamedTuple.__new__'s Python frame
     for i, it in enumerate(items):
         queue, partition, txn = it.queue, it.partition, it.transactionId
@@ -87,8 +89,7 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
         try:
             payload = dumps(value)
         except orjson.JSONEncodeError:
-            # refused, worded as for any body; or a big body's payload, checked already (raw_fields.Prepared)
-            payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)
+            payload = stored_json(value, f"{where}.{i}.payload", nul_ok=True)  # raises, worded as for any body
         trace = uuid.UUID(it.traceId) if it.traceId else None
         out.append(make((queue, partition, payload, txn, trace, producer, None)))
     return out

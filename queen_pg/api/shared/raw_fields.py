@@ -81,7 +81,8 @@ def variant(t: Any) -> Any:
             return t
         c = t.__struct_config__
         return msgspec.defstruct(t.__name__, fields, bases=(t,), module=t.__module__, tag=c.tag,
-                                 tag_field=c.tag_field, forbid_unknown_fields=c.forbid_unknown_fields)  # fmt: skip
+                                 tag_field=c.tag_field, forbid_unknown_fields=c.forbid_unknown_fields,
+                                 namespace={"_raw_variant": True})  # fmt: skip
     if origin in (Union, UnionType):
         vs = tuple(variant(a) for a in args)
         return t if vs == args else Union[vs]  # noqa: UP007 (rebuilt from a tuple)
@@ -91,21 +92,44 @@ def variant(t: Any) -> Any:
     return t
 
 
+_FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}
+_NESTED = (msgspec.Struct, list)
+
+
 def prepare_all(value: Any, path: str = "$") -> None:
     """Replace, in place and in order, every ``msgspec.Raw`` field of the decoded Structs in ``value``
     by its :class:`Prepared`; raises what decoding the field would have raised (module doc)."""
     if isinstance(value, msgspec.Struct):
-        for name, f in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
+        cls = type(value)
+        fields = _FIELDS.get(cls)
+        if fields is None:
+            fields = _FIELDS[cls] = tuple(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
+        for name, encoded in fields:
             v = getattr(value, name)
-            if isinstance(v, msgspec.Raw):
-                setattr(value, name, prepare(v, f"{path}.{f}"))
-            elif isinstance(v, msgspec.Struct | list):
-                prepare_all(v, f"{path}.{f}")
+            if type(v) is msgspec.Raw:
+                setattr(value, name, prepare(v, f"{path}.{encoded}"))
+            elif isinstance(v, _NESTED):
+                prepare_all(v, f"{path}.{encoded}")
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            if not isinstance(v, msgspec.Struct | list):
+            if not isinstance(v, _NESTED):
                 return  # a list of scalars (names, keys)
             prepare_all(v, f"{path}[{i}]")
+
+
+def dumps(value: Any) -> bytes:
+    """``orjson.dumps`` for the fields of a raw variant: a :class:`Prepared` is its bytes (or the
+    JSONEncodeError writing it back raised), anything else (a default: None) is written as usual."""
+    if type(value) is Prepared:
+        if value.encoded is None:
+            raise orjson.JSONEncodeError(value.failure)
+        return value.encoded
+    return orjson.dumps(value)
+
+
+def is_variant(value: object) -> bool:
+    """Whether ``value`` was decoded as a raw variant (its free-form fields are :class:`Prepared`)."""
+    return getattr(value, "_raw_variant", False) is True
 
 
 def prepare(raw: msgspec.Raw, path: str) -> Prepared:
