@@ -77,6 +77,12 @@ async def test_big_free_form_fields_are_not_built(db_url: str, conn: asyncpg.Con
             assert r.status_code == 201, r.text[:300]
             grown("trace")
 
+            # an unknown queue option (kept as given), refused at its last byte: U+0000 cannot be stored
+            options = b'{"queue":"raw","options":{"x":' + bomb[:-1] + b',"\\u0000"]}}'
+            r = await http.post("/api/v1/configure", content=options, headers=JSON)
+            assert r.status_code == 400 and "U+0000" in r.json()["error"], r.text[:300]
+            grown("configure")
+
             stored = await frames(conn, "raw")
             assert [f.payload for f in stored] == [bomb, bomb]  # no whitespace to drop: as sent
             values = await conn.fetch("SELECT value::text FROM queen.kv WHERE ns = 'raw' ORDER BY key")
@@ -174,6 +180,8 @@ async def test_a_bad_field_in_a_big_body_is_answered_as_in_a_small_body(
             "transaction kv": ("/api/v1/transaction", b'{"kv":[' + put("k", field) + b"]}",
                                b'{"kv":[' + put("k", field) + b"," + kv_pad + b"]}"),
             "trace": ("/api/v1/traces", trace + field + b"}", trace + field + b',"pad":' + pad + b"}"),
+            "configure": ("/api/v1/configure", b'{"queue":"cfg","options":{"x":' + field + b"}}",
+                          b'{"queue":"cfg","options":{"x":' + field + b',"pad":' + pad + b"}}"),
         }  # fmt: skip
 
     refused = 0
@@ -188,7 +196,7 @@ async def test_a_bad_field_in_a_big_body_is_answered_as_in_a_small_body(
                 refused += 1
             else:
                 assert b.status_code == a.status_code, (kind, route, b.text[:300])
-    assert refused == 11 * 5 - 2 * 3  # all but U+0000 in a pushed payload or a trace's data (stored there)
+    assert refused == 11 * 6 - 2 * 3  # all but U+0000 in a pushed payload or a trace's data (stored there)
     assert await conn.fetchval("SELECT count(*) FROM queen.kv WHERE ns = 'raw'") == 0
     pushed = [f.payload for f in await frames(conn, "bad")]
     assert pushed == [x for k in ("nul", "nul, big") for x in [bad[k], bad[k], pad] * 2]  # push, transaction

@@ -86,6 +86,8 @@ def variant(t: Any) -> Any:
     if origin in (Union, UnionType):
         vs = tuple(variant(a) for a in args)
         return t if vs == args else Union[vs]  # noqa: UP007 (rebuilt from a tuple)
+    if origin is dict and len(args) == 2 and _free_form(args[1]):
+        return dict[args[0], msgspec.Raw]  # type: ignore[name-defined]
     if origin in (list, tuple, dict, set, frozenset) and args:
         vs = tuple(variant(a) for a in args)
         return t if vs == args else origin[vs]
@@ -93,7 +95,7 @@ def variant(t: Any) -> Any:
 
 
 _FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}
-_NESTED = (msgspec.Struct, list)
+_NESTED = (msgspec.Struct, list, dict)
 
 
 def prepare_all(value: Any, path: str = "$") -> None:
@@ -110,6 +112,10 @@ def prepare_all(value: Any, path: str = "$") -> None:
                 setattr(value, name, prepare(v, f"{path}.{encoded}"))
             elif isinstance(v, _NESTED):
                 prepare_all(v, f"{path}.{encoded}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if type(v) is msgspec.Raw:
+                value[k] = prepare(v, f"{path}[...]")  # msgspec's path for a key
     elif isinstance(value, list):
         for i, v in enumerate(value):
             if not isinstance(v, _NESTED):
