@@ -15,6 +15,9 @@ a level per pass). Its extra memory is the copy without strings and the brackets
 payload (0.8 x for ``[{},...]``), and no object per element. A smaller payload is built and written
 back as before (faster there, and at most ~30 x :data:`SMALL` of objects, freed at once).
 
+:func:`refusal` names the rule a big document breaks (api/shared/raw_fields.py answers a big JSON body's
+free-form field with it, in the words a small body gets).
+
 The two ways decide alike (tests/test_attack_items.py compares them, and the check before them, on
 generated documents), except that the scan also refuses a big integer or U+0000 under an object key
 that a later duplicate of the key overrides (building keeps only the last value).

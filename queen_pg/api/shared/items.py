@@ -72,7 +72,7 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
     out: list[push_engine.NewMessage] = []
     unset = msgspec.UNSET
     # a big body's items (api/shared/raw_fields.py) hold their payloads written already
-    dumps = raw_fields.dumps if items and raw_fields.is_variant(items[0]) else orjson.dumps
+    dumps = raw_fields.dumps if items and type(items[0]) in raw_fields.PREPARED else orjson.dumps
     make = push_engine.NewMessage._make  # a tuple without NamedTuple.__new__'s Python frame
     for i, it in enumerate(items):
         queue, partition, txn = it.queue, it.partition, it.transactionId

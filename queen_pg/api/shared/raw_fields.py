@@ -81,8 +81,7 @@ def variant(t: Any) -> Any:
             return t
         c = t.__struct_config__
         return msgspec.defstruct(t.__name__, fields, bases=(t,), module=t.__module__, tag=c.tag,
-                                 tag_field=c.tag_field, forbid_unknown_fields=c.forbid_unknown_fields,
-                                 namespace={"_raw_variant": True})  # fmt: skip
+                                 tag_field=c.tag_field, forbid_unknown_fields=c.forbid_unknown_fields)  # fmt: skip
     if origin in (Union, UnionType):
         vs = tuple(variant(a) for a in args)
         return t if vs == args else Union[vs]  # noqa: UP007 (rebuilt from a tuple)
@@ -105,7 +104,10 @@ def prepare_all(value: Any, path: str = "$") -> None:
         cls = type(value)
         fields = _FIELDS.get(cls)
         if fields is None:
-            fields = _FIELDS[cls] = tuple(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
+            fields = _FIELDS[cls] = tuple(
+                (f.name, f.encode_name) for f in msgspec.structs.fields(cls) if _may_hold(f.type)
+            )
+            PREPARED.add(cls)
         for name, encoded in fields:
             v = getattr(value, name)
             if type(v) is msgspec.Raw:
@@ -123,6 +125,18 @@ def prepare_all(value: Any, path: str = "$") -> None:
             prepare_all(v, f"{path}[{i}]")
 
 
+def _may_hold(t: Any) -> bool:
+    """Whether a field of type ``t`` may hold a ``msgspec.Raw`` (not a name, a number, a flag)."""
+    if t is msgspec.Raw or t is Any:
+        return True
+    origin = get_origin(t)
+    if origin is Annotated:
+        return _may_hold(get_args(t)[0])
+    if origin in (Union, UnionType):
+        return any(_may_hold(a) for a in get_args(t))
+    return origin in (list, tuple, dict) or (isinstance(t, type) and issubclass(t, msgspec.Struct))
+
+
 def dumps(value: Any) -> bytes:
     """``orjson.dumps`` for the fields of a raw variant: a :class:`Prepared` is its bytes (or the
     JSONEncodeError writing it back raised), anything else (a default: None) is written as usual."""
@@ -133,9 +147,9 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-def is_variant(value: object) -> bool:
-    """Whether ``value`` was decoded as a raw variant (its free-form fields are :class:`Prepared`)."""
-    return getattr(value, "_raw_variant", False) is True
+# The Struct classes prepare_all has walked (raw variants and their twins): ``type(x) in PREPARED`` says
+# an instance holds Prepared fields, at the cost of a set lookup (a missing attribute would raise inside).
+PREPARED: set[type] = set()
 
 
 def prepare(raw: msgspec.Raw, path: str) -> Prepared:
