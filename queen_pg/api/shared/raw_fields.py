@@ -86,7 +86,7 @@ def variant(t: Any) -> Any:
         vs = tuple(variant(a) for a in args)
         return t if vs == args else Union[vs]  # noqa: UP007 (rebuilt from a tuple)
     if origin is dict and len(args) == 2 and _free_form(args[1]):
-        return dict[args[0], msgspec.Raw]  # type: ignore[name-defined]
+        return dict.__class_getitem__((args[0], msgspec.Raw))
     if origin in (list, tuple, dict, set, frozenset) and args:
         vs = tuple(variant(a) for a in args)
         return t if vs == args else origin[vs]
