@@ -12,7 +12,7 @@ from pydantic import Field
 from queen_pg.api.kv.body import TxKvOp
 from queen_pg.api.kv.ops import validate_kv_ops
 from queen_pg.api.kv.schemas import KvResult
-from queen_pg.api.shared import admission, binary, decoded, item_limit
+from queen_pg.api.shared import admission, binary, decoded, item_limit, raw_fields
 from queen_pg.api.shared.body import LeaseId, decode
 from queen_pg.api.shared.common import (
     answer_budget,
@@ -27,6 +27,7 @@ from queen_pg.api.shared.common import (
     wake_pushed,
 )
 from queen_pg.api.shared.docs import answers, body
+from queen_pg.api.shared.envelope import plain_ops
 from queen_pg.api.shared.gates import refuse_push_in_maintenance
 from queen_pg.api.shared.items import AckItem, PushItem, new_messages
 from queen_pg.api.shared.request_key import replay_headers, request_once
@@ -162,7 +163,26 @@ class _Riders(msgspec.Struct):
     timers: list[Any] | None = None
 
 
+class _RawRiders(msgspec.Struct):
+    """The riders of a big body (api/shared/raw_fields.py): each KV op field by field."""
+
+    kv: list[dict[str, msgspec.Raw]] | None = None
+    timers: list[Any] | None = None
+
+
 _riders = msgspec.json.Decoder(_Riders)
+_raw_riders = msgspec.json.Decoder(_RawRiders)
+
+
+def _plain_riders(raw: bytes, body: TransactionRequest) -> _Riders:
+    """The riders as plain JSON; a big body's KV values are the ``Prepared`` its Struct holds."""
+    if not (body.kv or body.timers):
+        return _Riders()
+    if len(raw) < raw_fields.BIG_BODY:
+        return _riders.decode(raw)
+    riders = _raw_riders.decode(raw)
+    kv = plain_ops(riders.kv, body.kv or ()) if riders.kv is not None else None
+    return _Riders(kv, riders.timers)
 
 
 def _items(body: TransactionRequest) -> int:
@@ -203,7 +223,7 @@ async def _commit(request: Request, raw: bytes, framed: binary.FramedPushes | No
         for msg in framed.items:
             pushes.append(tx_engine.TxPush(slot, msg))
             slot += 1
-    riders = _riders.decode(raw) if (body.kv or body.timers) else _Riders()
+    riders = _plain_riders(raw, body)
     kv_raw: list[Any] = riders.kv or []  # as plain JSON (integers exact) for the semantic checks
     timers_raw: list[Any] = riders.timers or []
     st = state(request)

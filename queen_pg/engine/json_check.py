@@ -15,6 +15,9 @@ a level per pass). Its extra memory is the copy without strings and the brackets
 payload (0.8 x for ``[{},...]``), and no object per element. A smaller payload is built and written
 back as before (faster there, and at most ~30 x :data:`SMALL` of objects, freed at once).
 
+:func:`refusal` names the rule a big document breaks (api/shared/raw_fields.py answers a big JSON body's
+free-form field with it, in the words a small body gets).
+
 The two ways decide alike (tests/test_attack_items.py compares them, and the check before them, on
 generated documents), except that the scan also refuses a big integer or U+0000 under an object key
 that a later duplicate of the key overrides (building keeps only the last value).
@@ -86,30 +89,56 @@ def _built(payload: bytes, nul_ok: bool) -> None:
 
 def _scanned(payload: bytes, nul_ok: bool) -> None:
     """The rule, without building the document (the module doc)."""
+    rule = refusal(payload)
+    if rule is not None:
+        raise ValueError(rule)
+    if not nul_ok and b"\\u0000" in payload and _NUL.search(payload) is not None:
+        raise ValueError("U+0000 in a string")
+
+
+# What :func:`refusal` names, in the order a small document meets them: decoding refuses bad UTF-8 and an
+# infinite number, writing back an integer beyond 64 bits and nesting past MAX_DEPTH.
+UTF8 = "not UTF-8"
+INFINITE = "a number that reads as an infinite double"
+INTEGER = "an integer beyond 64 bits"
+DEPTH = f"nesting deeper than {MAX_DEPTH} levels"
+
+
+def refusal(payload: bytes) -> str | None:
+    """Which rule (U+0000 aside) a document breaks, without building it: the syntax (msgspec's words),
+    :data:`UTF8`, :data:`INFINITE`, :data:`INTEGER` or :data:`DEPTH`, checked in that order; None: none."""
     try:
         msgspec.json.decode(payload, type=msgspec.Raw)  # syntax, escapes, surrogate pairs, trailing data
     except msgspec.MsgspecError as exc:
-        raise ValueError(str(exc)) from None
+        return str(exc)
     except RecursionError:
-        raise ValueError("nesting too deep") from None
+        return "nesting too deep"
     if not payload.isascii():
-        _utf8(payload)
-    if not nul_ok and b"\\u0000" in payload and _NUL.search(payload) is not None:
-        raise ValueError("U+0000 in a string")
-    bare = _without_strings(payload)
+        try:
+            _utf8(payload)
+        except UnicodeDecodeError:
+            return UTF8
+    bare = without_strings(payload)
     ints, floats = _long_numbers(bare)
-    if ints:
-        _integers(bare)
     if floats:
         for m in _NUMBER.finditer(bare):
             if math.isinf(float(m.group())):
-                raise ValueError("a number that reads as an infinite double")
+                return INFINITE
+    if ints:
+        try:
+            _integers(bare)
+        except ValueError:
+            return INTEGER
     left = _brackets(bare)
     del bare
-    _depth(left)
+    try:
+        _depth(left)
+    except ValueError:
+        return DEPTH
+    return None
 
 
-def _without_strings(payload: bytes) -> bytes | bytearray:
+def without_strings(payload: bytes) -> bytes | bytearray:
     """``payload`` (valid JSON) without its strings: what is left is structure, numbers and literals. A
     copy made a step at a time (no object per string): in each, escaped backslashes and quotes are
     dropped, so every quote left opens or closes a string; the pieces between quotes alternate."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_pg import __version__
 from queen_pg.api.admin.schemas import ConfigureAnswer, DeleteQueueAnswer, HealthAnswer
+from queen_pg.api.shared import raw_fields
 from queen_pg.api.shared.body import INT32, Name, decode, stored_json
 from queen_pg.api.shared.common import check_name, json_response, state, tenant
 from queen_pg.api.shared.docs import answers, body
@@ -86,11 +88,32 @@ def _configure_body(raw: bytes) -> tuple[ConfigureBody, dict[str, Any]]:
             lo, hi = OPTION_RANGES[name]
             raise bad_request(f"{err}; options.{name} must be an integer from {lo} to {hi}") from None
         raise
-    given = msgspec.json.decode(raw).get("options") or {}
+    given = decode(raw, _GivenOptions).options or {}  # a big body's unknown options: raw_fields.Prepared
     known = msgspec.structs.asdict(parsed.options) if parsed.options is not None else {}
-    options = {k: known.get(k, v) for k, v in given.items() if v is not None}  # known ones as decoded (5.0 -> 5)
-    stored_json(options, "options")
+    options = {k: known.get(k, _fragment(v)) for k, v in given.items() if v is not None and not _null(v)}
+    stored_json(options, "options")  # known ones as decoded (5.0 -> 5)
     return parsed, options
+
+
+class _GivenOptions(msgspec.Struct):
+    """The options as given: unknown ones are free-form (api/shared/raw_fields.py in a big body)."""
+
+    options: dict[str, Any] | None = None
+
+
+def _null(v: Any) -> bool:
+    return isinstance(v, raw_fields.Prepared) and v.encoded == b"null"
+
+
+def _fragment(v: Any) -> Any:
+    """A big body's option as orjson writes it into the stored options (a refusal: stored_json's)."""
+    if not isinstance(v, raw_fields.Prepared):
+        return v
+    if v.encoded is None:
+        raise bad_request(
+            f"options cannot be stored exactly ({v.failure}): integers must fit in 64 bits, nesting in 254 levels"
+        )
+    return orjson.Fragment(v.encoded)
 
 
 @router.post(

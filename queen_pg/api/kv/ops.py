@@ -23,6 +23,7 @@ import orjson
 
 from queen_pg import text
 from queen_pg.api.shared.body import INT32, INT64, has_nul
+from queen_pg.api.shared.raw_fields import Prepared
 from queen_pg.errors import KV_BAD_REQUEST, LOCKS_BAD_REQUEST, ErrorKind, QueenError
 
 LOCKS_NS = "queen-locks"  # permits live here; written only through /api/v1/locks
@@ -193,17 +194,23 @@ def _kv_op(c: _Checker, *, in_transaction: bool) -> dict[str, Any]:
     if op in ("put", "putIfAbsent"):
         if "value" not in c.op:
             raise c.fail("missing_field", "value", "is required (null is a value)")
+        value = c.op["value"]
         try:
-            encoded = orjson.dumps(c.op["value"])
+            encoded = orjson.dumps(value)
         except orjson.JSONEncodeError as err:
-            raise c.fail(
-                "bad_field", "value", f"cannot be stored exactly ({err}): integers must fit in 64 bits"
-            ) from None
+            # a big body's value (api/shared/raw_fields.py): checked already, stored as its bytes
+            if not isinstance(value, Prepared) or value.encoded is None:
+                said = value.failure if isinstance(value, Prepared) else str(err)
+                raise c.fail(
+                    "bad_field", "value", f"cannot be stored exactly ({said}): integers must fit in 64 bits"
+                ) from None
+            encoded = value.encoded
+            value = orjson.Fragment(encoded)
         if len(encoded) > MAX_VALUE_BYTES:
             raise c.fail("too_large", "value", f"is {len(encoded)} bytes as JSON; the limit is {MAX_VALUE_BYTES}")
         if has_nul(encoded):
             raise c.fail("bad_field", "value", "must not contain the character U+0000 (PostgreSQL jsonb refuses it)")
-        out["value"] = c.op["value"]
+        out["value"] = value
     if op in ("put", "putIfAbsent", "incr"):
         declared = sorted(_EXPIRY & set(c.op))
         if len(declared) != 1:

@@ -45,8 +45,8 @@ router = APIRouter()
 async def kv(request: Request) -> Response:
     try:
         raw = await request.body()
-        decode_family(raw, KvRequest, KV_BAD_REQUEST)
-        ops = validate_kv_ops(exact_ops(raw), in_transaction=False)
+        body = decode_family(raw, KvRequest, KV_BAD_REQUEST)
+        ops = validate_kv_ops(exact_ops(raw, body.operations), in_transaction=False)
         if any(op["op"] in WRITE_OPS for op in ops):  # the route table lets read-only in for gets
             need(request, Level.READ_WRITE)
         once = await request_once(request, "kv")  # a keyed batch is applied once (outcome window)

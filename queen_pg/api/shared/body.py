@@ -27,7 +27,7 @@ import orjson
 from fastapi import Request
 
 from queen_pg import text
-from queen_pg.api.shared import item_limit
+from queen_pg.api.shared import item_limit, raw_fields
 from queen_pg.errors import BAD_JSON, BAD_REQUEST, ErrorKind, QueenError
 
 T = TypeVar("T")
@@ -168,7 +168,19 @@ def _twin(t: Any) -> Any:
 def _decode(raw: bytes, t: Any) -> Any:
     """Strict decoding, except that a number with an integral value (``5.0``) is an integer, as JSON
     Schema says: only then is the body decoded again with msgspec's lax rules. Through the twin type
-    (above) when the body cannot hold a character the scanned patterns refuse."""
+    (above) when the body cannot hold a character the scanned patterns refuse. A body of
+    ``raw_fields.BIG_BODY`` bytes or more whose type has free-form fields is read as its raw variant:
+    those fields become ``raw_fields.Prepared`` (api/shared/raw_fields.py), with the same refusals."""
+    if len(raw) >= raw_fields.BIG_BODY:
+        rt = raw_fields.variant(t)
+        if rt is not t:
+            value = _decode_as(raw, rt)
+            raw_fields.prepare_all(value)
+            return value
+    return _decode_as(raw, t)
+
+
+def _decode_as(raw: bytes, t: Any) -> Any:
     if _clean(raw):
         try:
             return decoder(_twin(t)).decode(raw)
@@ -243,15 +255,26 @@ _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def stored_json(value: Any, what: str, *, nul_ok: bool = False) -> bytes:
-    """``value`` as the JSON bytes to store, or 400: a value either comes back exactly or is refused.
-    ``nul_ok``: the caller stores text that jsonb refuses some other way (trace data)."""
+    """``value`` (or a big body's ``raw_fields.Prepared``) as the JSON bytes to store, or 400: a value
+    either comes back exactly or is refused. ``nul_ok``: the caller stores text that jsonb refuses some
+    other way (trace data)."""
     try:
         encoded = orjson.dumps(value)
     except orjson.JSONEncodeError as err:
+        said = str(err)
+        if isinstance(value, raw_fields.Prepared):
+            if value.encoded is not None:
+                return stored_json_checked(value.encoded, what, nul_ok=nul_ok)
+            said = value.failure
         raise QueenError(
             BAD_REQUEST,
-            detail=f"{what} cannot be stored exactly ({err}): integers must fit in 64 bits, nesting in 254 levels",
+            detail=f"{what} cannot be stored exactly ({said}): integers must fit in 64 bits, nesting in 254 levels",
         ) from None
+    return stored_json_checked(encoded, what, nul_ok=nul_ok)
+
+
+def stored_json_checked(encoded: bytes, what: str, *, nul_ok: bool) -> bytes:
+    """``encoded`` (JSON that comes back exactly), unless it holds U+0000 where that is refused."""
     if not nul_ok and has_nul(encoded):
         raise QueenError(BAD_REQUEST, detail=f"{what} must not contain the character U+0000 (PostgreSQL refuses it)")
     return encoded

@@ -10,6 +10,7 @@ import msgspec
 import orjson
 
 from queen_pg import text
+from queen_pg.api.shared import raw_fields
 from queen_pg.api.shared.body import MAX_TXN_BYTES, LeaseId, Name, NewTxnId, Text, TxnId, narrow, stored_json
 from queen_pg.api.shared.common import (
     check_name,
@@ -70,7 +71,8 @@ def new_messages(items: list[PushItem], where: str, producer: str | None = None)
     checked: set[tuple[str, str]] = set()
     out: list[push_engine.NewMessage] = []
     unset = msgspec.UNSET
-    dumps = orjson.dumps
+    # a big body's items (api/shared/raw_fields.py) hold their payloads written already
+    dumps = raw_fields.dumps if items and type(items[0]) in raw_fields.PREPARED else orjson.dumps
     make = push_engine.NewMessage._make  # a tuple without NamedTuple.__new__'s Python frame
     for i, it in enumerate(items):
         queue, partition, txn = it.queue, it.partition, it.transactionId
