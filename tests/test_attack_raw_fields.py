@@ -17,11 +17,11 @@ import httpx
 import orjson
 
 from queen_pg.api.shared.raw_fields import BIG_BODY
-from queen_pg.engine import codec
 from queen_pg.settings import MIB
 from tests.helpers import pop, push
 from tests.serve_process import ServeProcess
 from tests.test_attack_items import GROWTH, empty_objects
+from tests.test_encryption import frames
 
 JSON = {"content-type": "application/json"}
 
@@ -89,15 +89,6 @@ async def test_big_free_form_fields_are_not_built(db_url: str, conn: asyncpg.Con
             assert [orjson.loads(v["value"]) == [{}] * (len(value) // 3) for v in values] == [True] * 6
     finally:
         broker.kill()
-
-
-async def frames(conn: asyncpg.Connection, queue: str) -> list[codec.Frame]:
-    rows = await conn.fetch(
-        "SELECT s.payload, s.codec FROM queen.log_segments s JOIN queen.log_partitions p ON p.id = s.partition_id"
-        " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = $1 ORDER BY s.partition_id, s.base_offset",
-        queue,
-    )
-    return [f for r in rows for f in codec.unpack(r["payload"], r["codec"])]
 
 
 # Payloads whose written-back form differs from what was sent (numbers, escapes, spaces, big integers).

@@ -148,13 +148,7 @@ def _twin(t: Any) -> Any:
     if isinstance(t, type) and issubclass(t, msgspec.Struct):
         fields = []
         for f in msgspec.structs.fields(t):
-            if f.default is not msgspec.NODEFAULT:
-                spec = msgspec.field(default=f.default, name=f.encode_name)
-            elif f.default_factory is not msgspec.NODEFAULT:
-                spec = msgspec.field(default_factory=f.default_factory, name=f.encode_name)
-            else:
-                spec = msgspec.field(name=f.encode_name)
-            fields.append((f.name, _twin(f.type), spec))
+            fields.append((f.name, _twin(f.type), raw_fields.field_spec(f)))
         c = t.__struct_config__
         return msgspec.defstruct(t.__name__, fields, bases=(t,), module=t.__module__, tag=c.tag,
                                  tag_field=c.tag_field, forbid_unknown_fields=c.forbid_unknown_fields)  # fmt: skip

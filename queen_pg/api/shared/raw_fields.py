@@ -56,6 +56,15 @@ def _free_form(t: Any) -> bool:
     return get_origin(t) is Annotated and get_args(t)[0] is Any
 
 
+def field_spec(f: msgspec.structs.FieldInfo) -> Any:
+    """The ``msgspec.field`` that declares ``f`` again (its default and wire name) in a derived Struct."""
+    if f.default is not msgspec.NODEFAULT:
+        return msgspec.field(default=f.default, name=f.encode_name)
+    if f.default_factory is not msgspec.NODEFAULT:
+        return msgspec.field(default_factory=f.default_factory, name=f.encode_name)
+    return msgspec.field(name=f.encode_name)
+
+
 @cache
 def variant(t: Any) -> Any:
     """``t`` with every Struct field typed ``Any`` read as ``msgspec.Raw`` (``t`` itself when it has
@@ -70,13 +79,7 @@ def variant(t: Any) -> Any:
         for f in msgspec.structs.fields(t):
             ft = msgspec.Raw if _free_form(f.type) else variant(f.type)
             changed = changed or ft is not f.type
-            if f.default is not msgspec.NODEFAULT:
-                spec = msgspec.field(default=f.default, name=f.encode_name)
-            elif f.default_factory is not msgspec.NODEFAULT:
-                spec = msgspec.field(default_factory=f.default_factory, name=f.encode_name)
-            else:
-                spec = msgspec.field(name=f.encode_name)
-            fields.append((f.name, ft, spec))
+            fields.append((f.name, ft, field_spec(f)))
         if not changed:
             return t
         c = t.__struct_config__
